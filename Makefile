@@ -1,0 +1,37 @@
+# `make test` and `make demo` each do the whole set-up on a fresh machine, then run.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export WANDB_MODE ?= disabled
+
+.PHONY: install test demo bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# The CPU build of PyTorch first, so nothing below drags in CUDA wheels.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev,serving]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/medusa demo
+
+bench: $(STAMP)
+	$(BIN)/python -m medusa.benchmarks.stories260k
+
+lint: $(STAMP)
+	$(BIN)/ruff check medusa tests
+
+clean:
+	rm -rf out .pytest_cache

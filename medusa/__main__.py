@@ -1,0 +1,5 @@
+import sys
+
+from medusa.cli import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+from medusa.modeling.config import MedusaConfig
+from medusa.modeling.heads import MedusaHeads, ResBlock
+from medusa.modeling.model import MedusaModel, MedusaOutput
+
+__all__ = ["MedusaConfig", "MedusaHeads", "MedusaModel", "MedusaOutput", "ResBlock"]

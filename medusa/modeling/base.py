@@ -1,0 +1,107 @@
+"""Loading a Hugging Face causal LM and reaching its decoder and LM head generically."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from medusa.errors import CheckpointError
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
+    """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; ``"auto"`` and None pass through."""
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if dtype not in _DTYPES:
+        raise CheckpointError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or 'auto'")
+    return _DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def load_base_model(
+    name_or_path: str,
+    dtype: str | torch.dtype | None = None,
+    device_map: Any = None,
+    quantization_config: Any = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` with a one-line error when the model cannot be loaded."""
+    from transformers import AutoModelForCausalLM
+
+    load_kwargs = dict(kwargs)
+    if dtype is not None:
+        load_kwargs["dtype"] = resolve_dtype(dtype)
+    if device_map is not None:
+        load_kwargs["device_map"] = device_map
+    if quantization_config is not None:
+        load_kwargs["quantization_config"] = quantization_config
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
+    except (OSError, ValueError, EnvironmentError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot load base model {name_or_path!r}: {first}") from exc
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The underlying ``PreTrainedModel`` of a peft wrapper (LoRA layers stay injected), else the model."""
+    if hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return model
+
+
+def text_config(model: nn.Module) -> Any:
+    config = unwrap(model).config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The transformer body (``model.model``, ``transformer``, ``gpt_neox``...) whose output is post-norm."""
+    inner = unwrap(model)
+    body = getattr(inner, inner.base_model_prefix, None)
+    if body is None or body is inner:
+        raise CheckpointError(f"{type(inner).__name__}: cannot find the decoder body of this model")
+    return body
+
+
+def lm_head_of(model: nn.Module) -> nn.Module:
+    head = unwrap(model).get_output_embeddings()
+    if head is None:
+        raise CheckpointError(f"{type(unwrap(model)).__name__} has no output embeddings (LM head)")
+    return head
+
+
+def lm_head_weight(model: nn.Module) -> torch.Tensor:
+    """The LM head weight ``[V, d]``; tied embeddings give the input embedding matrix."""
+    return lm_head_of(model).weight
+
+
+def base_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The base model's own logits from its last (post-norm) hidden state: ``[..., d] -> [..., V]``.
+
+    Applies the same post-processing the ``*ForCausalLM`` classes do (Gemma-2 soft-capping,
+    Cohere's logit_scale, Granite's logits_scaling) so the result equals ``model(...).logits``.
+    """
+    cfg = text_config(model)
+    head = lm_head_of(model)
+    logits = head(hidden.to(head.weight.dtype) if head.weight.is_floating_point() else hidden)
+    scale = getattr(cfg, "logit_scale", None)
+    if scale is not None and isinstance(scale, (int, float)):
+        logits = logits * scale
+    scaling = getattr(cfg, "logits_scaling", None)
+    if scaling is not None and isinstance(scaling, (int, float)):
+        logits = logits / scaling
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return logits

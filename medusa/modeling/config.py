@@ -1,0 +1,76 @@
+"""``medusa_config.json``: what rebuilds a heads checkpoint and fingerprints the base it belongs to."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medusa.errors import CheckpointError
+
+FORMAT_VERSION = 1
+CONFIG_NAME = "medusa_config.json"
+WEIGHTS_NAME = "medusa_heads.safetensors"
+TREE_NAME = "tree.json"
+BASE_SUBDIR = "base_model"
+
+
+@dataclass
+class MedusaConfig:
+    """Everything needed to rebuild the heads and check that a base model fits them."""
+
+    base_model_name_or_path: str
+    base_model_type: str
+    hidden_size: int
+    vocab_size: int
+    num_heads: int = 5
+    num_layers: int = 1
+    head_type: str = "linear"
+    dtype: str = "float32"
+    format_version: int = FORMAT_VERSION
+    # Set when the (merged) backbone is stored inside the checkpoint, e.g. after MEDUSA-2.
+    base_model_subdir: str | None = None
+    # The training recipe that produced the heads (a plain dict), if any.
+    recipe: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "medusa_config.json") -> "MedusaConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CheckpointError(f"{source}: unknown key(s) {', '.join(unknown)}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in data]
+        if missing:
+            raise CheckpointError(f"{source}: missing key(s) {', '.join(missing)}")
+        version = data.get("format_version", FORMAT_VERSION)
+        if version != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{source}: format_version {version} is not supported (this medusa reads {FORMAT_VERSION})"
+            )
+        return cls(**data)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "MedusaConfig":
+        path = Path(directory) / CONFIG_NAME
+        if not Path(directory).is_dir():
+            raise CheckpointError(f"{directory}: not a directory (expected a MEDUSA heads checkpoint)")
+        if not path.is_file():
+            raise CheckpointError(f"{path}: not found; {directory} is not a MEDUSA heads checkpoint")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{path}: corrupt JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path}: expected a JSON object")
+        return cls.from_dict(data, source=str(path))
+
+    def save(self, directory: str | Path) -> None:
+        (Path(directory) / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

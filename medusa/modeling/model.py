@@ -1,0 +1,307 @@
+"""``MedusaModel``: a Hugging Face causal LM plus MEDUSA heads; strict save / load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from medusa.errors import CheckpointError
+from medusa.io import atomic_directory
+from medusa.modeling.base import (
+    base_logits,
+    decoder_of,
+    dtype_name,
+    lm_head_of,
+    lm_head_weight,
+    load_base_model,
+    resolve_dtype,
+    text_config,
+    unwrap,
+)
+from medusa.modeling.config import (
+    BASE_SUBDIR,
+    CONFIG_NAME,
+    TREE_NAME,
+    WEIGHTS_NAME,
+    MedusaConfig,
+)
+from medusa.modeling.heads import MedusaHeads
+
+
+@dataclass
+class MedusaOutput:
+    logits: torch.Tensor  # base logits [B, P, V] at the requested positions (P = T by default)
+    head_logits: torch.Tensor | None  # [K, B, P, V]
+    hidden_states: torch.Tensor  # last hidden state [B, T, d] (post final norm), all positions
+    past_key_values: Any = None
+
+
+def _gather_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    """``x [B, T, d]`` at ``positions`` (``[P]`` shared by all rows or ``[B, P]``) -> ``[B, P, d]``."""
+    if positions is None:
+        return x
+    if positions.dim() == 1:
+        return x.index_select(1, positions.to(x.device))
+    idx = positions.to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    return torch.gather(x, 1, idx)
+
+
+class MedusaModel(nn.Module):
+    """A base causal LM (``base_model``) with K MEDUSA heads (``heads``) and, once calibrated, a ``tree``."""
+
+    def __init__(self, base_model: nn.Module, heads: MedusaHeads, config: MedusaConfig, tree: Any = None):
+        super().__init__()
+        self.base_model = base_model
+        self.heads = heads
+        self.config = config
+        self.tree = tree
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_base(
+        cls,
+        base: nn.Module | str,
+        num_heads: int = 5,
+        num_layers: int = 1,
+        head_type: str = "linear",
+        heads_dtype: str | torch.dtype | None = None,
+        dtype: str | torch.dtype | None = None,
+        device_map: Any = None,
+        quantization_config: Any = None,
+        **load_kwargs: Any,
+    ) -> "MedusaModel":
+        """New heads on ``base`` (a loaded model, a local path or a hub id).
+
+        Every head starts as the base LM head: ResBlocks are the identity, W2 is copied from the LM head
+        (for tied embeddings, the input embedding matrix). ``heads_dtype`` defaults to the LM head's
+        dtype (fp32 when the base is quantised).
+        """
+        if isinstance(base, (str, Path)):
+            base = load_base_model(str(base), dtype=dtype, device_map=device_map,
+                                   quantization_config=quantization_config, **load_kwargs)
+        cfg = text_config(base)
+        head = lm_head_of(base)
+        weight = lm_head_weight(base)
+        if heads_dtype is None:
+            heads_dtype = weight.dtype if weight.is_floating_point() else torch.float32
+        heads_dtype = resolve_dtype(heads_dtype)
+        heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
+                            shared_lm_head=head if head_type == "shared_lm_head" else None)
+        heads.to(device=weight.device, dtype=heads_dtype)
+        heads.init_from_lm_head(weight.detach())
+        name = str(getattr(unwrap(base), "name_or_path", "") or "")
+        if name and Path(name).is_dir():
+            name = str(Path(name).resolve())  # a local base stays findable from any working directory
+        config = MedusaConfig(
+            base_model_name_or_path=name,
+            base_model_type=cfg.model_type,
+            hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size,
+            num_heads=num_heads,
+            num_layers=num_layers,
+            head_type=head_type,
+            dtype=dtype_name(heads_dtype),
+        )
+        return cls(base, heads, config)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_heads(self) -> int:
+        return self.heads.num_heads
+
+    @property
+    def device(self) -> torch.device:
+        return lm_head_weight(self.base_model).device
+
+    def freeze_base(self) -> None:
+        """Turn off gradients for every base parameter (MEDUSA-1)."""
+        for p in self.base_model.parameters():
+            p.requires_grad_(False)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool | None = None,
+        positions: torch.Tensor | None = None,
+        compute_heads: bool = True,
+        **kwargs: Any,
+    ) -> MedusaOutput:
+        """One pass of the base body; base and head logits at ``positions`` (all by default).
+
+        ``positions``: LongTensor ``[P]`` (same for every row) or ``[B, P]``; logits are then ``[B, P, V]``
+        and head logits ``[K, B, P, V]``. ``attention_mask`` may be 2-D padding or a 4-D float mask.
+        """
+        body = decoder_of(self.base_model)
+        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+        hidden = out.last_hidden_state  # [B, T, d]
+        picked = _gather_positions(hidden, positions)  # [B, P, d]
+        logits = base_logits(self.base_model, picked)  # [B, P, V]
+        head_logits = self.heads(picked) if compute_heads else None  # [K, B, P, V]
+        return MedusaOutput(logits, head_logits, hidden, getattr(out, "past_key_values", None))
+
+    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        """MEDUSA decoding; see :func:`medusa.decoding.generate.medusa_generate` for the arguments."""
+        from medusa.decoding.generate import medusa_generate
+
+        return medusa_generate(self, input_ids, **kwargs)
+
+    # ------------------------------------------------------------------ save / load
+    def save_pretrained(self, path: str | Path, save_base: bool = False, tokenizer: Any = None) -> None:
+        """Write ``medusa_config.json`` + ``medusa_heads.safetensors`` (+ ``tree.json``) atomically.
+
+        ``save_base=True`` also stores the backbone (e.g. LoRA-merged after MEDUSA-2) under
+        ``base_model/`` so that ``from_pretrained(path)`` needs no other files.
+        """
+        state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
+        with atomic_directory(path) as tmp:
+            config = MedusaConfig(**self.config.to_dict())
+            if state:
+                config.dtype = dtype_name(next(iter(state.values())).dtype)
+            if save_base:
+                unwrap(self.base_model).save_pretrained(tmp / BASE_SUBDIR)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp / BASE_SUBDIR)
+                config.base_model_subdir = BASE_SUBDIR
+            config.save(tmp)
+            save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+            if self.tree is not None:
+                self.tree.to_json(tmp / TREE_NAME)
+        self.config = config
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        base_model: nn.Module | str | None = None,
+        dtype: str | torch.dtype | None = None,
+        device_map: Any = None,
+        quantization_config: Any = None,
+        heads_dtype: str | torch.dtype | None = None,
+        **load_kwargs: Any,
+    ) -> "MedusaModel":
+        """Load heads from ``path``; the base is ``base_model`` or, if None, the one the config names.
+
+        Strict: a missing, extra or mis-shaped tensor, a corrupt file, or a base whose model_type /
+        hidden_size / vocab_size differs from the checkpoint's is a :class:`CheckpointError`.
+        """
+        path = Path(path)
+        config = MedusaConfig.load(path)
+        if base_model is None:
+            if config.base_model_subdir:
+                base_model = str(path / config.base_model_subdir)
+            elif config.base_model_name_or_path:
+                base_model = config.base_model_name_or_path
+            else:
+                raise CheckpointError(f"{path / CONFIG_NAME}: base_model_name_or_path is empty; pass base_model=")
+        if isinstance(base_model, (str, Path)):
+            base_model = load_base_model(str(base_model), dtype=dtype, device_map=device_map,
+                                         quantization_config=quantization_config, **load_kwargs)
+        check_base_matches(config, base_model, source=str(path / CONFIG_NAME))
+        weights_path = path / WEIGHTS_NAME
+        state = read_heads_file(weights_path)
+        heads = MedusaHeads(config.hidden_size, config.vocab_size, config.num_heads, config.num_layers,
+                            config.head_type,
+                            shared_lm_head=lm_head_of(base_model) if config.head_type == "shared_lm_head" else None)
+        check_state_keys(heads, state, source=str(weights_path))
+        target_dtype = resolve_dtype(heads_dtype) if heads_dtype is not None else next(iter(state.values())).dtype
+        heads.to(dtype=target_dtype)
+        heads.load_state_dict({k: v.to(target_dtype) for k, v in state.items()}, strict=True)
+        heads.to(device=lm_head_weight(base_model).device)
+        tree = None
+        if (path / TREE_NAME).is_file():
+            from medusa.tree import MedusaTree
+
+            tree = MedusaTree.from_json(path / TREE_NAME)
+            if tree.depth > config.num_heads:
+                raise CheckpointError(
+                    f"{path / TREE_NAME}: tree depth {tree.depth} exceeds the checkpoint's {config.num_heads} heads"
+                )
+        return cls(base_model, heads, config, tree=tree)
+
+
+def check_base_matches(config: MedusaConfig, base_model: nn.Module, source: str) -> None:
+    """Raise if the base model's model_type / hidden_size / vocab_size differ from the checkpoint's."""
+    cfg = text_config(base_model)
+    for key, ours in (("model_type", config.base_model_type), ("hidden_size", config.hidden_size),
+                      ("vocab_size", config.vocab_size)):
+        theirs = getattr(cfg, key, None)
+        if theirs != ours:
+            raise CheckpointError(
+                f"{source}: base model {key} is {theirs!r} but the heads were trained for {ours!r}"
+            )
+
+
+def read_heads_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not found")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
+    if not state:
+        raise CheckpointError(f"{path}: holds no tensors")
+    return state
+
+
+def check_state_keys(heads: MedusaHeads, state: dict[str, torch.Tensor], source: str) -> None:
+    expected = heads.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor(s) {', '.join(missing[:5])}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    if extra:
+        raise CheckpointError(f"{source}: unexpected tensor(s) {', '.join(extra[:5])}"
+                              + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise CheckpointError(f"{source}: tensor {key} has shape {tuple(tensor.shape)}, "
+                                  f"expected {tuple(expected[key].shape)}")
+
+
+def summarize(path: str | Path) -> dict[str, Any]:
+    """A checkpoint summary (no base model loaded): base, heads, parameter count, tree."""
+    path = Path(path)
+    config = MedusaConfig.load(path)
+    state = read_heads_file(path / WEIGHTS_NAME)
+    summary: dict[str, Any] = {
+        "path": str(path),
+        "base_model": config.base_model_name_or_path,
+        "base_model_type": config.base_model_type,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "num_heads": config.num_heads,
+        "num_layers": config.num_layers,
+        "head_type": config.head_type,
+        "dtype": config.dtype,
+        "parameters": int(sum(t.numel() for t in state.values())),
+        "merged_backbone": bool(config.base_model_subdir),
+        "trained_with": (config.recipe or {}).get("method"),
+        "tree": None,
+    }
+    tree_path = path / TREE_NAME
+    if tree_path.is_file():
+        try:
+            data = json.loads(tree_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{tree_path}: corrupt JSON ({exc})") from None
+        choices = data.get("choices", [])
+        calib = data.get("calibration") or {}
+        summary["tree"] = {
+            "nodes": len(choices) + 1,
+            "depth": max((len(c) for c in choices), default=0),
+            "expected_tokens_per_step": calib.get("expected_tokens_per_step"),
+        }
+    return summary

@@ -1,0 +1,157 @@
+"""``MedusaTree``: the candidate tree as paths of top-k ranks, and the buffers decoding needs.
+
+A choice is a path of ranks, one per depth: ``(0, 1)`` = head 1's best token followed by head 2's
+second best. Node 0 is the root (the base model's own next token). Nodes are ordered by depth, then
+lexicographically, so every node comes after its parent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from medusa.errors import MedusaError
+
+TREE_FORMAT = "medusa-tree"
+TREE_VERSION = 1
+
+
+class TreeError(MedusaError):
+    """An invalid tree: a bad rank, a path deeper than the heads, a missing prefix, a duplicate."""
+
+
+def validate_choices(choices: Iterable[Sequence[int]], num_heads: int | None = None,
+                     source: str = "tree") -> list[tuple[int, ...]]:
+    """Check and canonicalise choices; the root ``()`` is implicit and must not be listed."""
+    seen: set[tuple[int, ...]] = set()
+    paths: list[tuple[int, ...]] = []
+    for i, choice in enumerate(choices):
+        if not isinstance(choice, (list, tuple)) or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                            for r in choice):
+            raise TreeError(f"{source}: choice {i} ({choice!r}) is not a list of integer ranks")
+        path = tuple(choice)
+        if not path:
+            raise TreeError(f"{source}: choice {i} is empty (the root is implicit)")
+        if any(r < 0 for r in path):
+            raise TreeError(f"{source}: choice {i} {list(path)} has a negative rank")
+        if num_heads is not None and len(path) > num_heads:
+            raise TreeError(f"{source}: choice {i} {list(path)} has depth {len(path)} "
+                            f"but there are only {num_heads} heads")
+        if path in seen:
+            raise TreeError(f"{source}: choice {list(path)} appears twice")
+        seen.add(path)
+        paths.append(path)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise TreeError(f"{source}: choice {list(path)} has no parent {list(path[:-1])} in the tree")
+    return sorted(paths, key=lambda p: (len(p), p))
+
+
+class MedusaTree:
+    """A validated candidate tree. ``paths[0] == ()`` is the root; ``len(tree)`` counts it."""
+
+    def __init__(self, choices: Iterable[Sequence[int]], num_heads: int | None = None,
+                 calibration: dict[str, Any] | None = None, source: str = "tree") -> None:
+        self.choices: list[tuple[int, ...]] = validate_choices(choices, num_heads, source)
+        self.paths: list[tuple[int, ...]] = [()] + self.choices
+        self.num_heads = num_heads
+        self.calibration = calibration
+        index = {p: i for i, p in enumerate(self.paths)}
+        n = len(self.paths)
+        self.parents: list[int] = [-1] + [index[p[:-1]] for p in self.choices]
+        has_child = [False] * n
+        for parent in self.parents[1:]:
+            has_child[parent] = True
+        self.depths = torch.tensor([len(p) for p in self.paths], dtype=torch.long)  # [N]
+        mask = torch.zeros(n, n, dtype=torch.bool)  # [N, N]: [i, j] iff j is i or an ancestor of i
+        for i, p in enumerate(self.paths):
+            for d in range(len(p) + 1):
+                mask[i, index[p[:d]]] = True
+        self.attention_mask = mask
+        leaves = [i for i in range(n) if not has_child[i]]
+        depth = self.depth
+        retrieve = torch.full((len(leaves), depth + 1), -1, dtype=torch.long)  # [L, D+1], -1 padded
+        for row, leaf in enumerate(leaves):
+            p = self.paths[leaf]
+            for d in range(len(p) + 1):
+                retrieve[row, d] = index[p[:d]]
+        self.retrieve_indices = retrieve
+        # How many ranks each head must propose: topk[d-1] = 1 + max rank used at depth d.
+        self.topk_per_depth = [1 + max(p[d - 1] for p in self.choices if len(p) == d)
+                               for d in range(1, depth + 1)]
+        self._device_cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    # ------------------------------------------------------------------ constructors / io
+    @classmethod
+    def from_choices(cls, choices: Iterable[Sequence[int]], num_heads: int | None = None,
+                     calibration: dict[str, Any] | None = None) -> "MedusaTree":
+        return cls(choices, num_heads=num_heads, calibration=calibration)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "MedusaTree":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise TreeError(f"{path}: not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TreeError(f"{path}: corrupt JSON ({exc})") from None
+        if isinstance(data, list):  # a bare list of choices, as the official repo writes them
+            return cls(data, source=str(path))
+        if not isinstance(data, dict) or data.get("format") != TREE_FORMAT:
+            raise TreeError(f"{path}: not a tree.json (expected \"format\": \"{TREE_FORMAT}\")")
+        if data.get("version") != TREE_VERSION:
+            raise TreeError(f"{path}: tree version {data.get('version')!r} is not supported")
+        if "choices" not in data:
+            raise TreeError(f"{path}: missing key 'choices'")
+        return cls(data["choices"], num_heads=data.get("num_heads"), calibration=data.get("calibration"),
+                   source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": TREE_FORMAT,
+            "version": TREE_VERSION,
+            "num_heads": self.num_heads if self.num_heads is not None else self.depth,
+            "choices": [list(p) for p in self.choices],
+            "calibration": self.calibration,
+        }
+
+    def to_json(self, path: str | Path) -> None:
+        from medusa.io import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    # ------------------------------------------------------------------ properties
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __repr__(self) -> str:
+        return f"MedusaTree(nodes={len(self)}, depth={self.depth})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MedusaTree) and self.paths == other.paths
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    def buffers(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """The tree's tensors on ``device``, built once per device:
+
+        ``attention_mask [N, N]`` bool, ``depths [N]``, ``parents [N]`` (-1 for the root),
+        ``retrieve_indices [L, D+1]`` (-1 padded), ``ranks [N]`` (rank of each node at its depth, 0 for root).
+        """
+        key = str(torch.device(device))
+        if key not in self._device_cache:
+            ranks = torch.tensor([p[-1] if p else 0 for p in self.paths], dtype=torch.long)
+            self._device_cache[key] = {
+                "attention_mask": self.attention_mask.to(device),
+                "depths": self.depths.to(device),
+                "parents": torch.tensor(self.parents, dtype=torch.long, device=device),
+                "retrieve_indices": self.retrieve_indices.to(device),
+                "ranks": ranks.to(device),
+            }
+        return self._device_cache[key]
