@@ -17,10 +17,15 @@ from typing import Sequence
 
 from medusa.errors import MedusaError
 
-# Modules that provide subcommands, in the order they appear in --help.
-COMMAND_MODULES = [
-    "medusa.cli_heads",
-]
+
+
+def command_modules() -> list[str]:
+    """Every ``medusa/cli_*.py`` module provides subcommands through ``register(subparsers)``."""
+    import pkgutil
+
+    import medusa
+
+    return sorted(f"medusa.{m.name}" for m in pkgutil.iter_modules(medusa.__path__) if m.name.startswith("cli_"))
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -58,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("checkpoint", help="a MEDUSA heads directory")
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.set_defaults(func=_cmd_info)
-    for name in COMMAND_MODULES:
+    for name in command_modules():
         importlib.import_module(name).register(sub)
     return parser
 
