@@ -1,0 +1,152 @@
+"""Export heads to serving engines' formats, and import official MEDUSA / vLLM heads into ours.
+
+``export_checkpoint(src, out, format)`` with ``format`` one of :data:`EXPORT_FORMATS`;
+``import_checkpoint(src, out, base=None)`` detects the source layout. Both write ``out`` atomically
+(a temp directory renamed into place), so ``out`` is never left half-written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from medusa.errors import CheckpointError, MedusaError
+from medusa.export.common import HeadsState, copy_tokenizer, read_our_checkpoint, require_tree_fits
+from medusa.export.medusa_v1 import is_v1_dir, read_v1, write_v1
+from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
+from medusa.io import atomic_directory
+from medusa.modeling.base import dtype_name
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
+
+EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi")
+IMPORT_FORMATS = ("auto", "vllm", "medusa-v1")
+
+
+def _check_paths(src: Path, out: Path) -> None:
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise MedusaError(f"{out}: the output must not be the source checkpoint or inside it")
+
+
+def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str | Path | None = None,
+                      base: str | None = None) -> dict[str, Any]:
+    """Write the heads of our checkpoint ``src`` in ``format`` to ``out``; returns a summary.
+
+    ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm``; default: the checkpoint's own,
+    else the built-in default tree. ``base``: where ``shared_lm_head`` checkpoints find the LM head.
+    """
+    if format not in EXPORT_FORMATS:
+        raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    src, out = Path(src), Path(out)
+    _check_paths(src, out)
+    config, heads = read_our_checkpoint(src, base=base)
+    choices = None
+    if format == "tensorrt-llm":
+        from medusa.tree import MedusaTree, default_tree
+
+        if tree is not None:
+            choices = [list(c) for c in MedusaTree.from_json(tree).choices]
+            require_tree_fits(choices, heads.num_heads, str(tree))
+        elif heads.choices is not None:
+            choices = heads.choices
+            require_tree_fits(choices, heads.num_heads, str(src / TREE_NAME))
+        else:
+            choices = [list(c) for c in default_tree(heads.num_heads).choices]
+    elif tree is not None:
+        raise MedusaError(f"--tree only applies to --format tensorrt-llm (got {format})")
+    with atomic_directory(out) as tmp:
+        if format == "vllm":
+            write_vllm(heads, tmp)
+        else:
+            write_v1(heads, tmp, choices=choices)
+        copied = copy_tokenizer(_local_base(src, config), tmp) if format == "tgi" else []
+    return {"format": format, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,
+            "materialised_lm_head": config.head_type == "shared_lm_head", "tree_nodes":
+            (len(choices) + 1) if choices is not None else None, "tokenizer_files": copied}
+
+
+def _local_base(src: Path, config: MedusaConfig) -> str:
+    if config.base_model_subdir:
+        return str(src / config.base_model_subdir)
+    return config.base_model_name_or_path
+
+
+def detect_format(src: Path) -> str:
+    if (src / CONFIG_NAME).is_file():
+        raise MedusaError(f"{src}: already a checkpoint in this project's format (medusa_config.json)")
+    if src.is_file() and src.suffix in (".pt", ".safetensors"):
+        return "medusa-v1"
+    if not src.is_dir():
+        raise CheckpointError(f"{src}: not found" if not src.exists() else f"{src}: not a checkpoint directory")
+    if is_vllm_dir(src):
+        return "vllm"
+    if is_v1_dir(src):
+        return "medusa-v1"
+    raise CheckpointError(f"{src}: not a MEDUSA checkpoint (no medusa_lm_head.safetensors / .pt, "
+                          "and no vLLM config.json with model_type medusa + model.safetensors)")
+
+
+def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
+                      format: str = "auto") -> dict[str, Any]:
+    """Official heads (v0.1 ``.pt``, v2 safetensors, medusa-v1 / TGI / TensorRT-LLM) or vLLM heads ->
+    our checkpoint at ``out``. The base model is ``base`` or the one the source config names; only its
+    config is read (model_type / hidden_size / vocab_size must fit the heads)."""
+    if format not in IMPORT_FORMATS:
+        raise MedusaError(f"unknown import format {format!r}; choose one of {', '.join(IMPORT_FORMATS)}")
+    src, out = Path(src), Path(out)
+    _check_paths(src, out)
+    fmt = detect_format(src) if format == "auto" else format
+    heads = read_vllm(src) if fmt == "vllm" else read_v1(src)
+    base_name = base or heads.base_model_name_or_path
+    if not base_name:
+        raise MedusaError(f"{src}: the source names no base model; pass --base")
+    model_type, hidden, vocab = _base_fingerprint(base_name)
+    if hidden != heads.hidden_size or vocab != heads.vocab_size:
+        raise CheckpointError(f"base model {base_name!r} has hidden_size {hidden} / vocab_size {vocab} but the "
+                              f"heads in {src} have {heads.hidden_size} / {heads.vocab_size}")
+    if base_name and Path(base_name).is_dir():
+        base_name = str(Path(base_name).resolve())
+    config = MedusaConfig(base_model_name_or_path=base_name, base_model_type=model_type, hidden_size=hidden,
+                          vocab_size=vocab, num_heads=heads.num_heads, num_layers=heads.num_layers,
+                          head_type="linear", dtype=dtype_name(heads.dtype),
+                          extra={"imported_from": str(src), "import_format": fmt})
+    tree = None
+    if heads.choices is not None:
+        from medusa.tree import MedusaTree
+
+        tree = MedusaTree.from_choices(heads.choices, num_heads=heads.num_heads)
+    with atomic_directory(out) as tmp:
+        config.save(tmp)
+        save_file(our_tensors(heads), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        if tree is not None:
+            tree.to_json(tmp / TREE_NAME)
+    return {"format": fmt, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,
+            "base_model": base_name, "tree_nodes": len(tree) if tree is not None else None}
+
+
+def our_tensors(heads: HeadsState) -> dict:
+    """Canonical heads -> the tensor names of ``medusa_heads.safetensors`` (``linear`` heads)."""
+    out = {}
+    for k in range(heads.num_heads):
+        for l in range(heads.num_layers):
+            out[f"blocks.{k}.{l}.linear.weight"] = heads.w1[k][l].contiguous()
+            out[f"blocks.{k}.{l}.linear.bias"] = heads.b1[k][l].contiguous()
+        out[f"lm_heads.{k}.weight"] = heads.w2[k].contiguous()
+    return out
+
+
+def _base_fingerprint(name: str) -> tuple[str, int, int]:
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read the config of base model {name!r}: {first}") from None
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return text.model_type, int(text.hidden_size), int(text.vocab_size)
+
+
+__all__ = ["EXPORT_FORMATS", "IMPORT_FORMATS", "HeadsState", "detect_format", "export_checkpoint",
+           "import_checkpoint"]

@@ -1,0 +1,161 @@
+"""Reading our heads checkpoint without a base model, and the canonical in-memory form exporters share.
+
+The canonical form (:class:`HeadsState`) holds, per head k and layer l, the ResBlock ``W1 [d, d]``,
+``b [d]`` and the head's ``W2 [V, d]``, exactly the tensors of ``medusa_heads.safetensors`` (with W2
+materialised from the base LM head for ``shared_lm_head`` checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from medusa.errors import CheckpointError, MedusaError
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+
+
+@dataclass
+class HeadsState:
+    """K heads x L ResBlocks in plain tensors: ``w1[k][l] [d, d]``, ``b1[k][l] [d]``, ``w2[k] [V, d]``."""
+
+    w1: list[list[torch.Tensor]]
+    b1: list[list[torch.Tensor]]
+    w2: list[torch.Tensor]
+    base_model_name_or_path: str = ""
+    choices: list[list[int]] | None = None  # the calibrated tree, when the source carries one
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.w2)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.w1[0]) if self.w1 else 0
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.w2[0].shape[1])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.w2[0].shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w2[0].dtype
+
+    def check(self, source: str) -> None:
+        """Every head has the same layer count; every tensor has the shape its role needs."""
+        d, v = self.hidden_size, self.vocab_size
+        if len(self.w1) != self.num_heads or len(self.b1) != self.num_heads:
+            raise CheckpointError(f"{source}: ResBlocks found for {len(self.w1)} heads but W2 for {self.num_heads}")
+        for k in range(self.num_heads):
+            if len(self.w1[k]) != self.num_layers or len(self.b1[k]) != self.num_layers:
+                raise CheckpointError(f"{source}: head {k} has {len(self.w1[k])} layer(s), head 0 has "
+                                      f"{self.num_layers}")
+            if tuple(self.w2[k].shape) != (v, d):
+                raise CheckpointError(f"{source}: head {k} W2 has shape {tuple(self.w2[k].shape)}, expected {(v, d)}")
+            for l in range(self.num_layers):
+                if tuple(self.w1[k][l].shape) != (d, d) or tuple(self.b1[k][l].shape) != (d,):
+                    raise CheckpointError(f"{source}: head {k} layer {l} has W1 {tuple(self.w1[k][l].shape)} / "
+                                          f"bias {tuple(self.b1[k][l].shape)}, expected {(d, d)} / {(d,)}")
+
+
+def read_our_checkpoint(path: str | Path, base: str | None = None) -> tuple[MedusaConfig, HeadsState]:
+    """Our checkpoint -> (config, canonical heads). ``shared_lm_head`` W2 comes from ``base`` (or the
+    base the config names), which is loaded for that purpose only."""
+    from medusa.modeling.model import read_heads_file
+
+    path = Path(path)
+    config = MedusaConfig.load(path)
+    state = read_heads_file(path / WEIGHTS_NAME)
+    src = str(path / WEIGHTS_NAME)
+    k_heads, n_layers = config.num_heads, config.num_layers
+
+    def get(key: str) -> torch.Tensor:
+        if key not in state:
+            raise CheckpointError(f"{src}: missing tensor {key}")
+        return state[key]
+
+    w1 = [[get(f"blocks.{k}.{l}.linear.weight") for l in range(n_layers)] for k in range(k_heads)]
+    b1 = [[get(f"blocks.{k}.{l}.linear.bias") for l in range(n_layers)] for k in range(k_heads)]
+    if config.head_type == "linear":
+        w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
+    else:
+        dtype = next(iter(state.values())).dtype
+        shared = base_lm_head_weight(base or _base_location(path, config), dtype)
+        if tuple(shared.shape) != (config.vocab_size, config.hidden_size):
+            raise CheckpointError(f"base LM head has shape {tuple(shared.shape)} but {path / CONFIG_NAME} "
+                                  f"says vocab {config.vocab_size} x hidden {config.hidden_size}")
+        w2 = [shared.clone() for _ in range(k_heads)]  # materialised: every target needs its own W2
+    choices = None
+    if (path / TREE_NAME).is_file():
+        from medusa.tree import MedusaTree
+
+        tree = MedusaTree.from_json(path / TREE_NAME)
+        choices = [list(c) for c in tree.choices]
+    heads = HeadsState(w1, b1, w2, base_model_name_or_path=config.base_model_name_or_path, choices=choices)
+    heads.check(src)
+    return config, heads
+
+
+def _base_location(path: Path, config: MedusaConfig) -> str:
+    if config.base_model_subdir:
+        return str(path / config.base_model_subdir)
+    if not config.base_model_name_or_path:
+        raise CheckpointError(f"{path / CONFIG_NAME}: shared_lm_head heads need the base model; "
+                              "base_model_name_or_path is empty, pass --base")
+    return config.base_model_name_or_path
+
+
+def base_lm_head_weight(name_or_path: str, dtype: torch.dtype) -> torch.Tensor:
+    """The base model's LM head ``[V, d]`` (its input embeddings when tied), as ``dtype`` on the CPU."""
+    from medusa.modeling.base import lm_head_weight, load_base_model
+
+    model = load_base_model(name_or_path)
+    return lm_head_weight(model).detach().to(device="cpu", dtype=dtype).contiguous()
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: corrupt JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def copy_tokenizer(base: str, out: Path) -> list[str]:
+    """Copy tokenizer files from a local base directory (serving engines read them from the model dir)."""
+    import shutil
+
+    src = Path(base) if base else None
+    if src is None or not src.is_dir():
+        return []
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+            copied.append(name)
+    return copied
+
+
+def require_tree_fits(choices: list[list[int]], num_heads: int, source: str) -> None:
+    deepest = max((len(c) for c in choices), default=0)
+    if deepest > num_heads:
+        raise MedusaError(f"{source}: tree depth {deepest} is deeper than the {num_heads} heads")

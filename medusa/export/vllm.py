@@ -1,0 +1,95 @@
+"""vLLM's Medusa draft-model format (``vllm/model_executor/models/medusa.py``).
+
+vLLM builds ``blocks[i] = ResidualBlock(num_hidden_layers linear layers, bias=medusa_fc_bias)`` and
+``lm_heads[i] = ParallelLMHead(truncated_vocab_size, hidden_size)`` from ``config.json`` and loads
+``blocks.{i}.layers.{j}.weight|bias`` and ``lm_heads.{i}.weight`` (a ``medusa_heads.`` prefix is stripped).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from medusa.errors import CheckpointError
+from medusa.export.common import HeadsState, read_json, write_json
+from medusa.modeling.base import dtype_name
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def vllm_tensors(heads: HeadsState) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for k in range(heads.num_heads):
+        for l in range(heads.num_layers):
+            out[f"blocks.{k}.layers.{l}.weight"] = heads.w1[k][l].contiguous()
+            out[f"blocks.{k}.layers.{l}.bias"] = heads.b1[k][l].contiguous()
+        out[f"lm_heads.{k}.weight"] = heads.w2[k].contiguous()
+    return out
+
+
+def vllm_config(heads: HeadsState) -> dict[str, Any]:
+    return {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "num_heads": heads.num_heads,
+        "num_hidden_layers": heads.num_layers,
+        "hidden_size": heads.hidden_size,
+        "vocab_size": heads.vocab_size,
+        "truncated_vocab_size": heads.vocab_size,
+        "medusa_fc_bias": True,
+        "torch_dtype": dtype_name(heads.dtype),
+        "base_model_name_or_path": heads.base_model_name_or_path,
+    }
+
+
+def write_vllm(heads: HeadsState, out: Path) -> None:
+    save_file(vllm_tensors(heads), str(out / WEIGHTS), metadata={"format": "pt"})
+    write_json(out / CONFIG, vllm_config(heads))
+
+
+def is_vllm_dir(path: Path) -> bool:
+    if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
+        return False
+    return read_json(path / CONFIG).get("model_type") == "medusa"
+
+
+def read_vllm(path: Path) -> HeadsState:
+    """A vLLM Medusa directory -> canonical heads (head / layer counts from config.json, checked)."""
+    cfg = read_json(path / CONFIG)
+    src = str(path / WEIGHTS)
+    try:
+        state = load_file(src)
+    except Exception as exc:  # safetensors raises several types for a corrupt file
+        raise CheckpointError(f"{src}: corrupt safetensors file ({exc})") from None
+    state = {k.removeprefix("medusa_heads."): v for k, v in state.items()}
+    for key in ("num_heads", "num_hidden_layers"):
+        if not isinstance(cfg.get(key), int):
+            raise CheckpointError(f"{path / CONFIG}: missing integer key {key!r}")
+    k_heads, n_layers = cfg["num_heads"], cfg["num_hidden_layers"]
+    if cfg.get("truncated_vocab_size", cfg.get("vocab_size")) != cfg.get("vocab_size") or "token_map" in state:
+        raise CheckpointError(f"{path / CONFIG}: truncated vocabularies (token_map) cannot be imported")
+
+    def get(key: str) -> torch.Tensor:
+        if key not in state:
+            raise CheckpointError(f"{src}: missing tensor {key}")
+        return state.pop(key)
+
+    w1 = [[get(f"blocks.{k}.layers.{l}.weight") for l in range(n_layers)] for k in range(k_heads)]
+    if cfg.get("medusa_fc_bias", False):
+        b1 = [[get(f"blocks.{k}.layers.{l}.bias") for l in range(n_layers)] for k in range(k_heads)]
+    else:  # vLLM's default: bias-free ResBlocks, i.e. a zero bias in ours
+        b1 = [[torch.zeros(w.shape[0], dtype=w.dtype) for w in row] for row in w1]
+    if cfg.get("original_lm_head", False):
+        shared = get("lm_heads.0.weight")
+        w2 = [shared.clone() for _ in range(k_heads)]
+    else:
+        w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
+    if state:
+        raise CheckpointError(f"{src}: unexpected tensor(s) {', '.join(sorted(state)[:5])}")
+    heads = HeadsState(w1, b1, w2, base_model_name_or_path=str(cfg.get("base_model_name_or_path") or ""))
+    heads.check(src)
+    return heads
