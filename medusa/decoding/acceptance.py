@@ -1,0 +1,148 @@
+"""Acceptance rules: which tree path to keep and the next (bonus) token. Pure functions of tensors.
+
+Every rule takes the verification logits ``[B, N, V]`` (the base model's logits at each tree node) and
+the tree tokens ``[B, N]``, and returns ``(path [B, D+1], n_accepted [B], next_token [B])``: the node
+indices of the kept root-to-leaf path, how many nodes past the root were accepted (``path[:, :n+1]``
+are the kept nodes), and the token that follows the last kept node (the next step's root).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from medusa.decoding.candidates import DecodeTree
+
+Warp = Callable[[torch.Tensor], torch.Tensor]
+
+
+def warp_logits(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> Warp:
+    """HF's sampling warpers in HF's order (temperature, top-k, top-p), as ``generate(do_sample=True)`` builds
+    them: temperature 1.0, top_k 0/None and top_p 1.0/None are skipped. ``[..., V] -> [..., V]`` logits."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers = []
+    if temperature is not None and temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k is not None and top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+    if top_p is not None and top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+
+    def warp(logits: torch.Tensor) -> torch.Tensor:
+        shape = logits.shape
+        scores = logits.reshape(-1, shape[-1]).float()  # [R, V]
+        for w in warpers:
+            scores = w(None, scores)
+        return scores.view(shape)
+
+    return warp
+
+
+def _best_path(ok: torch.Tensor, dt: DecodeTree, score: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Longest accepted prefix over root-to-leaf paths.
+
+    ``ok [B, N]``: node i's token is accepted given its parent. ``score [B, N]`` (optional): per-node
+    log-likelihood used to break ties between equally long paths. Returns (path [B, D+1], n [B], last [B]).
+    """
+    b = ok.shape[0]
+    nodes = dt.retrieve[:, 1:]  # [L, D]
+    ok_path = ok[:, nodes] & dt.retrieve_valid  # [B, L, D]
+    run = ok_path.long().cumprod(dim=-1)  # [B, L, D]
+    lengths = run.sum(dim=-1)  # [B, L]
+    if score is None:
+        best = lengths.argmax(dim=-1)  # [B]
+    else:
+        best_len = lengths.max(dim=-1, keepdim=True).values  # [B, 1]
+        like = (score[:, nodes] * run).sum(dim=-1)  # [B, L] log-likelihood of each accepted prefix
+        like = like.masked_fill(lengths < best_len, float("-inf"))
+        best = like.argmax(dim=-1)
+    n = lengths.gather(1, best.view(b, 1)).view(b)  # [B]
+    path = dt.retrieve.index_select(0, best)  # [B, D+1]
+    last = path.gather(1, n.view(b, 1)).view(b)  # [B]
+    return path, n, last
+
+
+def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Longest path whose every token equals the base model's argmax at its parent; next = argmax at the end."""
+    pred = logits.argmax(dim=-1)  # [B, N]
+    ok = tokens == pred[:, dt.parents]  # [B, N]
+    path, n, last = _best_path(ok, dt)
+    nxt = pred.gather(1, last.view(-1, 1)).view(-1)
+    return path, n, nxt
+
+
+def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp,
+                   temperature: float = 1.0, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MEDUSA's typical acceptance (lossy: the output is *not* distributed as the base model's samples).
+
+    Node i is accepted iff ``p(x_i) > min(epsilon, delta * exp(-H(p)))`` where p is the base distribution at
+    its parent (``softmax(logits / temperature)``), epsilon = ``posterior_threshold``, delta =
+    ``posterior_alpha``. The longest accepted path wins, ties going to the higher likelihood; the next token
+    is sampled from the warped distribution at the last accepted node.
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, N, V]
+    probs = logp.exp()
+    entropy = -(probs * logp).nan_to_num().sum(dim=-1)  # [B, N]
+    threshold = torch.minimum(torch.full_like(entropy, posterior_threshold),
+                              posterior_alpha * torch.exp(-entropy))  # [B, N]
+    parent_logp = logp[:, dt.parents]  # [B, N, V]
+    cand_logp = parent_logp.gather(2, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
+    ok = cand_logp.exp() > threshold[:, dt.parents]
+    path, n, last = _best_path(ok, dt, score=cand_logp)
+    b = logits.shape[0]
+    last_logits = logits[torch.arange(b, device=logits.device), last]  # [B, V]
+    nxt = torch.multinomial(torch.softmax(warp(last_logits), dim=-1), 1, generator=generator).view(b)
+    return path, n, nxt
+
+
+def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless recursive rejection sampling over siblings (proposals are the heads' deterministic top-k).
+
+    At the current node with target distribution p (the warped base distribution there), try its children
+    in rank order: accept child token x with probability ``p_res(x) / sum(p_res)``; on rejection set
+    ``p_res(x) = 0`` and try the next sibling. When a child is accepted, move to it; when all are rejected
+    (or the node has no children) the next token is sampled from ``p_res``. Each emitted token is therefore
+    distributed exactly as ``p``: the output equals the base model's ``generate(do_sample=True)`` in law.
+    """
+    b, n_nodes, v = logits.shape
+    device = logits.device
+    probs = torch.softmax(warp(logits), dim=-1)  # [B, N, V]
+    rows = torch.arange(b, device=device)
+    cur = torch.zeros(b, dtype=torch.long, device=device)  # current node per row
+    n = torch.zeros(b, dtype=torch.long, device=device)
+    path = torch.zeros(b, dt.depth + 1, dtype=torch.long, device=device)
+    active = torch.ones(b, dtype=torch.bool, device=device)
+    residual = probs[:, 0].clone()  # [B, V]
+    for d in range(dt.depth):
+        p = probs[rows, cur].clone()  # [B, V] unnormalised residual at the current node
+        chosen = torch.full((b,), -1, dtype=torch.long, device=device)
+        for r in range(dt.kmax):
+            child = dt.children[cur, r]  # [B]
+            cand = (child >= 0) & active & (chosen < 0)
+            tok = tokens.gather(1, child.clamp(min=0).view(b, 1))  # [B, 1]
+            p_tok = p.gather(1, tok).view(b)
+            u = torch.rand(b, device=device, generator=generator)
+            accept = cand & (u * p.sum(dim=-1) < p_tok)
+            reject = cand & ~accept
+            chosen = torch.where(accept, child, chosen)
+            p.scatter_(1, tok, torch.where(reject, torch.zeros_like(p_tok), p_tok).view(b, 1))
+        stop = active & (chosen < 0)
+        residual = torch.where(stop.view(b, 1), p, residual)
+        moved = active & (chosen >= 0)
+        cur = torch.where(moved, chosen, cur)
+        n = n + moved.long()
+        path[:, d + 1] = torch.where(moved, chosen, path[:, d + 1])
+        active = moved
+    residual = torch.where(active.view(b, 1), probs[rows, cur], residual)  # reached a depth-D leaf
+    nxt = torch.multinomial(residual, 1, generator=generator).view(b)
+    return path, n, nxt

@@ -1,0 +1,248 @@
+"""The MEDUSA decode loop: prefill, propose (tree candidates), verify (one forward over the tree with a
+4-D mask), accept (greedy / sample / typical), compact the KV cache. Statistics are returned, not printed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
+from medusa.decoding.candidates import DecodeTree, decode_tree, propose
+from medusa.decoding.kv_cache import check_supported, compact_cache, new_cache
+from medusa.errors import MedusaError
+from medusa.modeling.base import unwrap
+
+ACCEPTANCE = ("greedy", "sample", "typical")
+
+
+@dataclass
+class MedusaGenerateOutput:
+    sequences: torch.Tensor  # [B, prompt + new], rows that stopped early padded with pad_token_id
+    accept_lengths: list[list[int]] = field(default_factory=list)  # per row: tokens gained at each step
+    num_steps: int = 0  # verification passes (the prefill is not counted)
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens gained per verification step over all rows."""
+        steps = sum(len(a) for a in self.accept_lengths)
+        return sum(sum(a) for a in self.accept_lengths) / steps if steps else 0.0
+
+
+def _default_tree(model: Any) -> Any:
+    from medusa.tree import default_tree
+
+    cache = model.__dict__.setdefault("_medusa_default_tree", {})
+    if model.num_heads not in cache:
+        cache[model.num_heads] = default_tree(model.num_heads)
+    return cache[model.num_heads]
+
+
+def _sampling_defaults(model: Any, top_k: int | None, top_p: float | None) -> tuple[int | None, float | None]:
+    """Unset top_k / top_p resolve as HF ``generate`` resolves them: the model's generation_config, then HF's
+    global defaults (top_k 50, top_p 1.0). Pass ``top_k=0`` to turn top-k filtering off."""
+    gen = getattr(unwrap(model.base_model), "generation_config", None)
+    if top_k is None:
+        top_k = getattr(gen, "top_k", None)
+        top_k = 50 if top_k is None else top_k
+    if top_p is None:
+        top_p = getattr(gen, "top_p", None)
+    return top_k, top_p
+
+
+def _eos_list(model: Any, eos_token_id: int | Sequence[int] | None) -> list[int]:
+    if eos_token_id is None:
+        gen = getattr(unwrap(model.base_model), "generation_config", None)
+        eos_token_id = getattr(gen, "eos_token_id", None)
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+
+
+def _pad_id(model: Any, eos: list[int]) -> int:
+    gen = getattr(unwrap(model.base_model), "generation_config", None)
+    pad = getattr(gen, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(unwrap(model.base_model).config, "pad_token_id", None)
+    if isinstance(pad, (list, tuple)):
+        pad = pad[0] if pad else None
+    return int(pad) if pad is not None else (eos[0] if eos else 0)
+
+
+@torch.no_grad()
+def medusa_generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 64,
+    acceptance: str = "greedy",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+    tree: Any = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    return_dict_in_generate: bool = False,
+    streamer: Any = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor | MedusaGenerateOutput:
+    """Decode with MEDUSA heads: several tokens per forward pass of the base model.
+
+    ``acceptance="greedy"`` returns exactly ``base_model.generate(do_sample=False)``'s tokens;
+    ``"sample"`` is lossless: tokens are distributed exactly as ``generate(do_sample=True, temperature=...,
+    top_k=..., top_p=...)`` (unset top_k / top_p resolve like HF: generation_config, then top_k=50);
+    ``"typical"`` is MEDUSA's typical acceptance (``posterior_threshold`` epsilon, ``posterior_alpha``
+    delta): faster at high temperature but lossy, its samples are NOT distributed as the base model's.
+
+    ``input_ids [B, P]`` with an optional left-padding ``attention_mask [B, P]``; rows finish independently
+    (``max_new_tokens`` exactly, or at an EOS token: ``eos_token_id`` int or list, default the model's).
+    ``streamer`` (HF ``TextStreamer`` & co.) for batch 1. Returns ``[B, P + new]`` like HF ``generate``, or
+    a :class:`MedusaGenerateOutput` with ``return_dict_in_generate=True``.
+    """
+    if acceptance not in ACCEPTANCE:
+        raise MedusaError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
+    if max_new_tokens < 1:
+        raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if acceptance != "greedy" and not temperature > 0:
+        raise MedusaError(f"temperature must be > 0 for acceptance={acceptance!r}, got {temperature}")
+    tree = tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model))
+    if tree.depth > model.num_heads:
+        raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
+    b, p = input_ids.shape
+    if streamer is not None and b != 1:
+        raise MedusaError(f"streamers need batch size 1, got {b}")
+    device = model.device
+    input_ids = input_ids.to(device)
+    mask2d = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)).long()
+    if b > 1 and bool((mask2d[:, -1] == 0).any()):
+        raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
+    check_supported(model.base_model, p + max_new_tokens + tree.depth + 1)
+    dtype = next(model.base_model.parameters()).dtype
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    dt = decode_tree(tree, device, dtype)
+    eos = _eos_list(model, eos_token_id)
+    pad_id = _pad_id(model, eos)
+    warp = None
+    if acceptance != "greedy":
+        top_k, top_p = _sampling_defaults(model, top_k, top_p)
+        warp = warp_logits(temperature, top_k, top_p)
+
+    def choose_root(logits: torch.Tensor) -> torch.Tensor:  # logits [B, V] -> [B]
+        if acceptance == "greedy":
+            return logits.argmax(dim=-1)
+        return torch.multinomial(torch.softmax(warp(logits), dim=-1), 1, generator=generator).view(-1)
+
+    # ---------------------------------------------------------------- prefill
+    t0 = time.perf_counter()
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    cache = new_cache()
+    position_ids = mask2d.cumsum(-1) - 1  # [B, P], as HF generate builds them for left padding
+    position_ids.masked_fill_(mask2d == 0, 1)
+    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=position_ids, past_key_values=cache,
+                use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=True)
+    root = choose_root(out.logits[:, -1])  # [B]
+    head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
+    n_valid = mask2d.sum(-1)  # [B]: real tokens in the cache; the next position id
+    cap = p + 2 * max_new_tokens + dt.num_nodes
+    neg = torch.finfo(dtype).min
+    # mask: [B, 1, N, capacity]; columns < past_len hold each row's validity (0 real / min padding or hole)
+    mask = torch.full((b, 1, dt.num_nodes, cap), neg, dtype=dtype, device=device)
+    mask[:, 0, :, :p] = torch.where(mask2d.bool(), 0.0, neg).to(dtype).unsqueeze(1)
+    past_len = p
+    first = root.cpu().tolist()
+    _sync(device)
+    prefill_time = time.perf_counter() - t0
+
+    # ---------------------------------------------------------------- decode
+    t1 = time.perf_counter()
+    generated: list[list[int]] = [[] for _ in range(b)]
+    accept_lengths: list[list[int]] = [[] for _ in range(b)]
+    done = [False] * b
+    for row in range(b):
+        done[row] = _emit(generated[row], [first[row]], eos, max_new_tokens)
+    if streamer is not None:
+        streamer.put(torch.tensor(generated[0]))
+    steps = 0
+    arange_keep = torch.arange(dt.depth + 1, device=device)
+    while not all(done):
+        n = dt.num_nodes
+        if past_len + n > mask.shape[-1]:  # grow the preallocated mask (rare: rows accepting unevenly)
+            grown = torch.full((b, 1, n, 2 * mask.shape[-1]), neg, dtype=dtype, device=device)
+            grown[..., :past_len] = mask[..., :past_len]
+            mask = grown
+        tokens = propose(root, head_topk, dt)  # [B, N]
+        pos = n_valid.view(b, 1) + dt.depths.view(1, n)  # [B, N]
+        mask[:, 0, :, past_len:past_len + n] = dt.float_mask
+        out = model(input_ids=tokens, attention_mask=mask[..., :past_len + n], position_ids=pos,
+                    past_key_values=cache, use_cache=True, compute_heads=False)
+        logits = out.logits  # [B, N, V]
+        if acceptance == "greedy":
+            path, n_acc, nxt = greedy_accept(logits, tokens, dt)
+        elif acceptance == "sample":
+            path, n_acc, nxt = sample_accept(logits, tokens, dt, warp, generator=generator)
+        else:
+            path, n_acc, nxt = typical_accept(logits, tokens, dt, warp, temperature, posterior_threshold,
+                                              posterior_alpha, generator=generator)
+        last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
+        hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
+        head_topk = model.heads(hidden)[:, :, 0].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
+        keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
+        path_tokens = tokens.gather(1, path)  # [B, D+1]
+        host = torch.cat([path_tokens, keep.view(b, 1), nxt.view(b, 1)], dim=1).cpu()  # the one sync per step
+        a = int(host[:, -2].max())
+        compact_cache(cache, past_len, path[:, :a])
+        valid = arange_keep[:a].view(1, a) < keep.view(b, 1)  # [B, A]
+        mask[:, 0, :, past_len:past_len + a] = torch.where(valid, 0.0, neg).to(dtype).unsqueeze(1)
+        past_len += a
+        n_valid = n_valid + keep
+        root = nxt
+        steps += 1
+        for row in range(b):
+            if done[row]:
+                continue
+            k = int(host[row, -2])
+            new = host[row, 1:k].tolist() + [int(host[row, -1])]
+            before = len(generated[row])
+            done[row] = _emit(generated[row], new, eos, max_new_tokens)
+            accept_lengths[row].append(len(generated[row]) - before)
+            if streamer is not None:
+                streamer.put(torch.tensor(generated[row][before:]))
+    _sync(device)
+    decode_time = time.perf_counter() - t1
+    if streamer is not None:
+        streamer.end()
+    width = max(len(g) for g in generated)
+    new_tokens = torch.full((b, width), pad_id, dtype=input_ids.dtype)
+    for row, g in enumerate(generated):
+        new_tokens[row, :len(g)] = torch.tensor(g, dtype=input_ids.dtype)
+    sequences = torch.cat([input_ids, new_tokens.to(device)], dim=1)
+    if not return_dict_in_generate:
+        return sequences
+    return MedusaGenerateOutput(sequences, accept_lengths, steps, prefill_time, decode_time)
+
+
+def _emit(out: list[int], new: list[int], eos: list[int], limit: int) -> bool:
+    """Append ``new`` to ``out`` up to ``limit`` tokens or the first EOS; True when the row is finished."""
+    for tok in new:
+        out.append(tok)
+        if tok in eos or len(out) >= limit:
+            return True
+    return len(out) >= limit
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+__all__ = ["ACCEPTANCE", "DecodeTree", "MedusaGenerateOutput", "medusa_generate"]

@@ -1,0 +1,55 @@
+"""KV-cache operations for tree decoding on transformers' ``DynamicCache``, and attention checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from medusa.errors import MedusaError
+from medusa.modeling.base import text_config, unwrap
+
+
+def new_cache() -> Any:
+    """An empty ``DynamicCache`` whose layers all keep every position (tree verification needs them all)."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def check_supported(model: torch.nn.Module, total_length: int) -> None:
+    """Raise :class:`MedusaError` when the model's attention cannot verify a tree with a 4-D float mask."""
+    inner = unwrap(model)
+    cfg = text_config(model)
+    impl = getattr(cfg, "_attn_implementation", None) or getattr(inner.config, "_attn_implementation", None)
+    if impl is not None and ("flash" in str(impl) or "paged" in str(impl)):
+        raise MedusaError(f"{type(inner).__name__}: attn_implementation={impl!r} cannot take a 4-D tree attention "
+                          "mask; load the base model with attn_implementation='sdpa' or 'eager'")
+    if getattr(inner.config, "is_encoder_decoder", False):
+        raise MedusaError(f"{type(inner).__name__}: encoder-decoder models are not supported by MEDUSA decoding")
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    sliding = window is not None and getattr(cfg, "use_sliding_window", True) is not False and (
+        not layer_types or "sliding_attention" in layer_types)
+    if sliding and total_length > int(window):
+        raise MedusaError(f"{cfg.model_type}: prompt + max_new_tokens + tree depth ({total_length}) exceeds the "
+                          f"sliding window ({window}); MEDUSA decoding keeps full-attention caches only")
+
+
+def compact_cache(cache: Any, past_len: int, keep_index: torch.Tensor) -> None:
+    """Keep only the accepted tree entries: for every layer, entries ``past_len + keep_index[b, j]`` move in
+    place to ``past_len + j`` and the cache is cut to ``past_len + A`` (``keep_index [B, A]``)."""
+    b, a = keep_index.shape
+    src = keep_index + past_len  # [B, A]
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # [B, H, T, hd]
+            if b == 1:
+                picked = t.index_select(2, src[0])  # [1, H, A, hd]
+            else:
+                idx = src.view(b, 1, a, 1).expand(-1, t.shape[1], -1, t.shape[3])
+                picked = torch.gather(t, 2, idx)  # [B, H, A, hd]
+            t[:, :, past_len:past_len + a].copy_(picked)
+            setattr(layer, name, t[:, :, :past_len + a])
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = past_len + a
