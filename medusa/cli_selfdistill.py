@@ -1,0 +1,91 @@
+"""``medusa self-distill``: the model answers prompts; its own replies become training data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _cmd_self_distill(args: argparse.Namespace) -> int:
+    from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+    cfg = SelfDistillConfig(
+        model=args.model, prompts=args.prompts, out=args.out, mode=args.mode, backend=args.backend,
+        prompt_format=args.format, split=args.split, limit=args.limit, prompt_sentences=args.prompt_sentences,
+        prompt_chars=args.prompt_chars, prompt_tokens=args.prompt_tokens, turns=args.turns,
+        sampling=sampling, num_samples=args.num_samples, on_length=args.on_length,
+        retry_errors=args.retry_errors, chat_template=args.chat_template, tokenizer=args.tokenizer,
+        batch_size=args.batch_size, dtype=args.dtype, device=args.device, load_in_4bit=args.load_in_4bit,
+        endpoint=args.endpoint, served_model=args.served_model, api=args.api, api_key=args.api_key,
+        concurrency=args.concurrency, timeout_s=args.timeout, retries=args.retries,
+        retry_backoff_s=args.retry_backoff, progress=not args.no_progress)
+    if args.user_prompt is not None:
+        cfg.user_prompt = args.user_prompt
+    s = self_distill(cfg)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"wrote {s['written']} rows to {s['out']} ({s['already_done']} already there, "
+          f"{s['errors']} errors + {s['invalid_prompts']} invalid prompts -> {s['errors_file']}"
+          + (f", {s['skipped_failed_before']} failed before: --retry-errors" if s["skipped_failed_before"] else "")
+          + ")")
+    if s.get("generation_s"):
+        print(f"{s['completion_tokens']:,} tokens in {s['generation_s']:.1f}s: "
+              f"{s['rows_per_s']:.2f} rows/s, {s['tokens_per_s']:.1f} tokens/s")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("self-distill", help="generate training data from the model's own replies",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="local backend: model path or hub id (also the name in the metadata); "
+                                   "openai backend: unused, see --served-model")
+    p.add_argument("--prompts", required=True, help=".json/.jsonl/.parquet/.txt file, a datasets directory, "
+                                                    "or a hub dataset id")
+    p.add_argument("--out", required=True, help="output JSONL (appended to; re-running resumes)")
+    p.add_argument("--mode", choices=["replay", "self-talk", "completion"], default="replay")
+    p.add_argument("--backend", choices=["local", "openai"], default="local")
+    g = p.add_argument_group("prompts")
+    g.add_argument("--format", default="auto",
+                   choices=["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text"])
+    g.add_argument("--split", default="train", help="dataset split (directories and hub datasets)")
+    g.add_argument("--limit", type=int, help="use only the first N prompts")
+    g.add_argument("--prompt-sentences", type=int, default=1, help="text documents: first N sentences")
+    g.add_argument("--prompt-chars", type=int, help="text documents: first N characters (word boundary)")
+    g.add_argument("--prompt-tokens", type=int, help="text documents: first N tokens")
+    g.add_argument("--turns", type=int, help="replay: answer at most N user turns; self-talk: N assistant "
+                                             "replies (default 3)")
+    g.add_argument("--user-prompt", help="self-talk: the instruction the model gets when playing the user")
+    g.add_argument("--chat-template", help="a Jinja chat template (file or string) replacing the tokenizer's")
+    g.add_argument("--tokenizer", help="tokenizer for --prompt-tokens (default: --model)")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=None)
+    s.add_argument("--max-new-tokens", type=int, default=512)
+    s.add_argument("--num-samples", "-n", type=int, default=1, help="samples per prompt")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--on-length", choices=["error", "keep"],
+                   help="a reply cut at --max-new-tokens: errors file (default in chat modes) or keep "
+                        "(default in completion mode)")
+    s.add_argument("--retry-errors", action="store_true", help="attempt rows in <out>.errors.jsonl again")
+    lo = p.add_argument_group("local backend")
+    lo.add_argument("--batch-size", type=int, default=16)
+    lo.add_argument("--dtype", help="default: bfloat16 on GPU, float32 on CPU")
+    lo.add_argument("--device", help="default: cuda if available")
+    lo.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes NF4")
+    op = p.add_argument_group("openai backend")
+    op.add_argument("--endpoint", help="server base URL, e.g. http://127.0.0.1:8000/v1")
+    op.add_argument("--served-model", help="model name to request (default: the first in /v1/models)")
+    op.add_argument("--api", choices=["chat", "completions"], help="default: chat, or completions in "
+                                                                   "completion mode")
+    op.add_argument("--api-key", help="default: $OPENAI_API_KEY")
+    op.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    op.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    op.add_argument("--retries", type=int, default=5)
+    op.add_argument("--retry-backoff", type=float, default=1.0, help="first backoff in seconds (doubles)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_self_distill)

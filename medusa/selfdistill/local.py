@@ -1,0 +1,171 @@
+"""The ``local`` backend: batched ``transformers`` generation (left padding, prompts sorted by length)."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from medusa.errors import ConfigError, MedusaError
+from medusa.selfdistill.base import Request, Result, Sampling
+
+
+class NoChatTemplate(MedusaError):
+    pass
+
+
+def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
+    """The model's tokenizer, left-padded, with a pad token; ``chat_template`` (a file or a Jinja string)
+    replaces the tokenizer's own."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MedusaError(f"cannot load tokenizer {name_or_path!r}: {first}") from exc
+    if chat_template is not None:
+        path = Path(chat_template)
+        tok.chat_template = path.read_text(encoding="utf-8") if path.is_file() else chat_template
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
+    return tok
+
+
+def require_chat_template(tokenizer: Any, model_name: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplate(f"model {model_name!r} has no chat template: use --mode completion, "
+                             "or give one with --chat-template FILE")
+
+
+class LocalBackend:
+    """Generates with a Hugging Face causal LM in-process.
+
+    ``model`` may be a loaded ``PreTrainedModel`` (tests) or a path / hub id; on CUDA the default dtype is
+    bfloat16; ``load_in_4bit`` quantises with bitsandbytes NF4.
+    """
+
+    name = "local"
+
+    def __init__(self, model: Any, tokenizer: Any = None, batch_size: int = 16, dtype: str | None = None,
+                 device: str | None = None, load_in_4bit: bool = False, chat_template: str | None = None,
+                 model_name: str | None = None) -> None:
+        from medusa.modeling.base import load_base_model
+
+        if batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        if isinstance(model, (str, Path)):
+            self.model_name = model_name or str(model)
+            self.tokenizer = tokenizer or load_tokenizer(str(model), chat_template)
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            kwargs: dict[str, Any] = {}
+            if load_in_4bit:
+                from transformers import BitsAndBytesConfig
+
+                kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                    bnb_4bit_compute_dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+                kwargs["device_map"] = {"": device}
+            dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+            self.model = load_base_model(str(model), dtype=dtype, **kwargs)
+            if not load_in_4bit:
+                self.model.to(device)
+        else:
+            self.model = model
+            self.model_name = model_name or getattr(model.config, "name_or_path", "") or type(model).__name__
+            if tokenizer is None:
+                raise ConfigError("an in-process model needs its tokenizer")
+            self.tokenizer = tokenizer
+            if chat_template is not None:
+                self.tokenizer.chat_template = chat_template
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.unk_token or self.tokenizer.eos_token
+        self.model.eval()
+        self.device = next(self.model.parameters()).device
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            if eos is None:
+                continue
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+        if not ids:
+            raise ConfigError(f"{self.model_name}: neither the model nor the tokenizer defines an EOS token")
+        return sorted(ids)
+
+    def encode(self, request: Request) -> list[int]:
+        if request.messages is not None:
+            require_chat_template(self.tokenizer, self.model_name)
+            text = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True,
+                                                      tokenize=False)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(request.prompt)["input_ids"]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(self, requests: Sequence[Request], sampling: Sampling) -> Iterator[tuple[int, Result]]:
+        """Yield ``(index into requests, Result)``, a batch at a time, shortest prompts first."""
+        encoded: list[tuple[int, list[int]]] = []
+        for i, req in enumerate(requests):
+            ids = self.encode(req)
+            if self.max_positions and len(ids) + sampling.max_new_tokens > self.max_positions:
+                yield i, Result("", "error", len(ids), 0,
+                                f"prompt of {len(ids)} tokens + max_new_tokens {sampling.max_new_tokens} "
+                                f"exceeds the model's {self.max_positions} positions")
+                continue
+            encoded.append((i, ids))
+        encoded.sort(key=lambda item: len(item[1]))
+        for start in range(0, len(encoded), self.batch_size):
+            batch = encoded[start:start + self.batch_size]
+            seed = zlib.crc32(repr([requests[i].seed for i, _ in batch]).encode())
+            chat = [requests[i].messages is not None for i, _ in batch]
+            yield from zip([i for i, _ in batch],
+                           self._generate_batch([ids for _, ids in batch], chat, sampling, seed))
+
+    @torch.inference_mode()
+    def _decode(self, prompt: list[int], new: list[int], chat: bool) -> str:
+        """Chat replies are decoded on their own. A completion is the text the new tokens add to the
+        prompt (decoded together, minus the prompt), so ``prompt + completion`` keeps its spaces."""
+        if chat:
+            return self.tokenizer.decode(new, skip_special_tokens=True)
+        head = self.tokenizer.decode(prompt, skip_special_tokens=True)
+        full = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
+        return full[len(head):] if full.startswith(head) else self.tokenizer.decode(new, skip_special_tokens=True)
+
+    def _generate_batch(self, batch: list[list[int]], chat: list[bool], sampling: Sampling,
+                        seed: int) -> list[Result]:
+        pad = self.tokenizer.pad_token_id
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [B, T] left-padded
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)  # [B, T]
+        for row, ids in enumerate(batch):
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            attention_mask[row, width - len(ids):] = 1
+        do_sample = sampling.temperature > 0
+        kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, do_sample=do_sample,
+                                      pad_token_id=pad, eos_token_id=self.eos_ids)
+        if do_sample:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
+            torch.manual_seed(seed)
+        out = self.model.generate(input_ids=input_ids.to(self.device),
+                                  attention_mask=attention_mask.to(self.device), **kwargs)
+        new = out[:, width:].tolist()  # [B, <= max_new_tokens]
+        results = []
+        eos = set(self.eos_ids)
+        for ids, prompt, is_chat in zip(new, batch, chat):
+            stop = next((j for j, t in enumerate(ids) if t in eos), None)
+            if stop is None:  # never finished, so generate did not pad this row
+                reason = "length" if len(ids) >= sampling.max_new_tokens else "stop"
+                results.append(Result(self._decode(prompt, ids, is_chat), reason, len(prompt), len(ids)))
+            else:
+                results.append(Result(self._decode(prompt, ids[:stop], is_chat), "stop", len(prompt), stop + 1))
+        return results

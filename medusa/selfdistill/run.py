@@ -1,0 +1,263 @@
+"""``self_distill``: prompts -> the model's own replies -> a resumable JSONL of conversations.
+
+Output rows (loadable by ``medusa.data.load_tokenized``, format auto-detected; usable as ``data.train``):
+
+- chat modes: ``{"id": "<source id>:<sample>", "messages": [{"role", "content"}...], "metadata": {...}}``
+- completion mode: ``{"id": ..., "prompt": ..., "completion": ..., "metadata": {...}}``
+
+``metadata`` = source_id, sample, mode, model, backend, sampling, finish_reasons, prompt/completion token
+counts (and ``ended`` in self-talk).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+from tqdm.auto import tqdm
+
+from medusa.errors import ConfigError, MedusaError
+from medusa.selfdistill.base import Sampling
+from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, MODES, Job, Outcome, make_job, row_seed
+from medusa.selfdistill.prompts import FORMATS, Prompt, PromptOptions, load_prompts
+from medusa.selfdistill.writer import ResumableWriter
+
+FAIL_FAST_ROWS = 10  # stop when the first this-many rows of a run all fail: a setup problem, not bad rows
+
+
+@dataclass
+class SelfDistillConfig:
+    model: str | None
+    prompts: str
+    out: str
+    mode: str = "replay"
+    backend: str = "local"
+    prompt_format: str = "auto"
+    split: str = "train"
+    limit: int | None = None
+    prompt_sentences: int = 1
+    prompt_chars: int | None = None
+    prompt_tokens: int | None = None
+    turns: int | None = None
+    user_prompt: str = DEFAULT_USER_PROMPT
+    sampling: Sampling = field(default_factory=Sampling)
+    num_samples: int = 1
+    on_length: str | None = None  # default: "error" in chat modes, "keep" in completion mode
+    retry_errors: bool = False
+    chat_template: str | None = None
+    tokenizer: str | None = None
+    # local backend
+    batch_size: int = 16
+    dtype: str | None = None
+    device: str | None = None
+    load_in_4bit: bool = False
+    # openai backend
+    endpoint: str | None = None
+    served_model: str | None = None
+    api: str | None = None  # default: chat in chat modes, completions in completion mode
+    api_key: str | None = None
+    concurrency: int = 16
+    timeout_s: float = 600.0
+    retries: int = 5
+    retry_backoff_s: float = 1.0
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.backend not in ("local", "openai"):
+            raise ConfigError(f"--backend must be local or openai, got {self.backend!r}")
+        if self.prompt_format not in FORMATS:
+            raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {self.prompt_format!r}")
+        self.on_length = self.on_length or ("keep" if self.mode == "completion" else "error")
+        if self.on_length not in ("error", "keep"):
+            raise ConfigError(f"--on-length must be error or keep, got {self.on_length!r}")
+        self.api = self.api or ("completions" if self.mode == "completion" else "chat")
+        if (self.api == "chat") == (self.mode == "completion"):
+            raise ConfigError(f"--mode {self.mode} needs --api {'completions' if self.mode == 'completion' else 'chat'}")
+        if self.backend == "openai" and not self.endpoint:
+            raise ConfigError("--backend openai needs --endpoint URL")
+        if self.backend == "local" and not self.model:
+            raise ConfigError("--backend local needs --model")
+        if self.num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
+        if self.turns is not None and self.turns < 1:
+            raise ConfigError(f"--turns must be >= 1, got {self.turns}")
+        s = self.sampling
+        if s.max_new_tokens < 1 or s.temperature < 0 or not 0 < s.top_p <= 1:
+            raise ConfigError(f"bad sampling parameters {s.to_dict()} (max_new_tokens >= 1, temperature >= 0, "
+                              "0 < top_p <= 1)")
+
+
+def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name: str) -> None:
+    meta = writer.first_meta
+    if not meta:
+        return
+    for key, value in (("mode", cfg.mode), ("model", model_name)):
+        if meta.get(key) != value:
+            raise MedusaError(f"{cfg.out} already holds rows with {key} {meta.get(key)!r}, not {value!r}: "
+                              "use another --out to start a new file")
+
+
+def _row(cfg: SelfDistillConfig, prompt: Prompt, sample: int, outcome: Outcome, model_name: str) -> dict:
+    meta: dict[str, Any] = {
+        "source_id": prompt.id, "sample": sample, "mode": cfg.mode, "model": model_name,
+        "backend": cfg.backend, "source_format": prompt.source_format, "sampling": cfg.sampling.to_dict(),
+        "finish_reasons": outcome.finish_reasons, "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+    }
+    if cfg.mode == "self-talk":
+        meta["ended"] = outcome.ended
+    return {"id": f"{prompt.id}:{sample}", **(outcome.row or {}), "metadata": meta}
+
+
+def _drive_local(backend: Any, jobs: list[tuple[Prompt, int, Job]], sampling: Sampling,
+                 window: int) -> Iterator[tuple[Prompt, int, Outcome]]:
+    """Run conversations ``window`` at a time; each round batches the pending request of every one."""
+    for start in range(0, len(jobs), window):
+        pending: list[tuple[Prompt, int, Job, Any]] = []
+        for prompt, sample, job in jobs[start:start + window]:
+            pending.append((prompt, sample, job, next(job)))
+        while pending:
+            next_round = []
+            for i, result in backend.generate([req for *_, req in pending], sampling):
+                prompt, sample, job, _ = pending[i]
+                try:
+                    next_round.append((prompt, sample, job, job.send(result)))
+                except StopIteration as stop:
+                    yield prompt, sample, stop.value
+            pending = next_round
+
+
+def _run_server_job(backend: Any, job: Job, sampling: Sampling) -> Outcome:
+    request = next(job)
+    while True:
+        try:
+            request = job.send(backend.complete(request, sampling))
+        except StopIteration as stop:
+            return stop.value
+
+
+def _drive_server(backend: Any, jobs: list[tuple[Prompt, int, Job]],
+                  sampling: Sampling) -> Iterator[tuple[Prompt, int, Outcome]]:
+    """Each conversation in a worker thread; at most ``backend.concurrency`` in flight."""
+    queue = iter(jobs)
+    with cf.ThreadPoolExecutor(max_workers=backend.concurrency) as pool:
+        inflight: dict[cf.Future, tuple[Prompt, int]] = {}
+        try:
+            while True:
+                while len(inflight) < backend.concurrency:
+                    item = next(queue, None)
+                    if item is None:
+                        break
+                    prompt, sample, job = item
+                    inflight[pool.submit(_run_server_job, backend, job, sampling)] = (prompt, sample)
+                if not inflight:
+                    return
+                done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    prompt, sample = inflight.pop(fut)
+                    yield prompt, sample, fut.result()
+        finally:
+            for fut in inflight:
+                fut.cancel()
+
+
+def _make_backend(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> Any:
+    if cfg.backend == "openai":
+        from medusa.selfdistill.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(cfg.endpoint, model=cfg.served_model or None, api=cfg.api, api_key=cfg.api_key,
+                             timeout_s=cfg.timeout_s, retries=cfg.retries, backoff_s=cfg.retry_backoff_s,
+                             concurrency=cfg.concurrency)
+    from medusa.selfdistill.local import LocalBackend
+
+    return LocalBackend(model if model is not None else cfg.model, tokenizer=tokenizer,
+                        batch_size=cfg.batch_size, dtype=cfg.dtype, device=cfg.device,
+                        load_in_4bit=cfg.load_in_4bit, model_name=cfg.model)
+
+
+def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Generate the dataset described by ``cfg``; returns a summary (rows, errors, tokens, rates).
+
+    ``model``/``tokenizer`` let a caller pass an in-process model to the local backend (``cfg.model`` then
+    only names it in the metadata). Everything that can be checked is checked before a model loads.
+    """
+    from medusa.selfdistill.local import load_tokenizer, require_chat_template
+
+    cfg.validate()
+    if cfg.backend == "local" and tokenizer is None:
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
+    elif tokenizer is not None and cfg.chat_template is not None:
+        tokenizer.chat_template = cfg.chat_template
+    if cfg.backend == "local" and cfg.mode != "completion":
+        require_chat_template(tokenizer, cfg.model)
+    text_tok = tokenizer if tokenizer is not None else (load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None)
+    opts = PromptOptions(cfg.prompt_sentences, cfg.prompt_chars, cfg.prompt_tokens, text_tok)
+
+    started = time.monotonic()
+    with ResumableWriter(cfg.out, retry_errors=cfg.retry_errors) as writer:
+        invalid = 0
+
+        def on_invalid(source_id: str, location: str, reason: str) -> None:
+            nonlocal invalid
+            invalid += 1
+            if not writer.skip((source_id, -1)):
+                writer.write_error(source_id, -1, f"invalid prompt row: {reason}", location=location)
+
+        prompts = load_prompts(cfg.prompts, cfg.prompt_format, opts, cfg.split, cfg.limit, on_invalid)
+        keys = [(p, s) for p in prompts for s in range(cfg.num_samples)]
+        todo = [(p, s) for p, s in keys if not writer.skip((p.id, s))]
+        summary: dict[str, Any] = {
+            "out": str(writer.out), "errors_file": str(writer.errors), "prompts": len(prompts),
+            "invalid_prompts": invalid, "already_done": sum((p.id, s) in writer.done for p, s in keys),
+            "skipped_failed_before": sum((p.id, s) in writer.failed_before for p, s in keys),
+            "written": 0, "errors": 0, "completion_tokens": 0,
+        }
+        if todo:
+            if cfg.backend == "local":
+                _check_resumable(cfg, writer, cfg.model)
+            backend = _make_backend(cfg, model, tokenizer)
+            model_name = cfg.model if cfg.backend == "local" else backend.model_name
+            _check_resumable(cfg, writer, model_name)
+            jobs = [(p, s, make_job(cfg.mode, p, row_seed(cfg.sampling.seed, p.id, s), cfg.on_length,
+                                    cfg.turns, cfg.user_prompt)) for p, s in todo]
+            if cfg.backend == "local":
+                stream = _drive_local(backend, jobs, cfg.sampling, window=max(cfg.batch_size * 8, 64))
+            else:
+                stream = _drive_server(backend, jobs, cfg.sampling)
+            gen_start = time.monotonic()
+            bar = tqdm(total=len(todo), unit="row", desc="self-distill", disable=not cfg.progress,
+                       dynamic_ncols=True)
+            try:
+                for prompt, sample, outcome in stream:
+                    summary["completion_tokens"] += outcome.completion_tokens
+                    if outcome.error is None:
+                        writer.write(_row(cfg, prompt, sample, outcome, model_name))
+                        summary["written"] += 1
+                    else:
+                        writer.write_error(prompt.id, sample, outcome.error,
+                                           finish_reasons=outcome.finish_reasons)
+                        summary["errors"] += 1
+                        finished = summary["written"] + summary["errors"]
+                        if summary["written"] == 0 and finished >= min(FAIL_FAST_ROWS, len(todo)):
+                            raise MedusaError(f"the first {finished} rows all failed (see {writer.errors}); "
+                                              f"last: {outcome.error}")
+                    bar.update(1)
+                    elapsed = max(time.monotonic() - gen_start, 1e-9)
+                    bar.set_postfix(tok_s=f"{summary['completion_tokens'] / elapsed:.0f}", err=summary["errors"],
+                                    refresh=False)
+            finally:
+                bar.close()
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+            summary["generation_s"] = round(time.monotonic() - gen_start, 3)
+    summary["elapsed_s"] = round(time.monotonic() - started, 3)
+    gen = summary.get("generation_s") or 0.0
+    summary["rows_per_s"] = round((summary["written"] + summary["errors"]) / gen, 3) if gen else 0.0
+    summary["tokens_per_s"] = round(summary["completion_tokens"] / gen, 1) if gen else 0.0
+    summary["config"] = {k: v for k, v in asdict(cfg).items() if k != "api_key"}
+    return summary
