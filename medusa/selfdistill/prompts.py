@@ -89,6 +89,8 @@ def _truncate_chars(text: str, n: int) -> str:
     if len(text) <= n:
         return text
     cut = text[:n]
+    if text[n].isspace():
+        return cut.rstrip()
     space = cut.rfind(" ")
     return (cut[:space] if space > n // 2 else cut).rstrip()
 

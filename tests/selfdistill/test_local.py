@@ -1,0 +1,187 @@
+"""The local backend: completion mode on stories260K, replay / self-talk on a tiny chat model, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
+from medusa.errors import MedusaError
+from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+from medusa.selfdistill.local import LocalBackend
+from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip
+from medusa.selfdistill.prompts import load_prompts
+from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
+
+TINYSTORIES = SHARED / "data" / "tinystories_sample.txt"
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(model="tiny-chat", prompts=str(tmp_path / "prompts.jsonl"), out=str(tmp_path / "out.jsonl"),
+                sampling=Sampling(temperature=0.8, max_new_tokens=6, seed=1), on_length="keep",
+                batch_size=4, progress=False)
+    base.update(kw)
+    return SelfDistillConfig(**base)
+
+
+def _write_prompts(tmp_path, rows):
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_completion_mode_on_stories260k_batched_equals_unbatched(tmp_path):
+    require_shared(TINYSTORIES)
+    common = dict(model=str(STORIES), prompts=str(TINYSTORIES), mode="completion", limit=6,
+                  sampling=Sampling(temperature=0.0, max_new_tokens=8), progress=False)
+    s4 = self_distill(SelfDistillConfig(out=str(tmp_path / "b4.jsonl"), batch_size=4, **common))
+    s1 = self_distill(SelfDistillConfig(out=str(tmp_path / "b1.jsonl"), batch_size=1, **common))
+    assert s4["written"] == s1["written"] == 6 and s4["completion_tokens"] == 48 and s4["tokens_per_s"] > 0
+    b4 = {r["id"]: r for r in _rows(tmp_path / "b4.jsonl")}
+    b1 = {r["id"]: r for r in _rows(tmp_path / "b1.jsonl")}
+    assert b4.keys() == b1.keys()
+    docs = load_prompts(TINYSTORIES, limit=6)
+    tok, model = stories_tokenizer(), stories_model()
+    for doc in docs:
+        row = b4[f"{doc.id}:0"]
+        assert row["completion"] == b1[row["id"]]["completion"]  # left padding changes nothing
+        assert row["prompt"] == doc.text and doc.text.endswith(".") and "\n" not in doc.text
+        meta = row["metadata"]
+        assert (meta["mode"], meta["source_id"], meta["sample"], meta["finish_reasons"]) == \
+            ("completion", doc.id, 0, ["length"])
+        ids = tok(doc.text, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        full = tok.decode(ref[0], skip_special_tokens=True)
+        assert row["prompt"] + row["completion"] == full  # spaces between prompt and completion kept
+
+
+def test_replay_answers_each_user_turn_in_order(tmp_path):
+    rows = [{"question_id": 1, "turns": ["First question?", "Second question?"]},
+            {"id": "sg", "conversations": [{"from": "system", "value": "Be kind."},
+                                           {"from": "human", "value": "Hello"},
+                                           {"from": "gpt", "value": "ORIGINAL REPLY"},
+                                           {"from": "human", "value": "Bye"},
+                                           {"from": "gpt", "value": "ORIGINAL 2"}]}]
+    _write_prompts(tmp_path, rows)
+    s = self_distill(_cfg(tmp_path, mode="replay", num_samples=2), model=tiny_chat_model(),
+                     tokenizer=chat_tokenizer())
+    assert s["written"] == 4 and s["errors"] == 0
+    out = {r["id"]: r for r in _rows(tmp_path / "out.jsonl")}
+    assert sorted(out) == ["1:0", "1:1", "sg:0", "sg:1"]
+    for sample in (0, 1):
+        mt = out[f"1:{sample}"]["messages"]
+        assert [m["role"] for m in mt] == ["user", "assistant", "user", "assistant"]
+        assert [mt[0]["content"], mt[2]["content"]] == rows[0]["turns"]
+        sg = out[f"sg:{sample}"]["messages"]
+        assert [m["role"] for m in sg] == ["system", "user", "assistant", "user", "assistant"]
+        assert [sg[0]["content"], sg[1]["content"], sg[3]["content"]] == ["Be kind.", "Hello", "Bye"]
+        assert "ORIGINAL" not in sg[2]["content"] + sg[4]["content"]
+        assert out[f"sg:{sample}"]["metadata"]["finish_reasons"] == ["length", "length"]
+    assert out["1:0"]["messages"] != out["1:1"]["messages"]  # two samples, two different seeds
+    # --turns limits replay to the first N user turns
+    s = self_distill(_cfg(tmp_path, mode="replay", turns=1, out=str(tmp_path / "t1.jsonl")),
+                     model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    assert all(len(r["messages"]) in (2, 3) for r in _rows(tmp_path / "t1.jsonl"))
+
+
+def test_self_talk_alternates_roles_for_n_turns(tmp_path):
+    _write_prompts(tmp_path, [{"id": "a", "messages": [{"role": "system", "content": "Sys."},
+                                                        {"role": "user", "content": "Let us talk."},
+                                                        {"role": "assistant", "content": "dropped"},
+                                                        {"role": "user", "content": "dropped too"}]},
+                              {"id": "b", "prompt": "Tell me a story."}])
+    s = self_distill(_cfg(tmp_path, mode="self-talk", turns=3), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    assert s["written"] == 2
+    for row in _rows(tmp_path / "out.jsonl"):
+        msgs = [m for m in row["messages"] if m["role"] != "system"]
+        assert msgs[0]["content"] in ("Let us talk.", "Tell me a story.")
+        assert [m["role"] for m in msgs] == ["user", "assistant"] * (len(msgs) // 2)
+        ended = row["metadata"]["ended"]
+        # three assistant replies, or fewer when a simulated user turn was unusable (then it says why)
+        assert (ended == "turns" and len(msgs) == 6) or ("user turn" in ended and len(msgs) < 6)
+        assert "dropped" not in json.dumps(row["messages"])
+    hist = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
+            {"role": "assistant", "content": "a1"}]
+    assert _flip(hist, DEFAULT_USER_PROMPT) == [{"role": "user", "content": DEFAULT_USER_PROMPT},
+                                                {"role": "assistant", "content": "u1"},
+                                                {"role": "user", "content": "a1"}]
+
+
+def test_length_truncated_chat_replies_go_to_the_errors_file(tmp_path):
+    _write_prompts(tmp_path, [{"prompt": f"q{i}"} for i in range(3)])
+    with pytest.raises(MedusaError, match="first 3 rows all failed"):
+        self_distill(_cfg(tmp_path, mode="replay", on_length=None), model=tiny_chat_model(),
+                     tokenizer=chat_tokenizer())
+    errors = _rows(tmp_path / "out.errors.jsonl")
+    assert len(errors) == 3 and all("finish_reason=length" in e["reason"] for e in errors)
+    assert (tmp_path / "out.jsonl").read_text() == ""
+    # a re-run does not retry them unless asked, then does (and keeps them when --on-length keep)
+    assert self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(),
+                        tokenizer=chat_tokenizer())["skipped_failed_before"] == 3
+    s = self_distill(_cfg(tmp_path, mode="replay", retry_errors=True), model=tiny_chat_model(),
+                     tokenizer=chat_tokenizer())
+    assert s["written"] == 3 and (tmp_path / "out.errors.jsonl").read_text() == ""
+
+
+def test_interrupted_run_resumes_without_duplicates(tmp_path, monkeypatch):
+    _write_prompts(tmp_path, [{"prompt": f"question {i}"} for i in range(10)])
+    real = LocalBackend._generate_batch
+    calls = {"n": 0}
+
+    def dies_on_third_batch(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LocalBackend, "_generate_batch", dies_on_third_batch)
+    with pytest.raises(KeyboardInterrupt):
+        self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    first = _rows(tmp_path / "out.jsonl")
+    assert len(first) == 6
+    with open(tmp_path / "out.jsonl", "a") as fh:
+        fh.write('{"id": "question 9:0", "messa')  # and a kill mid-write
+    monkeypatch.setattr(LocalBackend, "_generate_batch", real)
+    s = self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    assert s["already_done"] == 6 and s["written"] == 4
+    ids = [r["metadata"]["source_id"] for r in _rows(tmp_path / "out.jsonl")]
+    assert sorted(ids) == sorted(f"prompts-{i}" for i in range(10))
+    assert [r["messages"] for r in _rows(tmp_path / "out.jsonl")[:6]] == [r["messages"] for r in first]
+
+
+def test_cli_errors_exit_2_and_keep_written_rows(tmp_path):
+    require_shared(STORIES)
+    out = tmp_path / "out.jsonl"
+    out.write_text("")
+    _write_prompts(tmp_path, [{"prompt": "hi"}])
+    r = run_cli(["self-distill", "--model", str(STORIES), "--prompts", str(tmp_path / "prompts.jsonl"),
+                 "--out", str(out), "--mode", "replay", "--no-progress"], tmp_path)
+    assert r.returncode == 2 and "error:" in r.stderr and "no chat template" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "fine"}\n{"turns": "not a list"}\n')
+    args = ["self-distill", "--model", str(STORIES), "--prompts", str(tmp_path / "bad.jsonl"), "--out", str(out),
+            "--mode", "completion", "--max-new-tokens", "4", "--no-progress"]
+    r = run_cli(args, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "wrote 1 rows" in r.stdout and "1 invalid prompts" in r.stdout
+    (err,) = _rows(tmp_path / "out.errors.jsonl")
+    assert err["location"].endswith("bad.jsonl:2") and "'turns' must be a list" in err["reason"]
+    r = run_cli(args, tmp_path)  # the same command again: nothing new, nothing duplicated
+    assert r.returncode == 0 and "wrote 0 rows" in r.stdout and "1 already there" in r.stdout
+    assert len(_rows(out)) == 1 and len(_rows(tmp_path / "out.errors.jsonl")) == 1
+
+
+def test_chat_template_option_on_a_completion_model(tmp_path):
+    require_shared(STORIES)
+    _write_prompts(tmp_path, [{"prompt": "Tell me a story."}])
+    s = self_distill(SelfDistillConfig(model=str(STORIES), prompts=str(tmp_path / "prompts.jsonl"),
+                                       out=str(tmp_path / "out.jsonl"), chat_template=CHAT_TEMPLATE,
+                                       sampling=Sampling(max_new_tokens=4), on_length="keep", progress=False))
+    assert s["written"] == 1
+    (row,) = _rows(tmp_path / "out.jsonl")
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
