@@ -86,10 +86,12 @@ def apply_lora(
 
 
 def _fix_cpu_4bit_packing(model: nn.Module) -> None:
-    # bitsandbytes 0.50 repacks 4-bit weights for its AVX512-bf16 CPU kernel in eval + no-grad forwards and
-    # asserts out_features % 32 == 0 (e.g. stories260K's 172-wide MLP fails); keep those layers unpacked.
+    # bitsandbytes 0.50 repacks 4-bit weights in place for its AVX512-bf16 CPU kernel on the first eval +
+    # no-grad forward (e.g. the self-distillation teacher) and fails unless every dimension is a multiple
+    # of its block sizes (stories260K's 172-wide MLP is not). The repacking is an inference-only speed-up;
+    # a model being trained keeps the plain NF4 layout.
     for module in model.modules():
-        if hasattr(module, "support_avx512bf16_for_cpu") and getattr(module, "out_features", 0) % 32:
+        if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
 
 

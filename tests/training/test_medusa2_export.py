@@ -1,0 +1,149 @@
+"""Merged export (LoRA and QLoRA), two-stage head loading, ZeRO-3-safe head init."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from medusa import MedusaModel
+from medusa.errors import CheckpointError
+from medusa.modeling.base import lm_head_weight, unwrap
+from medusa.training import medusa2 as m2
+from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
+from training._medusa2_helpers import batch, naive_heads_loss
+
+
+def _train_lora(model, steps=3, lr=5e-2, vocab=96, self_distill=False):
+    ids, labels = batch(vocab)
+    opt = torch.optim.AdamW(m2.param_groups(model, lr=lr, lr_multiplier=4.0))
+    model.train()
+    for _ in range(steps):
+        teacher = m2.teacher_logits(model, ids) if self_distill else None
+        out = model(input_ids=ids)
+        loss, _ = m2.medusa2_loss(out.logits, labels, naive_heads_loss(out.head_logits, labels), 0.2,
+                                  teacher_logits=teacher)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+
+
+def _outputs(model, ids):
+    with torch.no_grad():
+        out = model(input_ids=ids)
+    return out.logits, out.head_logits
+
+
+def test_merged_lora_export_loads_alone_and_matches_unmerged(tmp_path):
+    model = m2.apply_lora(MedusaModel.from_base(tiny_model("llama"), num_heads=2, num_layers=1), r=4, alpha=8,
+                          dropout=0.0)
+    _train_lora(model)
+    ids, _ = batch(96, seed=1)
+    logits, heads = _outputs(model, ids)  # the unmerged peft model
+    plain = tiny_model("llama")
+    assert not torch.allclose(_outputs(MedusaModel.from_base(plain, num_heads=2), ids)[0], logits, atol=1e-3)
+    m2.save_merged(model, tmp_path / "final", recipe={"method": "medusa2"})
+    # tiny_model has no name_or_path: the checkpoint can only load through its own merged backbone
+    loaded = MedusaModel.from_pretrained(tmp_path / "final")
+    assert not any(hasattr(m, "lora_A") for m in loaded.base_model.modules())
+    got_logits, got_heads = _outputs(loaded, ids)
+    torch.testing.assert_close(got_logits, logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_heads, heads, rtol=1e-5, atol=1e-5)
+    config = json.loads((tmp_path / "final" / "medusa_config.json").read_text())
+    assert config["base_model_subdir"] == "base_model" and config["recipe"] == {"method": "medusa2"}
+
+
+def test_merged_shared_lm_head_export(tmp_path):
+    model = m2.apply_lora(MedusaModel.from_base(tiny_model("qwen2"), num_heads=2, head_type="shared_lm_head"),
+                          r=4, alpha=8, dropout=0.0)
+    _train_lora(model, steps=2)
+    ids, _ = batch(96, seed=2)
+    logits, heads = _outputs(model, ids)
+    m2.save_merged(model, tmp_path / "final")
+    got_logits, got_heads = _outputs(MedusaModel.from_pretrained(tmp_path / "final"), ids)
+    torch.testing.assert_close(got_logits, logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_heads, heads, rtol=1e-5, atol=1e-5)
+
+
+def test_merged_stories_greedy_decoding_equals_backbone_greedy(tmp_path):
+    require_shared(STORIES)
+    tok = stories_tokenizer()
+    model = m2.apply_lora(MedusaModel.from_base(stories_model(), num_heads=3, num_layers=1), r=4, alpha=8,
+                          dropout=0.0)
+    _train_lora(model, steps=3, lr=1e-2, vocab=512, self_distill=True)
+    m2.save_merged(model, tmp_path / "final", tokenizer=tok)
+    assert (tmp_path / "final" / "base_model" / "tokenizer_config.json").is_file()
+    loaded = MedusaModel.from_pretrained(tmp_path / "final")
+    tok.pad_token = tok.unk_token  # stories260K's tokenizer has no pad token
+    ids = tok(["Once upon a time, there was a", "The little dog"], return_tensors="pt", padding=True,
+              padding_side="left")
+    with torch.no_grad():
+        ref = loaded.base_model.generate(**ids, do_sample=False, max_new_tokens=24,
+                                         pad_token_id=tok.pad_token_id)
+        got = loaded.generate(ids["input_ids"], attention_mask=ids["attention_mask"], max_new_tokens=24,
+                              acceptance="greedy")
+    assert torch.equal(got[:, : ref.shape[1]], ref)
+
+
+def test_qlora_trains_on_cpu_and_merges_into_an_unquantised_copy(tmp_path):
+    require_shared(STORIES)
+    base = m2.load_base_4bit(str(STORIES), compute_dtype=torch.float32)
+    assert m2.is_4bit(base)
+    model = m2.apply_lora(MedusaModel.from_base(base, num_heads=2), r=4, alpha=8, dropout=0.0)
+    assert next(model.heads.parameters()).dtype == torch.float32
+    quantised = {n: p.detach().clone() for n, p in model.base_model.named_parameters() if p.dtype == torch.uint8}
+    assert quantised
+    m2._WARNED_4BIT_TEACHER[0] = False
+    with pytest.warns(UserWarning, match="4-bit") as record:
+        _train_lora(model, steps=2, lr=1e-2, vocab=512, self_distill=True)
+    assert sum("4-bit" in str(w.message) for w in record) == 1  # once, not per step
+    for n, p in model.base_model.named_parameters():
+        if n in quantised:
+            assert torch.equal(p, quantised[n]), n
+    adapters = {k: v.clone() for k, v in __import__("peft").get_peft_model_state_dict(model.base_model).items()}
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapters.items())
+    ids, _ = batch(512, seed=3)
+    heads_before = _outputs(model, ids)[1]
+    m2.save_merged(model, tmp_path / "final", dtype="float32")
+    base_cfg = json.loads((tmp_path / "final" / "base_model" / "config.json").read_text())
+    assert "quantization_config" not in base_cfg
+    loaded = MedusaModel.from_pretrained(tmp_path / "final")
+    # reference: the same adapters, unmerged, on the unquantised base
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    ref = get_peft_model(stories_model(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                     target_modules=m2.LORA_TARGETS["llama"]))
+    set_peft_model_state_dict(ref, adapters)
+    with torch.no_grad():
+        want = ref.eval()(input_ids=ids).logits
+        plain = stories_model()(input_ids=ids).logits
+    got_logits, got_heads = _outputs(loaded, ids)
+    torch.testing.assert_close(got_logits, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got_logits, plain, atol=1e-4)
+    torch.testing.assert_close(got_heads.shape, heads_before.shape)
+
+
+def test_load_heads_from_medusa1_checkpoint(tmp_path):
+    stage1 = MedusaModel.from_base(tiny_model("llama"), num_heads=2, num_layers=1)
+    with torch.no_grad():
+        for p in stage1.heads.parameters():
+            p.add_(torch.randn_like(p))
+    stage1.save_pretrained(tmp_path / "m1")
+    stage2 = MedusaModel.from_base(tiny_model("llama"), num_heads=2, num_layers=1)
+    m2.load_heads_from(stage2, tmp_path / "m1")
+    for (n, a), b in zip(stage2.heads.state_dict().items(), stage1.heads.state_dict().values()):
+        assert torch.equal(a, b), n
+    other = MedusaModel.from_base(tiny_model("llama"), num_heads=3, num_layers=1)
+    with pytest.raises(CheckpointError, match="heads.init_from.*num_heads=2"):
+        m2.load_heads_from(other, tmp_path / "m1")
+
+
+def test_init_heads_from_lm_head_resets_w2():
+    model = MedusaModel.from_base(tiny_model("llama"), num_heads=2)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(1.0)
+    m2.init_heads_from_lm_head(model)
+    for head in model.heads.lm_heads:
+        assert torch.equal(head.weight, lm_head_weight(model.base_model))
