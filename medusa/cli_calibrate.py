@@ -1,0 +1,112 @@
+"""``medusa calibrate``: measure the heads on held-out conversations and store the tree in the checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _nodes(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
+    return n
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from medusa.data import load_tokenized
+    from medusa.errors import MedusaError
+    from medusa.modeling import MedusaModel
+    from medusa.tree.calibrate import METHODS, calibrate, path_counts, write_tree
+    from medusa.tree.plot import plot_accuracy, plot_tree
+
+    if args.method not in METHODS:
+        raise MedusaError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
+    if args.nodes != "auto" and args.nodes < 1:
+        raise MedusaError(f"--nodes must be >= 1, got {args.nodes}")
+    if args.topk < 1:
+        raise MedusaError(f"--topk must be >= 1, got {args.topk}")
+    model = MedusaModel.from_pretrained(args.heads, base_model=args.base, dtype=args.dtype,
+                                        device_map=args.device)
+    if args.max_depth is not None and not 1 <= args.max_depth <= model.num_heads:
+        raise MedusaError(f"--max-depth {args.max_depth} must be between 1 and the checkpoint's "
+                          f"{model.num_heads} heads")
+    tok_source = args.tokenizer or args.base or (
+        str(Path(args.heads) / model.config.base_model_subdir) if model.config.base_model_subdir
+        else model.config.base_model_name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_source)
+    except (OSError, ValueError) as exc:
+        raise MedusaError(f"cannot load the tokenizer {tok_source!r}: {str(exc).splitlines()[0]}") from None
+    data = load_tokenized(args.data, tokenizer, max_length=args.max_length, format=args.format,
+                          chat_template=args.chat_template, skip_invalid=args.skip_invalid)
+    examples = data.examples[: args.max_examples] if args.max_examples else data.examples
+    tree = calibrate(model, examples, nodes=args.nodes, topk=args.topk, max_depth=args.max_depth,
+                     method=args.method, data_name=str(args.data), batch_size=args.batch_size,
+                     progress=not args.quiet)
+    if data.skipped:
+        tree.calibration["skipped_rows"] = dict(data.skipped)
+    path = write_tree(args.heads, tree)
+    cal = tree.calibration
+    plots = []
+    if not args.no_plots:
+        out = Path(args.plots or args.heads)
+        out.mkdir(parents=True, exist_ok=True)
+        plots.append(plot_accuracy(cal["accuracy"], out / "calibration_accuracy.png",
+                                   title=f"head accuracy by rank ({cal['num_positions']:,} positions)"))
+        weights = {tuple(c): cal_w for c, cal_w in _path_weights(tree, cal).items()}
+        plots.append(plot_tree(tree.choices, out / "tree.png", weights=weights,
+                               title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} tokens/step"))
+    print(f"measured {cal['num_positions']:,} positions in {cal['num_examples']} examples of {args.data}")
+    print("top-1 accuracy per head: " + " / ".join(f"{a:.2f}" for a in cal["top1"]))
+    if cal["auto"]:
+        for n, t, e, s in zip(cal["auto"]["sizes"], cal["auto"]["step_time_s"],
+                              cal["auto"]["expected_tokens_per_step"], cal["auto"]["tokens_per_s"]):
+            print(f"  {n:4d} nodes: step {t * 1e3:7.2f} ms, {e:.2f} tokens/step, {s:9.1f} tokens/s")
+    print(f"wrote {path}: {len(tree)} nodes, depth {tree.depth}, expected {cal['expected_tokens_per_step']:.2f} "
+          f"tokens/step (independence formula: {cal['independent_formula_tokens_per_step']:.2f})")
+    for p in plots:
+        print(f"wrote {p}")
+    return 0
+
+
+def _path_weights(tree, cal) -> dict:
+    """Acceptance probability of each node for the drawing: product of conditional accuracies."""
+    acc = cal["conditional_accuracy"]
+    weights = {}
+    for path in tree.choices:
+        w = 1.0
+        for d, r in enumerate(path):
+            w *= acc[d][r] if r < len(acc[d]) else 0.0
+        weights[path] = w
+    return weights
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure head accuracy on held-out data and write tree.json")
+    p.add_argument("--heads", required=True, help="heads checkpoint directory (tree.json is written into it)")
+    p.add_argument("--data", required=True, help="held-out conversations (any format medusa.data reads)")
+    p.add_argument("--nodes", type=_nodes, default=64, help="tree size including the root, or 'auto'")
+    p.add_argument("--max-depth", type=int, default=None, help="deepest tree level (default: all heads)")
+    p.add_argument("--topk", type=int, default=10, help="ranks measured per head")
+    p.add_argument("--method", default="empirical",
+                   help="empirical (measured path frequencies) | conditional | independent")
+    p.add_argument("--base", default=None, help="base model (default: the checkpoint's)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
+    p.add_argument("--format", default="auto", help="data format (default: detected)")
+    p.add_argument("--chat-template", default=None, help="chat template file or name")
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--skip-invalid", action="store_true", help="skip malformed rows instead of failing")
+    p.add_argument("--dtype", default=None, help="base model dtype")
+    p.add_argument("--device", default=None, help="device_map for the base model (e.g. cuda)")
+    p.add_argument("--plots", default=None, help="directory for the PNGs (default: the checkpoint)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_calibrate)

@@ -1,0 +1,333 @@
+"""Calibration: measure the heads' top-k accuracy on held-out conversations and build the tree from it.
+
+For every labelled position t of every example, head k (0-based) proposes its top-``topk`` tokens for
+position t+k+2 (the base LM head predicts t+1). The *hit rank* of head k at t is the rank of the true
+token among them (-1: not in the top-k; -2: the target is past the end or not an assistant token).
+
+From the hit ranks ``[T, D]`` of every example we get
+- ``accuracy[k][r]``: how often head k's rank-r token is right (a_k^r, over positions with a target);
+- ``conditional_accuracy[k][r]``: the same, over positions where heads 0..k-1 were all right (within
+  the top-k);
+- path frequencies: how often the hit ranks start with a given path. A tree node's frequency is exactly
+  the probability that greedy tree verification accepts it, so the tree built greedily on these
+  frequencies maximises the accepted length on the data, and ``1 + sum of its nodes' frequencies`` is the
+  expected tokens per step (the independence formula, a product of a_k^r, over-predicts by ~10%).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from medusa.errors import DataError, MedusaError
+from medusa.tree.build import build_tree_choices, expected_tokens_per_step
+from medusa.tree.tree import MedusaTree
+
+MISS, NO_TARGET = -1, -2
+METHODS = ("empirical", "conditional", "independent")
+AUTO_SIZES = (4, 8, 16, 24, 32, 48, 64, 96, 128)
+
+
+@dataclass
+class HeadStats:
+    """Per-example hit ranks (``ranks[e]: int8 [T_e, D]``) and the first decoded position of each example."""
+
+    ranks: list[torch.Tensor]
+    starts: list[int]  # index of the first labelled token of each example (the first one the model writes)
+    topk: int
+    num_tokens: int
+
+    @property
+    def depth(self) -> int:
+        return self.ranks[0].shape[1] if self.ranks else 0
+
+    def stacked(self) -> torch.Tensor:
+        return torch.cat(self.ranks, dim=0) if self.ranks else torch.zeros(0, self.depth, dtype=torch.int8)
+
+
+# ---------------------------------------------------------------------------------------- measuring
+@torch.no_grad()
+def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_depth: int | None = None,
+                      batch_size: int = 8, chunk: int = 256, progress: bool = True) -> HeadStats:
+    """Run the base model and heads over ``examples`` (``input_ids`` / ``labels`` lists) and record, per
+    position, the rank at which each head's top-``topk`` holds the true token."""
+    depth = model.num_heads if max_depth is None else min(max_depth, model.num_heads)
+    if depth < 1:
+        raise MedusaError(f"max depth must be >= 1, got {max_depth}")
+    usable = [e for e in examples if len(e["input_ids"]) >= 2 and any(l != -100 for l in e["labels"][1:])]
+    if not usable:
+        raise DataError("no example has labelled (assistant) tokens to calibrate on")
+    order = sorted(range(len(usable)), key=lambda i: len(usable[i]["input_ids"]))
+    ranks: list[torch.Tensor | None] = [None] * len(usable)
+    device = model.device
+    pad = 0
+    bar = _progress(len(order), "calibrating", progress)
+    model.eval()
+    for lo in range(0, len(order), batch_size):
+        idx = order[lo:lo + batch_size]
+        lens = [len(usable[i]["input_ids"]) for i in idx]
+        width = max(lens)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)  # [B, T], right-padded
+        labels = torch.full((len(idx), width), -100, dtype=torch.long)  # [B, T]
+        attn = torch.zeros(len(idx), width, dtype=torch.long)  # [B, T]
+        for row, i in enumerate(idx):
+            n = lens[row]
+            ids[row, :n] = torch.tensor(usable[i]["input_ids"])
+            labels[row, :n] = torch.tensor(usable[i]["labels"])
+            attn[row, :n] = 1
+        out = model(input_ids=ids.to(device), attention_mask=attn.to(device), compute_heads=False)
+        hidden = out.hidden_states  # [B, T, d]
+        batch_ranks = torch.full((len(idx), width, depth), NO_TARGET, dtype=torch.int8)  # [B, T, D]
+        for k in range(depth):
+            shift = k + 2
+            if width <= shift:
+                continue
+            target = ids[:, shift:]  # [B, T - shift]: the token head k should propose at t
+            valid = labels[:, shift:] != -100  # [B, T - shift]
+            for c0 in range(0, width - shift, chunk):
+                c1 = min(c0 + chunk, width - shift)
+                logits = model.heads.head_logits(k, hidden[:, c0:c1])  # [B, C, V]
+                top = logits.topk(topk, dim=-1).indices.cpu()  # [B, C, topk]
+                hit = top == target[:, c0:c1, None]  # [B, C, topk]
+                rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(hit[..., 0], MISS, dtype=torch.long))
+                rank = torch.where(valid[:, c0:c1], rank, torch.full_like(rank, NO_TARGET))
+                batch_ranks[:, c0:c1, k] = rank.to(torch.int8)
+        for row, i in enumerate(idx):
+            ranks[i] = batch_ranks[row, :lens[row]].clone()
+        bar.update(len(idx))
+    bar.close()
+    starts = [next(j for j in range(1, len(e["labels"])) if e["labels"][j] != -100) for e in usable]
+    return HeadStats(ranks=[r for r in ranks if r is not None], starts=starts, topk=topk,
+                     num_tokens=sum(len(e["input_ids"]) for e in usable))
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ex", disable=not enabled)
+
+
+def accuracy_tables(stats: HeadStats) -> dict[str, Any]:
+    """``counts[k][r]``, ``totals[k]``, ``accuracy[k][r]`` and the conditional versions (heads 0..k-1 right)."""
+    ranks = stats.stacked().long()  # [P, D]
+    depth, topk = stats.depth, stats.topk
+    counts, totals, ccounts, ctotals = [], [], [], []
+    prev_ok = torch.ones(ranks.shape[0], dtype=torch.bool)  # heads 0..k-1 all right
+    for k in range(depth):
+        col = ranks[:, k]
+        valid = col != NO_TARGET
+        counts.append([int(((col == r) & valid).sum()) for r in range(topk)])
+        totals.append(int(valid.sum()))
+        cvalid = valid & prev_ok
+        ccounts.append([int(((col == r) & cvalid).sum()) for r in range(topk)])
+        ctotals.append(int(cvalid.sum()))
+        prev_ok = prev_ok & (col >= 0)
+    acc = [[c / t if t else 0.0 for c in row] for row, t in zip(counts, totals)]
+    cacc = [[c / t if t else 0.0 for c in row] for row, t in zip(ccounts, ctotals)]
+    return {"counts": counts, "totals": totals, "accuracy": acc,
+            "conditional_counts": ccounts, "conditional_totals": ctotals, "conditional_accuracy": cacc}
+
+
+def path_counts(stats: HeadStats) -> tuple[Counter, int]:
+    """How many positions (with all D targets present) have hit ranks starting with each path."""
+    ranks = stats.stacked()  # [P, D]
+    full = ranks[(ranks != NO_TARGET).all(dim=1)].long()  # [P', D]
+    counts: Counter = Counter()
+    alive = torch.ones(full.shape[0], dtype=torch.bool)
+    for d in range(1, stats.depth + 1):
+        alive = alive & (full[:, d - 1] >= 0)
+        if not alive.any():
+            break
+        rows, n = torch.unique(full[alive, :d], dim=0, return_counts=True)
+        for row, c in zip(rows.tolist(), n.tolist()):
+            counts[tuple(row)] = c
+    return counts, int(full.shape[0])
+
+
+# ---------------------------------------------------------------------------------------- building
+def build_empirical_choices(counts: Counter, total: int, fallback: Sequence[Sequence[float]],
+                            num_nodes: int, max_depth: int) -> list[tuple[int, ...]]:
+    """Greedy tree on measured path frequencies (ties and unseen paths: product of ``fallback`` accuracies)."""
+    if num_nodes < 1:
+        raise MedusaError(f"the tree needs at least 1 node, got {num_nodes}")
+    topk = len(fallback[0]) if fallback else 0
+
+    def key(path: tuple[int, ...], prior: float) -> tuple[float, float, tuple[int, ...]]:
+        return (-counts.get(path, 0) / max(total, 1), -prior, path)
+
+    frontier: list = []
+    for r in range(topk):
+        a = float(fallback[0][r])
+        heapq.heappush(frontier, (*key((r,), a)[:2], (r,), a))
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) + 1 < num_nodes:
+        _, _, path, prior = heapq.heappop(frontier)
+        chosen.append(path)
+        if len(path) < max_depth:
+            for r in range(topk):
+                child = path + (r,)
+                p = prior * float(fallback[len(path)][r])
+                heapq.heappush(frontier, (*key(child, p)[:2], child, p))
+    return chosen
+
+
+def empirical_tokens_per_step(choices: Iterable[Sequence[int]], counts: Counter, total: int) -> float:
+    """1 + the summed frequency of the tree's paths: the mean accepted length over all positions."""
+    return 1.0 + sum(counts.get(tuple(c), 0) for c in choices) / max(total, 1)
+
+
+def simulated_tokens_per_step(choices: Iterable[Sequence[int]], stats: HeadStats) -> float:
+    """Replay greedy tree decoding on each example, as the decode loop runs it.
+
+    The prefill (hidden position ``s = start - 1``) writes token ``start`` and the heads' proposals for
+    ``s + 2, s + 3, ...``. A step at hidden position s accepts the longest tree path the hit ranks follow
+    (a tokens) plus the base model's bonus token, writing tokens ``s + 2 .. s + a + 2``; the next step runs
+    at the last accepted position ``s + a + 1``.
+    """
+    tree = {tuple(c) for c in choices}
+    tokens = steps = 0
+    for ranks, start in zip(stats.ranks, stats.starts):
+        r = ranks.tolist()
+        s, end = start - 1, len(r) - 1
+        while s + 2 <= end:
+            path: tuple[int, ...] = ()
+            for k in range(len(r[s])):
+                nxt = path + (r[s][k],)
+                if r[s][k] < 0 or nxt not in tree:
+                    break
+                path = nxt
+            gained = min(1 + len(path), end - s - 1)
+            tokens += gained
+            steps += 1
+            s += gained
+    return tokens / max(steps, 1)
+
+
+def build_choices(stats: HeadStats, tables: dict[str, Any], counts: Counter, total: int, num_nodes: int,
+                  method: str = "empirical") -> list[tuple[int, ...]]:
+    if method not in METHODS:
+        raise MedusaError(f"unknown tree method {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "independent":
+        return build_tree_choices(tables["accuracy"], num_nodes, stats.depth)
+    if method == "conditional":
+        return build_tree_choices(tables["conditional_accuracy"], num_nodes, stats.depth)
+    return build_empirical_choices(counts, total, tables["conditional_accuracy"], num_nodes, stats.depth)
+
+
+# ---------------------------------------------------------------------------------------- timing
+@torch.no_grad()
+def time_tree_steps(model: Any, sizes: Sequence[int], context: int = 128, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one verification forward (``N`` tree tokens, 4-D mask, ``context`` cached tokens)
+    for each tree size ``N`` on the model's device."""
+    from transformers import DynamicCache
+
+    from medusa.tree import default_tree
+
+    device = model.device
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(device)  # [1, C]
+    cache = DynamicCache()
+    model(input_ids=prompt, past_key_values=cache, use_cache=True, compute_heads=False)
+    dtype = next(model.base_model.parameters()).dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    times: dict[int, float] = {}
+    for n in sizes:
+        tree = default_tree(model.num_heads, n)
+        n = len(tree)
+        ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)  # [1, N]
+        mask = torch.full((1, 1, n, context + n), torch.finfo(dtype).min, dtype=dtype, device=device)
+        mask[..., :context] = 0  # [1, 1, N, C + N]: every node sees the whole prefix ...
+        mask[0, 0, :, context:].masked_fill_(tree.attention_mask.to(device), 0)  # ... and its ancestors
+        pos = (context + tree.depths).to(device)[None]  # [1, N]
+        samples = []
+        for _ in range(repeats + 1):
+            _sync(device)
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True, compute_heads=False)
+            model.heads(out.hidden_states[:, :1])  # the heads run at the accepted position only
+            _sync(device)
+            samples.append(time.perf_counter() - t0)
+            cache.crop(context)
+        times[n] = sorted(samples[1:])[len(samples[1:]) // 2]
+    return times
+
+
+def _sync(device: torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------- top level
+def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk: int = 10,
+              max_depth: int | None = None, method: str = "empirical", data_name: str = "",
+              batch_size: int = 8, progress: bool = True, stats: HeadStats | None = None) -> MedusaTree:
+    """Measure the heads on ``examples`` and return the accuracy-ranked tree with its calibration record.
+
+    ``nodes="auto"``: time a verification step for several tree sizes and keep the one maximising
+    predicted tokens per second (expected tokens per step / step time).
+    """
+    if method not in METHODS:
+        raise MedusaError(f"unknown tree method {method!r}; choose one of {', '.join(METHODS)}")
+    if max_depth is not None and max_depth > model.num_heads:
+        raise MedusaError(f"--max-depth {max_depth} is deeper than the checkpoint's {model.num_heads} heads")
+    if stats is None:
+        stats = collect_hit_ranks(model, examples, topk=topk, max_depth=max_depth, batch_size=batch_size,
+                                  progress=progress)
+    tables = accuracy_tables(stats)
+    counts, total = path_counts(stats)
+    if total == 0:
+        raise DataError(f"{data_name or 'data'}: no position has {stats.depth} labelled tokens after it; "
+                        "use longer replies or a smaller --max-depth")
+    timing = None
+    if nodes == "auto":
+        trees = {n: build_choices(stats, tables, counts, total, n, method) for n in AUTO_SIZES}
+        times = time_tree_steps(model, [len(c) + 1 for c in trees.values()])
+        score = {n: empirical_tokens_per_step(trees[n], counts, total) / times[len(trees[n]) + 1]
+                 for n in trees}
+        best = max(score, key=score.get)
+        timing = {"sizes": list(trees), "step_time_s": [times[len(trees[n]) + 1] for n in trees],
+                  "expected_tokens_per_step": [empirical_tokens_per_step(trees[n], counts, total) for n in trees],
+                  "tokens_per_s": [score[n] for n in trees], "chosen": best,
+                  "device": str(model.device)}
+        choices = trees[best]
+    else:
+        if not isinstance(nodes, int) or nodes < 1:
+            raise MedusaError(f"--nodes must be a positive integer or 'auto', got {nodes!r}")
+        choices = build_choices(stats, tables, counts, total, nodes, method)
+    record = {
+        "data": data_name,
+        "num_examples": len(stats.ranks),
+        "num_tokens": stats.num_tokens,
+        "num_positions": total,
+        "topk": stats.topk,
+        "method": method,
+        **tables,
+        "top1": [row[0] for row in tables["accuracy"]],
+        f"top{stats.topk}": [sum(row) for row in tables["accuracy"]],
+        "expected_tokens_per_step": empirical_tokens_per_step(choices, counts, total),
+        "simulated_tokens_per_step": simulated_tokens_per_step(choices, stats),
+        "independent_formula_tokens_per_step": expected_tokens_per_step(choices, tables["accuracy"]),
+        "conditional_formula_tokens_per_step": expected_tokens_per_step(choices, tables["conditional_accuracy"]),
+        "nodes": len(choices) + 1,
+        "auto": timing,
+    }
+    record = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
+    return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)
+
+
+def write_tree(checkpoint: str | Path, tree: MedusaTree) -> Path:
+    """Write ``tree.json`` into the checkpoint (atomically; the heads file is not touched)."""
+    from medusa.modeling.config import TREE_NAME
+
+    path = Path(checkpoint) / TREE_NAME
+    tree.to_json(path)
+    return path

@@ -1,0 +1,173 @@
+import json
+import os
+
+import pytest
+import torch
+
+from medusa import MedusaModel, MedusaTree
+from medusa.cli import main
+from medusa.tree.calibrate import (
+    NO_TARGET,
+    HeadStats,
+    accuracy_tables,
+    build_empirical_choices,
+    calibrate,
+    collect_hit_ranks,
+    empirical_tokens_per_step,
+    path_counts,
+    simulated_tokens_per_step,
+    time_tree_steps,
+)
+from tiny_models import STORIES, require_shared, tiny_model
+
+
+def _perturbed(num_heads=3, seed=0):
+    torch.manual_seed(seed)
+    model = MedusaModel.from_base(tiny_model("llama"), num_heads=num_heads, num_layers=1)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+def _examples(n=5, vocab=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = 9 + 3 * i
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+        prompt = 2 + i % 3
+        labels = [-100] * prompt + ids[prompt:]
+        if i == 2:
+            labels[prompt + 2] = -100  # a hole in the labels (e.g. a user turn)
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+def test_hit_ranks_match_a_naive_reference():
+    model = _perturbed()
+    examples = _examples()
+    topk = 4
+    stats = collect_hit_ranks(model, examples, topk=topk, batch_size=2, chunk=3, progress=False)
+    for ex, ranks, start in zip(examples, stats.ranks, stats.starts):
+        ids, labels = ex["input_ids"], ex["labels"]
+        assert start == next(i for i, l in enumerate(labels) if l != -100)
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([ids])).hidden_states[0]  # unpadded, alone
+        for k in range(3):
+            top = model.heads.head_logits(k, hidden).topk(topk, dim=-1).indices.tolist()
+            for t in range(len(ids)):
+                j = t + k + 2
+                if j >= len(ids) or labels[j] == -100:
+                    want = NO_TARGET
+                else:
+                    want = top[t].index(ids[j]) if ids[j] in top[t] else -1
+                assert int(ranks[t, k]) == want, (t, k)
+
+
+def _stats(rows, topk=3):
+    return HeadStats(ranks=[torch.tensor(rows, dtype=torch.int8)], starts=[1], topk=topk,
+                     num_tokens=len(rows))
+
+
+def test_tables_paths_and_predictions_by_hand():
+    rows = [[0, 0], [0, 1], [1, -1], [-1, 0], [0, NO_TARGET], [NO_TARGET, NO_TARGET]]
+    stats = _stats(rows)
+    t = accuracy_tables(stats)
+    assert t["totals"] == [5, 4] and t["counts"] == [[3, 1, 0], [2, 1, 0]]
+    # head 2 given head 1 right (rows 0, 1, 2; row 4 has no target for head 2)
+    assert t["conditional_totals"] == [5, 3] and t["conditional_counts"][1] == [1, 1, 0]
+    assert t["accuracy"][0][0] == pytest.approx(0.6) and t["conditional_accuracy"][1][0] == pytest.approx(1 / 3)
+    counts, total = path_counts(stats)
+    assert total == 4  # positions with both targets present
+    assert counts == {(0,): 2, (1,): 1, (0, 0): 1, (0, 1): 1}
+    choices = build_empirical_choices(counts, total, t["conditional_accuracy"], 3, 2)
+    assert choices[0] == (0,) and len(choices) == 2
+    assert empirical_tokens_per_step([(0,), (0, 0)], counts, total) == pytest.approx(1 + 2 / 4 + 1 / 4)
+
+
+def test_simulation_replays_the_decode_loop():
+    # start=1: the prefill writes token 1; steps run at hidden positions 0, then jump by tokens gained
+    rows = [[0, 0], [0, 0], [-1, 0], [1, 0], [0, -1], [0, NO_TARGET], [NO_TARGET, NO_TARGET],
+            [NO_TARGET, NO_TARGET]]
+    stats = _stats(rows)
+    # s=0: path (0,0) -> 3 tokens (2..4); s=3: (1,) in tree, (1,0) not -> 2 (5, 6); s=5: (0,) accepts
+    # token 7, the last one (the bonus would be past the end) -> 1; s=6 stops
+    assert simulated_tokens_per_step([(0,), (1,), (0, 0)], stats) == pytest.approx((3 + 2 + 1) / 3)
+    # only the root: one token per step
+    assert simulated_tokens_per_step([], stats) == pytest.approx(1.0)
+
+
+def test_calibrate_record_and_budget():
+    model = _perturbed()
+    tree = calibrate(model, _examples(8), nodes=10, topk=5, progress=False, data_name="mem")
+    cal = tree.calibration
+    assert len(tree) == 10 and tree.depth <= 3 and tree.num_heads == 3
+    assert cal["nodes"] == 10 and cal["data"] == "mem" and len(cal["accuracy"]) == 3
+    assert all(len(r) == 5 for r in cal["accuracy"]) and cal["top1"] == [r[0] for r in cal["accuracy"]]
+    assert 1.0 <= cal["expected_tokens_per_step"] <= 4.0
+    json.dumps(tree.to_dict())  # serialisable
+    shallow = calibrate(model, _examples(8), nodes=10, topk=5, max_depth=1, progress=False)
+    assert shallow.depth == 1
+    with pytest.raises(Exception, match="deeper"):
+        calibrate(model, _examples(8), nodes=10, max_depth=4, progress=False)
+
+
+def test_time_tree_steps_runs_each_size():
+    times = time_tree_steps(_perturbed(), [4, 16], context=16, repeats=2)
+    assert sorted(times) == [4, 16] and all(t > 0 for t in times.values())
+
+
+@pytest.fixture(scope="module")
+def stories_checkpoint(tmp_path_factory):
+    require_shared(STORIES)
+    from tiny_models import stories_model
+
+    path = tmp_path_factory.mktemp("cal") / "heads"
+    MedusaModel.from_base(stories_model(), num_heads=3, num_layers=1).save_pretrained(path)
+    data = path.parent / "calib.jsonl"
+    rows = [{"prompt": "Once upon a time", "completion": " there was a little girl named Lily. She liked to play."},
+            {"prompt": "Tom had a dog.", "completion": " The dog was big and brown. Tom and the dog ran to the park."}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, data
+
+
+def test_cli_calibrate_writes_tree_and_plots(stories_checkpoint, tmp_path, capsys):
+    path, data = stories_checkpoint
+    heads_before = (path / "medusa_heads.safetensors").read_bytes()
+    assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "12", "--topk", "4",
+                 "--plots", str(tmp_path), "--quiet"]) == 0
+    assert (path / "medusa_heads.safetensors").read_bytes() == heads_before
+    tree = MedusaTree.from_json(path / "tree.json")
+    assert len(tree) == 12 and tree.calibration["data"] == str(data)
+    for png in ("calibration_accuracy.png", "tree.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loaded = MedusaModel.from_pretrained(path)
+    assert loaded.tree == tree
+    assert "expected" in capsys.readouterr().out
+
+
+def test_cli_calibrate_auto_nodes(stories_checkpoint, tmp_path, capsys):
+    path, data = stories_checkpoint
+    assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "auto", "--no-plots",
+                 "--quiet"]) == 0
+    cal = MedusaTree.from_json(path / "tree.json").calibration
+    auto = cal["auto"]
+    assert auto["chosen"] in auto["sizes"] and len(auto["step_time_s"]) == len(auto["sizes"])
+    best = max(range(len(auto["sizes"])), key=lambda i: auto["tokens_per_s"][i])
+    assert auto["sizes"][best] == auto["chosen"]
+    assert cal["nodes"] <= auto["chosen"]
+
+
+def test_cli_calibrate_bad_input(stories_checkpoint, tmp_path, capsys):
+    path, data = stories_checkpoint
+    for argv, needle in (
+        (["--heads", str(tmp_path), "--data", str(data)], "medusa_config.json"),
+        (["--heads", str(path), "--data", str(data), "--max-depth", "4"], "--max-depth"),
+        (["--heads", str(path), "--data", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
+        (["--heads", str(path), "--data", str(data), "--method", "magic"], "magic"),
+    ):
+        capsys.readouterr()
+        assert main(["calibrate", *argv, "--quiet", "--no-plots"]) == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and needle in err[0], err
