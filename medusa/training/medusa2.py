@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -1,17 +1,21 @@
 """Merged export (LoRA and QLoRA), two-stage head loading, ZeRO-3-safe head init."""
 
 import json
-import warnings
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
+from training._medusa2_helpers import batch, naive_heads_loss
 
 from medusa import MedusaModel
 from medusa.errors import CheckpointError
-from medusa.modeling.base import lm_head_weight, unwrap
+from medusa.modeling.base import lm_head_weight
 from medusa.training import medusa2 as m2
-from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
-from training._medusa2_helpers import batch, naive_heads_loss
 
 
 def _train_lora(model, steps=3, lr=5e-2, vocab=96, self_distill=False):
@@ -101,7 +105,9 @@ def test_qlora_trains_on_cpu_and_merges_into_an_unquantised_copy(tmp_path):
     for n, p in model.base_model.named_parameters():
         if n in quantised:
             assert torch.equal(p, quantised[n]), n
-    adapters = {k: v.clone() for k, v in __import__("peft").get_peft_model_state_dict(model.base_model).items()}
+    from peft import get_peft_model_state_dict
+
+    adapters = {k: v.clone() for k, v in get_peft_model_state_dict(model.base_model).items()}
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapters.items())
     ids, _ = batch(512, seed=3)
     heads_before = _outputs(model, ids)[1]
@@ -147,3 +153,15 @@ def test_init_heads_from_lm_head_resets_w2():
     m2.init_heads_from_lm_head(model)
     for head in model.heads.lm_heads:
         assert torch.equal(head.weight, lm_head_weight(model.base_model))
+
+
+def test_heads_init_from_zero3_partitioned_lm_head():
+    """DeepSpeed ZeRO-3 (one CPU process, gloo) partitions the LM head; the heads still start equal to it."""
+    pytest.importorskip("deepspeed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).with_name("_zero3_init_probe.py")
+    env = dict(os.environ, MASTER_PORT=str(port))
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -36,7 +37,7 @@ def test_sine_fraction_ramps_then_flat():
 def test_schedules_are_monotone_and_bounded():
     for sched in ("linear", "sine", "sine_0.3"):
         values = [lambda0_at(s, 40, 0.5, sched) for s in range(41)]
-        assert all(a <= b for a, b in zip(values, values[1:]))
+        assert all(a <= b for a, b in itertools.pairwise(values))
         assert min(values) == 0.0 and max(values) == pytest.approx(0.5)
 
 
