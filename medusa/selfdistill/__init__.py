@@ -9,5 +9,17 @@ from medusa.selfdistill.prompts import Prompt, PromptOptions, load_prompts
 from medusa.selfdistill.run import SelfDistillConfig, self_distill
 from medusa.selfdistill.writer import ResumableWriter, errors_path
 
-__all__ = ["EndpointUnreachable", "MODES", "Prompt", "PromptOptions", "Request", "ResumableWriter", "Result",
-           "Sampling", "SelfDistillConfig", "errors_path", "load_prompts", "self_distill"]
+__all__ = [
+           "MODES",
+           "EndpointUnreachable",
+           "Prompt",
+           "PromptOptions",
+           "Request",
+           "Result",
+           "ResumableWriter",
+           "Sampling",
+           "SelfDistillConfig",
+           "errors_path",
+           "load_prompts",
+           "self_distill",
+]

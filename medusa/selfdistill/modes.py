@@ -13,8 +13,9 @@ complete assistant reply (``metadata.ended`` says why); it never appears in the 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Any
 
 from medusa.selfdistill.base import Request, Result
 from medusa.selfdistill.prompts import Prompt

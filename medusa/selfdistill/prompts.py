@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from medusa.errors import DataError
 
@@ -216,7 +217,7 @@ def _read_hub(name: str, split: str) -> list[tuple[str, Any]]:
         import datasets
 
         ds = datasets.load_dataset(name, split=split)
-    except Exception as exc:  # noqa: BLE001 - datasets raises many types for a missing/unreachable dataset
+    except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataError(f"cannot load dataset {name!r} (split {split!r}): {first}") from exc
     return [(f"{name}[{i}]", row) for i, row in enumerate(ds)]

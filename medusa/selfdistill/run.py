@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from tqdm.auto import tqdm
 

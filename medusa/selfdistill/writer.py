@@ -126,8 +126,8 @@ class ResumableWriter:
                 os.fsync(fh.fileno())
                 fh.close()
 
-    def __enter__(self) -> "ResumableWriter":
+    def __enter__(self) -> ResumableWriter:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from tiny_models import STORIES, require_shared, tiny_model
 

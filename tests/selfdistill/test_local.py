@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
-
 from _helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
+from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
+
 from medusa.errors import MedusaError
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 from medusa.selfdistill.local import LocalBackend
 from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip
 from medusa.selfdistill.prompts import load_prompts
-from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
 
 TINYSTORIES = SHARED / "data" / "tinystories_sample.txt"
 
@@ -185,3 +185,35 @@ def test_chat_template_option_on_a_completion_model(tmp_path):
     assert s["written"] == 1
     (row,) = _rows(tmp_path / "out.jsonl")
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
+
+
+def test_output_is_training_data_for_load_tokenized(tmp_path):
+    """Both output shapes load with ``medusa.data.load_tokenized`` (format auto-detected)."""
+    load_tokenized = pytest.importorskip("medusa.data").load_tokenized
+    _write_prompts(tmp_path, [{"turns": ["Hi there", "And then?"]}, {"prompt": "Tell a story."}])
+    tok = chat_tokenizer()
+    self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=tok)
+    self_distill(_cfg(tmp_path, mode="completion", out=str(tmp_path / "c.jsonl")), model=tiny_chat_model(),
+                 tokenizer=tok)
+    for name, n in (("out.jsonl", 2), ("c.jsonl", 2)):
+        data = load_tokenized(str(tmp_path / name), tok, max_length=256)
+        assert len(data.examples) == n and not data.skipped
+        assert all(any(x != -100 for x in ex["labels"]) for ex in data.examples)
+
+
+def test_local_backend_in_4bit(tmp_path):
+    """bitsandbytes NF4 on CPU (its CPU kernels need layer widths that are multiples of 64)."""
+    from tiny_models import tiny_model
+
+    from medusa.selfdistill.base import Request
+
+    pytest.importorskip("bitsandbytes")
+    path = tmp_path / "m"
+    tiny_model("llama", vocab_size=512, hidden_size=64, layers=1, intermediate_size=128).save_pretrained(path)
+    chat_tokenizer().save_pretrained(path)
+    backend = LocalBackend(str(path), load_in_4bit=True, batch_size=2)
+    assert type(backend.model.model.layers[0].mlp.down_proj).__name__ == "Linear4bit"
+    got = dict(backend.generate([Request(prompt="Once"), Request(messages=[{"role": "user", "content": "hi"}])],
+                                Sampling(max_new_tokens=3)))
+    assert sorted(got) == [0, 1] and all(r.completion_tokens == 3 and r.finish_reason == "length"
+                                         for r in got.values())
