@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from _helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
+from _selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
 from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
 
 from medusa.errors import MedusaError
