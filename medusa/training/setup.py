@@ -93,9 +93,24 @@ def load_backbone(recipe: Recipe, device: torch.device) -> nn.Module:
     qcfg = quantization_config(recipe)
     if qcfg is not None:
         index = device.index if device.type == "cuda" else device.type
-        return load_base_model(recipe.model, dtype=recipe.dtype, quantization_config=qcfg,
+        base = load_base_model(recipe.model, dtype=recipe.dtype, quantization_config=qcfg,
                                device_map={"": index})
+        _avoid_bnb_cpu_repack(base)
+        return base
     return load_base_model(recipe.model, dtype=recipe.dtype).to(device)
+
+
+def _avoid_bnb_cpu_repack(model: nn.Module) -> None:
+    """bitsandbytes 0.50's CPU inference path for 4-bit layers (eval mode, no grad, AVX512-BF16) repacks
+    the weight in blocks of 32 output rows and asserts on layers whose width is not a multiple of 32
+    or whose input is not a multiple of 64 (stories260K's MLP is 172 wide). Those keep the generic 4-bit matmul."""
+    try:
+        from bitsandbytes.nn import Linear4bit
+    except ImportError:
+        return
+    for module in model.modules():
+        if isinstance(module, Linear4bit) and (module.out_features % 32 or module.in_features % 64):
+            module.support_avx512bf16_for_cpu = False
 
 
 class HeadsLoss(nn.Module):

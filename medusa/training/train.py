@@ -55,6 +55,7 @@ class TrainResult:
     global_step: int
     last_metrics: dict[str, Any]
     eval_metrics: dict[str, Any] | None
+    model: MedusaModel | None = None  # the trained model (backbone + heads) of this process
 
 
 def _summarise(stats: torch.Tensor, prefix: str) -> dict[str, float]:
@@ -231,7 +232,8 @@ def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
             accelerator.print(f"wrote {final_dir}" + (f"; skipped rows: {data.train.skipped}"
                                                       if data.train.skipped else ""))
     accelerator.end_training()
-    return TrainResult(out_dir, final_dir, step, last, eval_metrics)
+    model.heads = accelerator.unwrap_model(trainable).heads if recipe.method == "medusa1" else model.heads
+    return TrainResult(out_dir, final_dir, step, last, eval_metrics, model)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
