@@ -391,3 +391,10 @@ def save_merged(
         merged.config.recipe = recipe
     merged.save_pretrained(out_dir, save_base=True, tokenizer=tokenizer)
     return merged
+
+
+def method() -> Any:
+    """The MEDUSA-2 ``Method`` for ``medusa.training.train`` (see :mod:`medusa.training.medusa2_run`)."""
+    from medusa.training.medusa2_run import make_method
+
+    return make_method()
