@@ -1,0 +1,74 @@
+"""Shared helpers for the decoding tests: left-padded batches and heads that are accepted often."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from medusa import MedusaModel
+
+
+def left_padded_batch(vocab_size: int, lengths=(9, 6, 4), seed: int = 0, pad_id: int = 0):
+    """``input_ids [B, P]`` (pad on the left) and ``attention_mask [B, P]``; tokens avoid 0..2 (pad/bos/eos)."""
+    g = torch.Generator().manual_seed(seed)
+    p = max(lengths)
+    ids = torch.full((len(lengths), p), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(lengths), p, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, p - n:] = torch.randint(3, vocab_size, (n,), generator=g)
+        mask[row, p - n:] = 1
+    return ids, mask
+
+
+def randomize_heads(model: MedusaModel, seed: int = 0, std: float = 0.5) -> MedusaModel:
+    """Heads that are no longer copies of the LM head: random ResBlock weights (rarely accepted)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            if p.dim() == 2 and p.shape[0] == p.shape[1]:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+def memorise_heads(model: MedusaModel, sequences: list[torch.Tensor], steps: int = 300, seed: int = 0) -> None:
+    """Fit the heads (in place) to predict the given real-token sequences: head k at t -> token t+k+2.
+
+    Trained on the model's own greedy continuations of the test prompts, the heads are then accepted
+    often, so long accepted runs and cache compaction get exercised.
+    """
+    from medusa.modeling.base import decoder_of
+
+    torch.manual_seed(seed)
+    feats: list[list[torch.Tensor]] = [[] for _ in range(model.num_heads)]
+    targets: list[list[torch.Tensor]] = [[] for _ in range(model.num_heads)]
+    with torch.no_grad():
+        for seq in sequences:
+            hidden = decoder_of(model.base_model)(input_ids=seq.view(1, -1)).last_hidden_state[0]  # [T, d]
+            for k in range(model.num_heads):
+                shift = k + 2
+                if seq.numel() > shift:
+                    feats[k].append(hidden[:-shift])
+                    targets[k].append(seq[shift:])
+    opt = torch.optim.Adam(model.heads.parameters(), lr=3e-2)
+    xs = [torch.cat(f) for f in feats]
+    ys = [torch.cat(t) for t in targets]
+    with torch.enable_grad():
+        for _ in range(steps):
+            loss = sum(F.cross_entropy(model.heads.head_logits(k, xs[k]), ys[k]) for k in range(model.num_heads))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.heads.eval()
+
+
+def real_rows(sequences: torch.Tensor, prompt_mask: torch.Tensor, eos_id: int | None = None) -> list[torch.Tensor]:
+    """Each row of HF generate output without its left padding (and cut after the first EOS)."""
+    rows = []
+    p = prompt_mask.shape[1]
+    for row in range(sequences.shape[0]):
+        prompt = sequences[row, :p][prompt_mask[row].bool()]
+        new = sequences[row, p:]
+        if eos_id is not None and (new == eos_id).any():
+            new = new[: int((new == eos_id).nonzero()[0]) + 1]
+        rows.append(torch.cat([prompt, new]))
+    return rows

@@ -1,0 +1,162 @@
+"""Acceptance rules against hand-computed cases, and lossless sampling by chi-square tests."""
+
+import math
+
+import pytest
+import torch
+
+from medusa import MedusaModel, MedusaTree
+from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
+from medusa.decoding.candidates import decode_tree, propose
+from tiny_models import tiny_model
+
+CPU = torch.device("cpu")
+
+
+def _logits_from_probs(rows):
+    return torch.log(torch.tensor(rows, dtype=torch.float32)).unsqueeze(0)  # [1, N, V]
+
+
+def test_propose_places_head_ranks():
+    tree = MedusaTree.from_choices([[0], [1], [0, 0], [0, 2]])
+    dt = decode_tree(tree, CPU, torch.float32)
+    head_topk = torch.tensor([[[10, 11, 12]], [[20, 21, 22]]])  # [K=2, B=1, kmax=3]
+    tokens = propose(torch.tensor([7]), head_topk, dt)
+    assert tokens.tolist() == [[7, 10, 11, 20, 22]]  # nodes: (), (0), (1), (0,0), (0,2)
+
+
+def test_greedy_accept_longest_matching_path():
+    tree = MedusaTree.from_choices([[0], [1], [0, 0], [1, 0]])  # nodes (), (0), (1), (0,0), (1,0)
+    dt = decode_tree(tree, CPU, torch.float32)
+    v = 6
+    argmax = [2, 4, 1, 5, 0]  # base argmax at each node
+    logits = torch.nn.functional.one_hot(torch.tensor([argmax]), v).float()  # [1, N, V]
+    tokens = torch.tensor([[9 % v, 3, 2, 4, 1]])  # node (1) carries 2 == argmax at root; (1,0) carries 1
+    path, n, nxt = greedy_accept(logits, tokens, dt)
+    assert n.tolist() == [2] and path[0, :3].tolist() == [0, 2, 4] and nxt.tolist() == [argmax[4]]
+    tokens = torch.tensor([[0, 3, 5, 4, 1]])  # nothing matches: only the root is kept
+    path, n, nxt = greedy_accept(logits, tokens, dt)
+    assert n.tolist() == [0] and nxt.tolist() == [2]
+
+
+def test_typical_accept_hand_computed():
+    # nodes: 0 (), 1 (0), 2 (1), 3 (0,0); vocab 4
+    tree = MedusaTree.from_choices([[0], [1], [0, 0]])
+    dt = decode_tree(tree, CPU, torch.float32)
+    p_root = [0.7, 0.2, 0.05, 0.05]
+    # root: H = 0.871 nats, 0.3 * exp(-H) = 0.1256, threshold = min(0.09, 0.1256) = 0.09
+    h = -sum(p * math.log(p) for p in p_root)
+    assert min(0.09, 0.3 * math.exp(-h)) == 0.09
+    p_node1 = [0.25, 0.25, 0.25, 0.25]  # H = ln 4, threshold = min(0.09, 0.3 / 4) = 0.075
+    p_leaf = [1e-6, 1e-6, 1 - 2e-6 - 1e-6, 1e-6]  # the next token is (almost surely) 2
+    logits = _logits_from_probs([p_root, p_node1, [0.25] * 4, p_leaf])
+    # node1 token 1: p=0.2 > 0.09 accepted; node2 token 2: 0.05 < 0.09 rejected; node3 token 3: 0.25 > 0.075
+    tokens = torch.tensor([[0, 1, 2, 3]])
+    g = torch.Generator().manual_seed(0)
+    path, n, nxt = typical_accept(logits, tokens, dt, warp_logits(), 1.0, 0.09, 0.3, generator=g)
+    assert n.tolist() == [2] and path[0].tolist() == [0, 1, 3] and nxt.tolist() == [2]
+    # Node 3 with p = 0.07 < 0.075 is rejected: only node 1 is kept.
+    logits = _logits_from_probs([p_root, [0.31, 0.31, 0.31, 0.07], [0.25] * 4, p_leaf])
+    path, n, _ = typical_accept(logits, tokens, dt, warp_logits(), 1.0, 0.09, 0.3, generator=g)
+    assert n.tolist() == [1] and path[0, :2].tolist() == [0, 1]
+
+
+def test_typical_ties_go_to_higher_likelihood():
+    tree = MedusaTree.from_choices([[0], [1]])  # two depth-1 siblings
+    dt = decode_tree(tree, CPU, torch.float32)
+    logits = _logits_from_probs([[0.1, 0.4, 0.45, 0.05], [0.25] * 4, [0.25] * 4])
+    tokens = torch.tensor([[0, 1, 2]])  # both accepted (0.4 and 0.45 > 0.09); rank 1 is likelier
+    path, n, _ = typical_accept(logits, tokens, dt, warp_logits(), 1.0, 0.09, 0.3)
+    assert n.tolist() == [1] and path[0, 1].item() == 2
+
+
+def _chi2_sf(stat: float, dof: int) -> float:
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
+                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+
+
+def _chi2_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson chi-square; cells expected < 5 are pooled into one."""
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum().view(1)])
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
+    keep = exp > 0
+    assert torch.all(obs[~keep] == 0), "a token with zero probability was sampled"
+    obs, exp = obs[keep], exp[keep]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return _chi2_sf(stat, int(keep.sum()) - 1)
+
+
+V = 8
+FULL_TREE = [[r] for r in range(V)] + [[0, r] for r in range(V)] + [[1, 0], [1, 1], [0, 0, 0]]
+PARTIAL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # leaves most of the vocabulary to the residual
+SETTINGS = [dict(temperature=1.0, top_k=0), dict(temperature=0.7, top_k=4), dict(temperature=1.3, top_p=0.8,
+                                                                                top_k=0)]
+
+
+def _exact_joint(base, prompt, warp):
+    """p(x1, x2) = p(x1 | prompt) p(x2 | prompt, x1) under the warped (processed) distribution: [V, V]."""
+    with torch.no_grad():
+        p1 = torch.softmax(warp(base(prompt).logits[0, -1]), -1)  # [V]
+        ext = torch.cat([prompt.repeat(V, 1), torch.arange(V).view(V, 1)], dim=1)  # [V, P+1]
+        p2 = torch.softmax(warp(base(ext).logits[:, -1]), -1)  # [V, V]
+    return (p1.view(V, 1) * p2).double()
+
+
+def _sampler_model(seed=0):
+    base = tiny_model("llama", vocab_size=V, seed=seed)
+    with torch.no_grad():  # soften the scaled LM head so that many tokens have real mass
+        base.lm_head.weight.mul_(0.3)
+    model = MedusaModel.from_base(base, num_heads=3)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            if p.dim() == 2 and p.shape[0] == p.shape[1]:
+                p.copy_(torch.randn(p.shape, generator=g))
+    return base, model
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-topk4", "t1.3-topp0.8"])
+@pytest.mark.parametrize("choices", [FULL_TREE, PARTIAL_TREE], ids=["covering", "partial"])
+def test_sample_is_lossless_chi_square(setting, choices):
+    base, model = _sampler_model()
+    prompt = torch.tensor([[3, 5, 4, 6]])
+    n = 6000
+    g = torch.Generator().manual_seed(1234)
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[],
+                         tree=MedusaTree.from_choices(choices), generator=g, **setting)
+    x1, x2 = out[:, 4], out[:, 5]
+    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2, torch.ones(n, dtype=torch.float64))
+    expected = _exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
+    assert _chi2_pvalue(counts, expected) > 1e-3
+
+
+def test_chi_square_catches_a_lossy_rule():
+    """The same test rejects typical acceptance, which is not lossless: the chi-square has teeth."""
+    base, model = _sampler_model()
+    prompt = torch.tensor([[3, 5, 4, 6]])
+    n = 6000
+    g = torch.Generator().manual_seed(1234)
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="typical", eos_token_id=[], top_k=0,
+                         tree=MedusaTree.from_choices(FULL_TREE), generator=g, posterior_threshold=0.01)
+    x1, x2 = out[:, 4], out[:, 5]
+    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2, torch.ones(n, dtype=torch.float64))
+    expected = _exact_joint(base, prompt, warp_logits(top_k=0)).view(-1) * n
+    assert _chi2_pvalue(counts, expected) < 1e-6
+
+
+def test_sample_accept_recursive_rejection_single_node():
+    """One node, two proposed siblings: exact probabilities of each outcome by enumeration."""
+    tree = MedusaTree.from_choices([[0], [1]])
+    dt = decode_tree(tree, CPU, torch.float32)
+    p = torch.tensor([0.5, 0.3, 0.2])
+    logits = torch.log(p).view(1, 1, 3).repeat(20000, 3, 1)  # [B, N, V]
+    tokens = torch.tensor([[0, 1, 2]]).repeat(20000, 1)  # proposals: token 1 then token 2
+    g = torch.Generator().manual_seed(0)
+    path, n, nxt = sample_accept(logits, tokens, dt, warp_logits(top_k=0), generator=g)
+    first = torch.where(n == 1, tokens.gather(1, path[:, 1:2]).view(-1), nxt)
+    # P(accept 1) = 0.3; then P(accept 2 | rejected 1) = 0.2 / 0.7; else residual is token 0.
+    freq = torch.bincount(first, minlength=3).double() / 20000
+    torch.testing.assert_close(freq, p.double(), atol=0.015, rtol=0)
+    accepted_2 = ((n == 1) & (path[:, 1] == 2)).double().mean()
+    assert abs(float(accepted_2) - 0.7 * 0.2 / 0.7) < 0.015
