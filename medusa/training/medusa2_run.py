@@ -87,10 +87,7 @@ def make_method() -> Any:
     def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor], recipe: Recipe,
                      step: int) -> tuple[torch.Tensor, torch.Tensor]:
         m = recipe.medusa2
-        total = state["total_steps"] or (recipe.train.max_steps if recipe.train.max_steps > 0 else None)
-        if total is None and m.schedule != "constant":
-            raise ConfigError(f"medusa2.schedule: {m.schedule!r} needs the run's step count (train.max_steps)")
-        lam = lambda0_at(step, total or 1, m.lambda0, m.schedule)
+        lam = lambda0_at(step, state["total_steps"] or 1, m.lambda0, m.schedule)
         teacher = None
         if m.self_distill:
             teacher = M.teacher_logits(model, batch["input_ids"], batch["attention_mask"],
@@ -125,6 +122,4 @@ def make_method() -> Any:
             model.base_model, model.heads = merged.base_model, merged.heads
         accelerator.wait_for_everyone()
 
-    method = Method(setup_model, compute_loss, optimizer_groups, save_final)
-    method.set_plan = set_plan  # train() hands over the step plan (lambda_0's schedule needs total_steps)
-    return method
+    return Method(setup_model, compute_loss, optimizer_groups, save_final, set_plan=set_plan)

@@ -35,6 +35,7 @@ class Method:
     compute_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (model, trainable, batch, recipe, step)
     optimizer_groups: Callable[[nn.Module, Recipe], list[dict[str, Any]]]
     save_final: Callable[..., None] | None = None  # (accelerator, model, trainable, recipe, path)
+    set_plan: Callable[[Any], None] | None = None  # told the step plan (Plan) before the model is built
 
 
 def method_for(recipe: Recipe) -> Method:
@@ -129,6 +130,8 @@ def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
     tokenizer = S.load_tokenizer(recipe)
     data = S.load_data(recipe, tokenizer)
     plan = S.make_plan(recipe, len(data.train.examples), accelerator.num_processes)
+    if method.set_plan is not None:
+        method.set_plan(plan)  # MEDUSA-2's lambda_0 schedule runs over plan.total_steps
 
     model, trainable = method.setup_model(recipe, accelerator.device)
     optimizer = torch.optim.AdamW(method.optimizer_groups(trainable, recipe), lr=recipe.train.lr)
