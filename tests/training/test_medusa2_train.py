@@ -1,0 +1,122 @@
+"""End-to-end MEDUSA-2 runs of the tiny recipes on stories260K (CPU): LoRA, self-distillation, QLoRA,
+full fine-tuning under a 2-process accelerate launch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import STORIES, require_shared, stories_model
+
+from medusa.config import load_recipe
+from medusa.errors import ConfigError
+from medusa.modeling.model import MedusaModel
+from medusa.training.medusa2_run import check_recipe
+from medusa.training.train import train
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny"
+IDS = torch.tensor([[1, 403, 407, 261, 378, 29, 261, 269, 363, 260, 365, 267]])  # [1, T]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    require_shared(STORIES)
+    monkeypatch.chdir(ROOT)  # the recipes' paths are relative to the repository root
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _recipe(name, tmp_path, *overrides):
+    base = [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=2",
+            "data.eval_split=0.0", "train.eval_steps=0"]
+    return load_recipe(TINY / f"{name}.yaml", base + list(overrides))
+
+
+def _logits(model):
+    with torch.no_grad():
+        out = model(input_ids=IDS)
+    return out.logits, out.head_logits
+
+
+def _check_final(result, tmp_path):
+    """final/ loads with no other files, equals the in-process trained model, and its backbone moved."""
+    loaded = MedusaModel.from_pretrained(result.final_dir)
+    assert loaded.config.recipe["method"] == "medusa2" and loaded.config.base_model_subdir == "base_model"
+    assert not any(hasattr(m, "lora_A") for m in loaded.base_model.modules())
+    result.model.eval()
+    want_logits, want_heads = _logits(result.model)
+    got_logits, got_heads = _logits(loaded)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_heads, want_heads, rtol=1e-5, atol=1e-5)
+    plain = stories_model()
+    with torch.no_grad():
+        original = plain(input_ids=IDS).logits
+    assert not torch.allclose(got_logits, original, atol=1e-4), "the backbone did not train"
+    return loaded
+
+
+def test_tiny_lora_recipe(tmp_path):
+    result = train(_recipe("medusa2_lora", tmp_path, "train.max_steps=6"))
+    rows = [json.loads(r) for r in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6] and all("head3_top1" in r for r in rows)
+    loaded = _check_final(result, tmp_path)
+    fresh = MedusaModel.from_base(stories_model(), num_heads=3, heads_dtype=torch.float32)
+    for (name, p), q in zip(loaded.heads.state_dict().items(), fresh.heads.state_dict().values()):
+        assert not torch.equal(p, q), f"head tensor {name} did not move"
+    assert (result.final_dir / "base_model" / "tokenizer_config.json").is_file()
+
+
+def test_tiny_selfdistill_recipe_from_medusa1_heads(tmp_path):
+    stage1 = MedusaModel.from_base(stories_model(), num_heads=3, heads_dtype=torch.float32)
+    with torch.no_grad():
+        stage1.heads.blocks[0][0].linear.bias.fill_(0.5)
+    stage1.save_pretrained(tmp_path / "m1")
+    result = train(_recipe("medusa2_selfdistill", tmp_path, "train.max_steps=4",
+                           f"heads.init_from={tmp_path / 'm1'}", "train.lr=1e-2"))
+    loaded = _check_final(result, tmp_path)
+    # started from the stage-1 heads (the bias was 0.5 there, 0 in a fresh head), then trained
+    bias = loaded.heads.blocks[0][0].linear.bias
+    assert (bias - 0.5).abs().max() < 0.3 and not torch.equal(bias, torch.full_like(bias, 0.5))
+
+
+def test_tiny_qlora_recipe(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    result = train(_recipe("medusa2_lora", tmp_path, "train.max_steps=3", "quantization=4bit", "train.lr=1e-2"))
+    loaded = MedusaModel.from_pretrained(result.final_dir)
+    config = json.loads((result.final_dir / "base_model" / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert next(loaded.base_model.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        assert not torch.allclose(loaded.base_model(input_ids=IDS).logits, stories_model()(input_ids=IDS).logits,
+                                  atol=1e-4)
+
+
+def test_full_finetune_with_quantization_is_refused():
+    recipe = load_recipe(TINY / "medusa2_full.yaml", ["quantization=4bit"])
+    with pytest.raises(ConfigError, match="lora.full_finetune"):
+        check_recipe(recipe)
+
+
+def test_tiny_full_recipe_two_process_cpu_launch(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "medusa.train", str(TINY / "medusa2_full.yaml"), f"output_dir={out}", "train.max_steps=3",
+           "train.batch_size=2", "data.max_length=32", "train.logging_steps=1", "data.eval_split=0.0",
+           "medusa2.self_distill=true"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    loaded = MedusaModel.from_pretrained(out / "final")
+    fresh = stories_model()
+    moved = [n for (n, p), q in zip(loaded.base_model.state_dict().items(), fresh.state_dict().values())
+             if not torch.equal(p, q)]
+    assert len(moved) > 10, "full fine-tuning left the backbone unchanged"
