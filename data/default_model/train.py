@@ -64,7 +64,7 @@ class Sizes:
 FULL = Sizes(vocab_size=4096, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
              num_attention_heads=4, num_key_value_heads=2, context=256)
 QUICK = Sizes(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, context=128)
+              num_attention_heads=4, num_key_value_heads=2, context=64)
 
 
 def stdlib_files(root: Path | None = None) -> tuple[list[Path], list[Path], Path]:
@@ -216,7 +216,7 @@ def parse_args(argv=None):
                          "or <out>/.train with --quick)")
     ap.add_argument("--quick", action="store_true", help="tiny model, few files, ~1 minute: a smoke test")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default 800, quick 40)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default 800, quick 30)")
     ap.add_argument("--batch-size", type=int, default=8, help="windows per step")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
@@ -237,12 +237,12 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     q = args.quick
     args.sizes = QUICK if q else FULL
-    args.steps = args.steps or (40 if q else 800)
+    args.steps = args.steps or (30 if q else 800)
     args.warmup = args.warmup if args.warmup is not None else (5 if q else 40)
-    args.eval_tokens = args.eval_tokens or (2048 if q else 8192)
-    args.max_files = args.max_files or (60 if q else None)
+    args.eval_tokens = args.eval_tokens or (1024 if q else 8192)
+    args.max_files = args.max_files or (40 if q else None)
     if q:
-        args.eval_every = min(args.eval_every, 20)
+        args.eval_every = min(args.eval_every, 15)
     if args.work_dir is None:
         args.work_dir = (args.out / ".train") if q else Path(__file__).resolve().parents[2] / "out" / "default_model_train"
     return args
