@@ -106,6 +106,27 @@ class Recipe:
 
 
 # ---------------------------------------------------------------------------------------- building
+# Names other trainers use for our keys, so that the error can point at ours.
+_ALIASES = {"learning_rate": "lr", "num_train_epochs": "epochs", "per_device_train_batch_size": "batch_size",
+            "gradient_accumulation_steps": "grad_accum", "lr_scheduler_type": "scheduler",
+            "lr_scheduler": "scheduler", "max_seq_length": "max_length", "max_seq_len": "max_length",
+            "medusa_num_heads": "num_heads", "medusa_num_layers": "num_layers", "torch_dtype": "dtype"}
+
+
+def _suggest(key: str, known: list[str]) -> str | None:
+    """The known key a misspelt one most likely meant."""
+    if key in _ALIASES and _ALIASES[key] in known:
+        return _ALIASES[key]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    prefixed = [k for k in known if key.startswith(k) or k.startswith(key)]
+    if prefixed:
+        return max(prefixed, key=len)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.45)
+    return close[0] if close else None
+
+
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -168,8 +189,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in hints:
-            close = difflib.get_close_matches(str(key), list(hints), n=1, cutoff=0.6)
-            hint = f" (did you mean {prefix}{close[0]}?)" if close else f" (known keys: {', '.join(hints)})"
+            close = _suggest(str(key), list(hints))
+            hint = f" (did you mean {prefix}{close}?)" if close else f" (known keys: {', '.join(hints)})"
             raise ConfigError(f"unknown key {full}{hint}")
         tp = hints[key]
         kwargs[key] = _build(tp, value, f"{full}.") if _is_dataclass_type(tp) else _coerce(value, tp, full)
