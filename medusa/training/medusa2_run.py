@@ -9,6 +9,8 @@ merged final export.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -16,11 +18,38 @@ from torch import nn
 
 from medusa.config import Recipe
 from medusa.errors import ConfigError
-from medusa.modeling.base import base_logits, decoder_of
+from medusa.modeling.base import base_logits, decoder_of, load_base_model
 from medusa.modeling.model import MedusaModel
 from medusa.training import medusa2 as M
 from medusa.training.losses import medusa_head_loss
 from medusa.training.schedules import lambda0_at
+
+
+@contextlib.contextmanager
+def _without_zero3_init() -> Iterator[None]:
+    """Models built in the body load whole (transformers would otherwise build them under zero.Init)."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    ref = hf_ds._hf_deepspeed_config_weak_ref
+    hf_ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = ref
+
+
+def _gather_state(module: nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """The full fp32 state of a ZeRO-3 partitioned module, one parameter gathered at a time (every rank
+    must call this; only ``keep`` ranks get the tensors)."""
+    state: dict[str, torch.Tensor] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):  # tied weights under every name
+        with M.gathered([p]):
+            if keep:
+                state[name] = p.detach().float().cpu().clone()
+    if keep:
+        for name, t in module.state_dict().items():  # buffers are not partitioned
+            state.setdefault(name, t.detach().cpu())
+    return state
 
 
 class Medusa2Module(nn.Module):
@@ -102,11 +131,10 @@ def make_method() -> Any:
     def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe, path: Any) -> None:
         unwrapped = accelerator.unwrap_model(trainable)
         if M._is_zero3(unwrapped.parameters()):
-            full = accelerator.get_state_dict(trainable)  # every process gathers its shards
+            full = _gather_state(unwrapped, accelerator.is_main_process)  # every process takes part
             if accelerator.is_main_process:
-                from medusa.modeling.base import load_base_model
-
-                base = load_base_model(recipe.model, dtype="float32")
+                with _without_zero3_init():
+                    base = load_base_model(recipe.model, dtype="float32")
                 fresh = M.medusa_from_base(base, num_heads=model.num_heads, num_layers=model.config.num_layers,
                                            head_type=model.config.head_type, heads_dtype=torch.float32)
                 if not recipe.lora.full_finetune:
