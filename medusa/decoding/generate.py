@@ -136,34 +136,23 @@ def medusa_generate(
         top_k, top_p = _sampling_defaults(model, top_k, top_p)
         warp = warp_logits(temperature, top_k, top_p)
 
-    def choose_root(logits: torch.Tensor) -> torch.Tensor:  # logits [B, V] -> [B]
+    def accept(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if acceptance == "greedy":
-            return logits.argmax(dim=-1)
-        return torch.multinomial(torch.softmax(warp(logits), dim=-1), 1, generator=generator).view(-1)
+            return greedy_accept(logits, tokens, dt)
+        if acceptance == "sample":
+            return sample_accept(logits, tokens, dt, warp, generator=generator)
+        return typical_accept(logits, tokens, dt, warp, temperature, posterior_threshold, posterior_alpha,
+                              generator=generator)
 
-    # ---------------------------------------------------------------- prefill
     t0 = time.perf_counter()
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    cache = new_cache()
-    position_ids = mask2d.cumsum(-1) - 1  # [B, P], as HF generate builds them for left padding
-    position_ids.masked_fill_(mask2d == 0, 1)
-    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=position_ids, past_key_values=cache,
-                use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=True)
-    root = choose_root(out.logits[:, -1])  # [B]
-    head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
-    n_valid = mask2d.sum(-1)  # [B]: real tokens in the cache; the next position id
-    cap = p + 2 * max_new_tokens + dt.num_nodes
-    neg = torch.finfo(dtype).min
-    # mask: [B, 1, N, capacity]; columns < past_len hold each row's validity (0 real / min padding or hole)
-    mask = torch.full((b, 1, dt.num_nodes, cap), neg, dtype=dtype, device=device)
-    mask[:, 0, :, :p] = torch.where(mask2d.bool(), 0.0, neg).to(dtype).unsqueeze(1)
-    past_len = p
-    first = root.cpu().tolist()
+    state = prefill(model, input_ids, mask2d, dt, None if acceptance == "greedy" else warp,
+                    capacity=p + 2 * max_new_tokens + dt.num_nodes, generator=generator)
+    first = state.root.cpu().tolist()
     _sync(device)
     prefill_time = time.perf_counter() - t0
 
-    # ---------------------------------------------------------------- decode
     t1 = time.perf_counter()
     generated: list[list[int]] = [[] for _ in range(b)]
     accept_lengths: list[list[int]] = [[] for _ in range(b)]
@@ -173,39 +162,8 @@ def medusa_generate(
     if streamer is not None:
         streamer.put(torch.tensor(generated[0]))
     steps = 0
-    arange_keep = torch.arange(dt.depth + 1, device=device)
     while not all(done):
-        n = dt.num_nodes
-        if past_len + n > mask.shape[-1]:  # grow the preallocated mask (rare: rows accepting unevenly)
-            grown = torch.full((b, 1, n, 2 * mask.shape[-1]), neg, dtype=dtype, device=device)
-            grown[..., :past_len] = mask[..., :past_len]
-            mask = grown
-        tokens = propose(root, head_topk, dt)  # [B, N]
-        pos = n_valid.view(b, 1) + dt.depths.view(1, n)  # [B, N]
-        mask[:, 0, :, past_len:past_len + n] = dt.float_mask
-        out = model(input_ids=tokens, attention_mask=mask[..., :past_len + n], position_ids=pos,
-                    past_key_values=cache, use_cache=True, compute_heads=False)
-        logits = out.logits  # [B, N, V]
-        if acceptance == "greedy":
-            path, n_acc, nxt = greedy_accept(logits, tokens, dt)
-        elif acceptance == "sample":
-            path, n_acc, nxt = sample_accept(logits, tokens, dt, warp, generator=generator)
-        else:
-            path, n_acc, nxt = typical_accept(logits, tokens, dt, warp, temperature, posterior_threshold,
-                                              posterior_alpha, generator=generator)
-        last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
-        hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
-        head_topk = model.heads(hidden)[:, :, 0].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
-        keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
-        path_tokens = tokens.gather(1, path)  # [B, D+1]
-        host = torch.cat([path_tokens, keep.view(b, 1), nxt.view(b, 1)], dim=1).cpu()  # the one sync per step
-        a = int(host[:, -2].max())
-        compact_cache(cache, past_len, path[:, :a])
-        valid = arange_keep[:a].view(1, a) < keep.view(b, 1)  # [B, A]
-        mask[:, 0, :, past_len:past_len + a] = torch.where(valid, 0.0, neg).to(dtype).unsqueeze(1)
-        past_len += a
-        n_valid = n_valid + keep
-        root = nxt
+        host = decode_step(model, state, accept)
         steps += 1
         for row in range(b):
             if done[row]:
@@ -231,6 +189,86 @@ def medusa_generate(
     return MedusaGenerateOutput(sequences, accept_lengths, steps, prefill_time, decode_time)
 
 
+@dataclass
+class DecodeState:
+    """What one row-batch carries between steps (all on the model's device)."""
+
+    dt: DecodeTree
+    cache: Any  # DynamicCache: [B, H, past_len, hd] per layer; holes (rows that accepted less) are masked
+    mask: torch.Tensor  # [B, 1, N, capacity] float; columns < past_len: 0 real token / dtype-min pad or hole
+    past_len: int  # cache length (columns), equal for all rows
+    n_valid: torch.Tensor  # [B] real tokens in each row's cache = the next position id
+    root: torch.Tensor  # [B] the next tree's root token (already chosen, not yet in the cache)
+    head_topk: torch.Tensor  # [K, B, kmax] heads' top-k tokens at the last cached position
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """``[B, past_len]`` bool: which cache columns hold a real token of the row."""
+        return self.mask[:, 0, 0, :self.past_len] == 0
+
+
+def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: DecodeTree, warp: Any = None,
+            capacity: int | None = None, generator: torch.Generator | None = None) -> DecodeState:
+    """Run the prompt (left-padded ``[B, P]``) like HF generate does; pick the root (argmax, or a sample of
+    the warped distribution when ``warp`` is given) and the heads' top-k at the last position."""
+    b, p = input_ids.shape
+    device = input_ids.device
+    dtype = dt.float_mask.dtype
+    cache = new_cache()
+    position_ids = mask2d.cumsum(-1) - 1  # [B, P], as HF generate builds them for left padding
+    position_ids.masked_fill_(mask2d == 0, 1)
+    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=position_ids, past_key_values=cache,
+                use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=True)
+    last = out.logits[:, -1]  # [B, V]
+    if warp is None:
+        root = last.argmax(dim=-1)
+    else:
+        root = torch.multinomial(torch.softmax(warp(last), dim=-1), 1, generator=generator).view(b)
+    head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
+    neg = torch.finfo(dtype).min
+    capacity = max(capacity or 0, p + 2 * dt.num_nodes)
+    mask = torch.full((b, 1, dt.num_nodes, capacity), neg, dtype=dtype, device=device)  # [B, 1, N, cap]
+    mask[:, 0, :, :p] = torch.where(mask2d.bool(), 0.0, neg).to(dtype).unsqueeze(1)
+    return DecodeState(dt, cache, mask, p, mask2d.sum(-1), root, head_topk)
+
+
+def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
+    """Propose, verify (one forward over the tree), accept, compact the cache; updates ``state`` in place.
+
+    Returns, on the host, ``[B, D+3]``: the kept path's tokens (``[:, :D+1]``, root first), the number of
+    kept tree nodes ``[:, -2]`` and the next root token ``[:, -1]``. This is the step's one device sync.
+    """
+    dt = state.dt
+    b, n = state.root.shape[0], dt.num_nodes
+    device, dtype = state.mask.device, state.mask.dtype
+    neg = torch.finfo(dtype).min
+    past_len = state.past_len
+    if past_len + n > state.mask.shape[-1]:  # grow the preallocated mask (rows accepting unevenly)
+        grown = torch.full((b, 1, n, 2 * state.mask.shape[-1]), neg, dtype=dtype, device=device)
+        grown[..., :past_len] = state.mask[..., :past_len]
+        state.mask = grown
+    tokens = propose(state.root, state.head_topk, dt)  # [B, N]
+    pos = state.n_valid.view(b, 1) + dt.depths.view(1, n)  # [B, N] position ids
+    state.mask[:, 0, :, past_len:past_len + n] = dt.float_mask
+    # mask: [B, 1, N, past_len + N]
+    out = model(input_ids=tokens, attention_mask=state.mask[..., :past_len + n], position_ids=pos,
+                past_key_values=state.cache, use_cache=True, compute_heads=False)
+    path, n_acc, nxt = accept(out.logits, tokens)  # logits [B, N, V]
+    last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
+    hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
+    state.head_topk = model.heads(hidden)[:, :, 0].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
+    keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
+    host = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1)], dim=1).cpu()
+    a = int(host[:, -2].max())
+    compact_cache(state.cache, past_len, path[:, :a])
+    valid = torch.arange(a, device=device).view(1, a) < keep.view(b, 1)  # [B, A]
+    state.mask[:, 0, :, past_len:past_len + a] = torch.where(valid, 0.0, neg).to(dtype).unsqueeze(1)
+    state.past_len = past_len + a
+    state.n_valid = state.n_valid + keep
+    state.root = nxt
+    return host
+
+
 def _emit(out: list[int], new: list[int], eos: list[int], limit: int) -> bool:
     """Append ``new`` to ``out`` up to ``limit`` tokens or the first EOS; True when the row is finished."""
     for tok in new:
@@ -245,4 +283,4 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["ACCEPTANCE", "DecodeTree", "MedusaGenerateOutput", "medusa_generate"]
+__all__ = ["ACCEPTANCE", "DecodeState", "MedusaGenerateOutput", "decode_step", "medusa_generate", "prefill"]

@@ -11,27 +11,28 @@ from medusa.decoding.generate import decode_step, prefill
 from medusa.decoding.kv_cache import compact_cache, new_cache
 from medusa.tree import default_tree
 from tiny_models import tiny_model
+from transformers.cache_utils import DynamicLayer
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt_neox"])
 def test_compacted_cache_equals_prefill(arch):
     base = tiny_model(arch)
     ids, mask = left_padded_batch(base.config.vocab_size, seed=11)
     ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, eos_token_id=None)
     model = MedusaModel.from_base(base, num_heads=4)
-    memorise_heads(model, real_rows(ref, mask))
-    dt = decode_tree(default_tree(4, 32), torch.device("cpu"), torch.float32)
+    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: rows accept unevenly
+    dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
     with torch.no_grad():
         state = prefill(model, ids, mask, dt)
         cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
         kept = []
         for _ in range(12):
             host = decode_step(model, state, lambda logits, tokens: greedy_accept(logits, tokens, dt))
+            kept.append(host[:, -2].tolist())
             for row in range(3):
-                k = int(host[row, -2])
-                kept.append(k)
-                cached[row] += host[row, :k].tolist()
-    assert max(kept) >= 4 and min(kept) == 1  # long runs and uneven rows (holes in the cache) both occur
+                cached[row] += host[row, :kept[-1][row]].tolist()
+    assert max(max(k) for k in kept) >= 4  # long accepted runs
+    assert any(len(set(k)) > 1 for k in kept), kept  # rows kept different counts: holes in the cache
     valid = state.valid  # [B, past_len]
     assert valid.sum(-1).tolist() == [len(c) for c in cached] == state.n_valid.tolist()
     for row in range(3):
@@ -47,8 +48,7 @@ def test_compacted_cache_equals_prefill(arch):
 def test_compact_cache_gathers_in_place():
     cache = new_cache()
     keys = torch.arange(2 * 1 * 7 * 2, dtype=torch.float32).view(2, 1, 7, 2)  # [B, H, T, hd]
-    cache.layers.append(type(cache.layers[0])() if cache.layers else __import__(
-        "transformers").cache_utils.DynamicLayer())
+    cache.layers.append(DynamicLayer())
     cache.layers[0].update(keys.clone(), keys.clone() + 100)
     before = cache.layers[0].keys.data_ptr()
     compact_cache(cache, 3, torch.tensor([[0, 2, 3], [0, 1, 0]]))  # tree nodes kept per row

@@ -38,7 +38,7 @@ def test_greedy_equals_hf_generate(arch, heads):
 
 def test_exact_max_new_tokens_and_eos_list():
     base = tiny_model("llama")
-    model = randomize_heads(MedusaModel.from_base(base, num_heads=3))
+    model = randomize_heads(MedusaModel.from_base(base, num_heads=4))
     ids, mask = left_padded_batch(base.config.vocab_size, seed=3)
     for new in (1, 2, 5, 17):
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new, eos_token_id=[], tree=SMALL_TREE)

@@ -1,0 +1,143 @@
+"""``medusa generate``: decode prompts with MEDUSA heads; prints the text and tokens/step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from medusa.errors import DataError, MedusaError
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a text file (one per non-empty line) or a JSONL file (``prompt``, ``text``, ``question``
+    or the first of ``turns``, as in MT-Bench)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: not found")
+    prompts: list[str] = []
+    jsonl = path.suffix in (".jsonl", ".json")
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            prompts.append(line)
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        text = None
+        if isinstance(row, dict):
+            for key in ("prompt", "text", "question"):
+                if isinstance(row.get(key), str):
+                    text = row[key]
+                    break
+            turns = row.get("turns")
+            if text is None and isinstance(turns, list) and turns and isinstance(turns[0], str):
+                text = turns[0]
+        if text is None:
+            raise DataError(f"{path}:{lineno}: no 'prompt', 'text', 'question' or 'turns' string in the row")
+        prompts.append(text)
+    if not prompts:
+        raise DataError(f"{path}: no prompts")
+    return prompts
+
+
+def load_for_generation(heads: str, base: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
+    """The MedusaModel (eval mode) and its tokenizer (from ``base``, the merged backbone, or the config's)."""
+    from transformers import AutoTokenizer
+
+    from medusa.modeling import MedusaModel
+    from medusa.modeling.config import MedusaConfig
+
+    config = MedusaConfig.load(Path(heads))
+    source = base or (str(Path(heads) / config.base_model_subdir) if config.base_model_subdir
+                      else config.base_model_name_or_path)
+    model = MedusaModel.from_pretrained(heads, base_model=base, dtype=dtype).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise MedusaError(f"cannot load a tokenizer from {source!r}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer
+
+
+def _encode(tokenizer: Any, prompt: str, chat: bool) -> Any:
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise MedusaError(f"--chat: the tokenizer of {tokenizer.name_or_path!r} has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)
+        return ids["input_ids"]
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from medusa.tree import MedusaTree
+
+    if args.prompt is None and args.prompts is None:
+        raise MedusaError("give --prompt TEXT or --prompts FILE")
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
+    model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
+    tree = MedusaTree.from_json(args.tree) if args.tree else None
+    if args.profile:
+        from medusa.decoding.profile import format_profile, profile_decoding
+
+        print(format_profile(profile_decoding(model, tokenizer, prompts, args.max_new_tokens, tree=tree)))
+        return 0
+    generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.seed is not None else None
+    total_tokens = total_steps = 0
+    total_time = 0.0
+    for prompt in prompts:
+        ids = _encode(tokenizer, prompt, args.chat).to(model.device)
+        streamer = None
+        if args.stream:
+            from transformers import TextStreamer
+
+            streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
+        out = model.generate(ids, max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha,
+                             tree=tree, return_dict_in_generate=True, streamer=streamer, generator=generator)
+        new = out.sequences.shape[1] - ids.shape[1]
+        if not args.stream:
+            print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
+        seconds = out.prefill_time_s + out.decode_time_s
+        print(f"[{new} tokens, {out.num_steps} steps, {out.tokens_per_step:.2f} tokens/step, "
+              f"{new / seconds:.0f} tokens/s]", file=sys.stderr if args.quiet_stats else sys.stdout)
+        total_tokens += sum(sum(a) for a in out.accept_lengths)
+        total_steps += out.num_steps
+        total_time += seconds
+    if len(prompts) > 1 and total_steps:
+        print(f"[all prompts: {total_tokens / total_steps:.2f} tokens/step]")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="decode with MEDUSA heads (prints text and tokens/step)")
+    p.add_argument("--heads", required=True, help="a MEDUSA heads checkpoint directory")
+    p.add_argument("--base", default=None, help="base model path or id (default: the checkpoint's)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="one prompt")
+    src.add_argument("--prompts", default=None, help="a .txt (one per line) or .jsonl file of prompts")
+    p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
+                   help="greedy and sample are lossless; typical is faster at high temperature but lossy")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None, help="as HF generate (unset: generation_config, then 50)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--posterior-threshold", type=float, default=0.09, help="typical acceptance epsilon")
+    p.add_argument("--posterior-alpha", type=float, default=0.3, help="typical acceptance delta")
+    p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")
+    p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    p.add_argument("--profile", action="store_true",
+                   help="measure MEDUSA vs plain decoding (overhead, tokens/step, tokens/s vs HF generate)")
+    p.add_argument("--quiet-stats", action="store_true", help="print the per-prompt statistics on stderr")
+    p.set_defaults(func=_cmd_generate)
