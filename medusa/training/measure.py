@@ -1,0 +1,150 @@
+"""Measurements for the training note (not tests: nothing here asserts a speed or a size).
+
+``python -m medusa.training.measure memory [--vocab 128000 --seq 2048 --heads 5 --hidden 256]``
+    Peak memory of one forward + backward of the head loss, chunked vs naive. Each variant runs in a
+    fresh subprocess; the figure is the process's peak RSS (``ru_maxrss``) minus its RSS once the
+    weights, inputs and weight gradients already exist, i.e. what the loss itself adds.
+``python -m medusa.training.measure throughput [RECIPE] [--steps 30] [key=value ...]``
+    Training tokens/s of the recipe's MEDUSA-1 step (backbone forward without autograd + chunked head
+    loss forward/backward + AdamW) vs a loop that only runs the backbone forward, on the same batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def loss_memory_child(variant: str, vocab: int, seq: int, heads: int, hidden: int, chunk: int) -> dict:
+    """Runs inside a fresh process: peak RSS added by one loss forward + backward."""
+    from medusa.modeling.heads import MedusaHeads
+    from medusa.training.losses import medusa_head_loss, naive_head_loss
+
+    torch.manual_seed(0)
+    module = MedusaHeads(hidden, vocab, heads, 1)
+    h = torch.randn(1, seq, hidden)  # [B, T, d]
+    labels = torch.randint(0, vocab, (1, seq))  # [B, T]
+    for p in module.parameters():  # gradients allocated up front: they are not the loss's cost
+        p.grad = torch.zeros_like(p)
+    baseline = _rss_bytes()
+    t0 = time.perf_counter()
+    if variant == "naive":
+        out = naive_head_loss(h, labels, module.head_logits, heads)
+    else:
+        out = medusa_head_loss(h, labels, module.head_logits, heads, chunk_size=chunk)
+    out.loss.backward()
+    seconds = time.perf_counter() - t0
+    return {"variant": variant, "vocab": vocab, "seq": seq, "heads": heads, "hidden": hidden, "chunk": chunk,
+            "baseline_rss_gib": baseline / 2**30, "peak_rss_gib": _peak_rss_bytes() / 2**30,
+            "added_gib": (_peak_rss_bytes() - baseline) / 2**30, "seconds": seconds,
+            "loss": float(out.loss)}
+
+
+def measure_memory(args: argparse.Namespace) -> list[dict]:
+    results = []
+    for variant, heads in [("chunked", args.heads)] + [("naive", k) for k in args.naive_heads]:
+        cmd = [sys.executable, "-m", "medusa.training.measure", "_memory_child", variant, str(args.vocab),
+               str(args.seq), str(heads), str(args.hidden), str(args.chunk)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            results.append({"variant": variant, "heads": heads, "error": proc.stderr.strip().splitlines()[-1:]})
+        else:
+            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def measure_throughput(args: argparse.Namespace) -> dict:
+    from medusa.config import load_recipe
+    from medusa.data import collate
+    from medusa.training import setup as S
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = S.load_tokenizer(recipe)
+    data = S.load_data(recipe, tokenizer)
+    model, trainable = S.setup_model_medusa1(recipe, device)
+    optimizer = torch.optim.AdamW(S.optimizer_groups(trainable, recipe), lr=recipe.train.lr)
+    bs = recipe.train.batch_size
+    batches = [collate(data.train.examples[i * bs:(i + 1) * bs], data.pad_token_id) for i in range(args.steps + 3)]
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches[3:])
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def forward_only(batch: dict) -> None:
+        S.backbone_hidden(model, batch)
+
+    def train_step(batch: dict) -> None:
+        loss, _ = S.compute_loss_medusa1(model, trainable, batch, recipe, 0)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    timings = {}
+    for name, fn in (("forward_only", forward_only), ("train", train_step), ("forward_only_again", forward_only)):
+        for b in batches[:3]:
+            fn(b)  # warm-up
+        sync()
+        t0 = time.perf_counter()
+        for b in batches[3:]:
+            fn(b)
+        sync()
+        timings[name] = time.perf_counter() - t0
+    fwd = min(timings["forward_only"], timings["forward_only_again"])
+    result = {"device": str(device), "threads": torch.get_num_threads(), "steps": args.steps, "batch_size": bs,
+              "max_length": recipe.data.max_length, "num_heads": recipe.heads.num_heads, "tokens": tokens,
+              "forward_only_tokens_per_s": tokens / fwd, "train_tokens_per_s": tokens / timings["train"],
+              "ratio": fwd / timings["train"]}
+    print(json.dumps(result))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "_memory_child":
+        variant, vocab, seq, heads, hidden, chunk = argv[1:7]
+        print(json.dumps(loss_memory_child(variant, int(vocab), int(seq), int(heads), int(hidden), int(chunk))))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m medusa.training.measure")
+    sub = parser.add_subparsers(dest="what", required=True)
+    mem = sub.add_parser("memory")
+    mem.add_argument("--vocab", type=int, default=128_000)
+    mem.add_argument("--seq", type=int, default=2048)
+    mem.add_argument("--heads", type=int, default=5)
+    mem.add_argument("--hidden", type=int, default=256)
+    mem.add_argument("--chunk", type=int, default=1024)
+    mem.add_argument("--naive-heads", type=int, nargs="*", default=[1, 2],
+                     help="head counts for the naive loss (5 needs ~20 GB of RAM on this size)")
+    thr = sub.add_parser("throughput")
+    thr.add_argument("recipe", nargs="?", default="recipes/tiny/medusa1.yaml")
+    thr.add_argument("overrides", nargs="*")
+    thr.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args(argv)
+    if args.what == "memory":
+        measure_memory(args)
+    else:
+        measure_throughput(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
