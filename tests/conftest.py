@@ -7,5 +7,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test models are tiny: one intra-op thread per process is as fast, and it keeps subprocesses
+# (accelerate launches, servers) from oversubscribing the 2 cores CI has.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

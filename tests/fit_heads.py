@@ -1,0 +1,118 @@
+"""Heads that are actually accepted often: stories260K with heads fitted to its own greedy outputs.
+
+Fitting reads the frozen base's last hidden states once, then trains only the heads on them with the
+plain (unchunked) MEDUSA loss — a test fixture, independent of the training package it may test.
+Cached in-process and on disk (``$MEDUSA_TEST_CACHE``, default a temp dir), so later calls are free.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tiny_models import SHARED, STORIES, require_shared
+
+CACHE_VERSION = "2"
+HELD_OUT = 24  # the last stories of the sample are never used for fitting
+
+
+def _stories() -> list[str]:
+    require_shared(SHARED)
+    text = (SHARED / "data" / "tinystories_sample.txt").read_text()
+    return [s.strip() for s in text.split("\n\n") if len(s.split()) > 12]
+
+
+def stories_prompts(n: int = 8, words: int = 8) -> list[str]:
+    """Held-out prompts: the first ``words`` words of the last stories of the sample."""
+    stories = _stories()[-HELD_OUT:]
+    return [" ".join(s.split()[:words]) for s in stories[:n]]
+
+
+def _train_prompts(words: int = 8) -> list[str]:
+    return [" ".join(s.split()[:words]) for s in _stories()[:-HELD_OUT]]
+
+
+def _cache_dir() -> Path:
+    root = Path(os.environ.get("MEDUSA_TEST_CACHE", Path(tempfile.gettempdir()) / "medusa-test-cache"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@torch.no_grad()
+def _self_outputs(base, tokenizer, new_tokens: int) -> torch.Tensor:
+    """Greedy continuations of the training prompts: ``[N, T]`` token ids (right-aligned prompt)."""
+    prompts = _train_prompts()
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.unk_token or tokenizer.eos_token
+    rows = []
+    for i in range(0, len(prompts), 64):
+        enc = tokenizer(prompts[i:i + 64], return_tensors="pt", padding=True)
+        out = base.generate(**enc, max_new_tokens=new_tokens, do_sample=False, min_new_tokens=new_tokens,
+                            pad_token_id=tokenizer.pad_token_id)
+        rows.append(out[:, enc["input_ids"].shape[1]:])  # [b, new_tokens] continuation only
+    return torch.cat(rows)
+
+
+def fit_heads(model, sequences: torch.Tensor, steps: int = 800, lr: float = 1e-2, seed: int = 0) -> None:
+    """Fit ``model.heads`` on ``sequences [N, T]`` (frozen base), plain MEDUSA loss, in place."""
+    from medusa.modeling.base import decoder_of
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        hidden = decoder_of(model.base_model)(input_ids=sequences).last_hidden_state  # [N, T, d]
+    params = [p for p in model.heads.parameters()]
+    opt = torch.optim.Adam(params, lr=lr)
+    K = model.num_heads
+    for _ in range(steps):
+        idx = torch.randint(0, sequences.shape[0], (32,))
+        h, ids = hidden[idx], sequences[idx]
+        loss = 0.0
+        for k in range(K):
+            shift = k + 2  # head k (0-based) at position t predicts token t + k + 2
+            logits = model.heads.head_logits(k, h[:, :-shift])
+            loss = loss + 0.8 ** k * F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, shift:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@functools.lru_cache(maxsize=None)
+def _fitted_state(num_heads: int, num_layers: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file, save_file
+
+    from medusa import MedusaModel
+    from tiny_models import stories_model, stories_tokenizer
+
+    key = hashlib.sha1(f"{CACHE_VERSION}-{num_heads}-{num_layers}-{STORIES.resolve()}".encode()).hexdigest()[:12]
+    path = _cache_dir() / f"stories-heads-{key}.safetensors"
+    if path.is_file():
+        return load_file(str(path))
+    base = stories_model()
+    model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers)
+    model.freeze_base()
+    sequences = _self_outputs(base, stories_tokenizer(), new_tokens=96)
+    fit_heads(model, sequences)
+    state = {k: v.detach().clone() for k, v in model.heads.state_dict().items()}
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    save_file(state, str(tmp))
+    os.replace(tmp, path)
+    return state
+
+
+def fitted_stories_heads(num_heads: int = 4, num_layers: int = 1):
+    """stories260K + heads fitted on its own greedy outputs (a fresh MedusaModel on every call)."""
+    from medusa import MedusaModel
+    from tiny_models import stories_model
+
+    state = _fitted_state(num_heads, num_layers)
+    model = MedusaModel.from_base(stories_model(), num_heads=num_heads, num_layers=num_layers)
+    model.heads.load_state_dict(state)
+    model.freeze_base()
+    return model.eval()
