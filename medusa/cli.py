@@ -55,7 +55,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medusa", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="medusa", description="Train, calibrate, export and decode with MEDUSA heads on any Hugging Face causal LM.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
