@@ -1,0 +1,84 @@
+"""On the real stories260K model with heads fitted to its own outputs: exact greedy output, real speed-up in
+tokens/step, and the ``medusa generate`` command."""
+
+import json
+
+import pytest
+import torch
+
+from fit_heads import fitted_stories_heads, stories_prompts
+from medusa.cli import main
+from tiny_models import STORIES, stories_tokenizer
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return fitted_stories_heads(num_heads=4, num_layers=1)
+
+
+def _tokenizer():
+    tok = stories_tokenizer()
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.unk_token or tok.eos_token
+    return tok
+
+
+def test_fitted_heads_greedy_equal_and_fast(fitted):
+    tok = _tokenizer()
+    base = fitted.base_model
+    enc = tok(stories_prompts(3), return_tensors="pt", padding=True)
+    assert (enc["attention_mask"] == 0).any()  # a real left-padded batch
+    ref = base.generate(**enc, do_sample=False, max_new_tokens=96, pad_token_id=tok.pad_token_id)
+    out = fitted.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=96,
+                          return_dict_in_generate=True)
+    seq = out.sequences
+    # HF pads finished rows with its pad token; compare up to each row's first EOS.
+    assert seq.shape == ref.shape
+    for row in range(3):
+        assert seq[row].tolist() == ref[row].tolist() or _same_until_eos(seq[row], ref[row], base)
+    one = fitted.generate(enc["input_ids"][2:], max_new_tokens=96, return_dict_in_generate=True)
+    ref1 = base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=96)
+    assert torch.equal(one.sequences, ref1)
+    assert out.tokens_per_step > 1.8 and one.tokens_per_step > 1.8, (out.tokens_per_step, one.tokens_per_step)
+
+
+def _same_until_eos(a, b, base):
+    eos = base.generation_config.eos_token_id
+    a, b = a.tolist(), b.tolist()
+    cut = a.index(eos) + 1 if eos in a else len(a)
+    return a[:cut] == b[:cut]
+
+
+def test_cli_generate_prints_text_and_tokens_per_step(fitted, tmp_path, capsys):
+    heads = tmp_path / "heads"
+    fitted.save_pretrained(heads)
+    prompt = stories_prompts(1)[0]
+    assert main(["generate", "--heads", str(heads), "--prompt", prompt, "--max-new-tokens", "40"]) == 0
+    text = capsys.readouterr().out
+    tok = _tokenizer()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = fitted.base_model.generate(ids, do_sample=False, max_new_tokens=40)
+    assert tok.decode(ref[0], skip_special_tokens=True) in text
+    assert "tokens/step" in text
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": prompt}) + "\n" + json.dumps({"turns": ["Tom had a"]}) + "\n")
+    assert main(["generate", "--heads", str(heads), "--prompts", str(prompts), "--max-new-tokens", "8",
+                 "--acceptance", "sample", "--seed", "0", "--stream"]) == 0
+    out = capsys.readouterr().out
+    assert "Tom had a" in out and "all prompts" in out
+
+
+def test_cli_generate_user_errors(fitted, tmp_path, capsys):
+    heads = tmp_path / "heads"
+    fitted.save_pretrained(heads)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "ok"}) + "\n{oops\n")
+    assert main(["generate", "--heads", str(heads), "--prompts", str(bad)]) == 2
+    assert f"{bad}:2" in capsys.readouterr().err
+    assert main(["generate", "--heads", str(heads), "--prompt", "hi", "--chat"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error: --chat") and "chat template" in err
+    assert main(["generate", "--heads", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert STORIES.exists()
