@@ -1,0 +1,84 @@
+"""``medusa bench``: MEDUSA vs HF generate (and optional assisted / prompt-lookup baselines) on a prompts file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from medusa.bench import bench, format_summary, write_report
+    from medusa.cli_generate import load_for_generation, read_prompts
+    from medusa.errors import MedusaError
+    from medusa.tree import MedusaTree
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise MedusaError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    prompts = read_prompts(args.prompts)  # before any model loads: a bad file fails fast
+    if args.limit:
+        prompts = prompts[: args.limit]
+    tree = MedusaTree.from_json(args.tree) if args.tree else None
+    model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
+    assistant, assistant_tok = None, None
+    if args.assistant_model:
+        from transformers import AutoTokenizer
+
+        from medusa.modeling.base import load_base_model
+
+        dtype = next(model.base_model.parameters()).dtype
+        assistant = load_base_model(args.assistant_model, dtype=dtype).to(model.device).eval()
+        try:
+            assistant_tok = AutoTokenizer.from_pretrained(args.assistant_model)
+        except (OSError, ValueError) as exc:
+            raise MedusaError(f"cannot load a tokenizer from {args.assistant_model!r}: "
+                              f"{str(exc).splitlines()[0]}") from None
+        if assistant_tok.get_vocab() == tokenizer.get_vocab():
+            assistant_tok = None  # same tokenizer: plain assisted generation
+    report = bench(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, tree=tree,
+                   assistant_model=assistant, assistant_tokenizer=assistant_tok, prompt_lookup=args.prompt_lookup,
+                   prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, repeats=args.repeats,
+                   ignore_eos=not args.stop_at_eos, seed=args.seed, progress=not args.quiet)
+    report["config"]["heads"] = str(Path(args.heads).resolve())
+    report["config"]["prompts_file"] = str(args.prompts)
+    print(format_summary(report))
+    for path in write_report(report, args.out, plots=not args.no_plots):
+        print(f"wrote {path}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure MEDUSA against HF generate: speedup, tokens/step, overhead",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--heads", required=True, help="a MEDUSA heads checkpoint directory (its tree.json is used)")
+    p.add_argument("--base", default=None, help="base model (default: the checkpoint's)")
+    p.add_argument("--prompts", required=True,
+                   help="JSONL with 'prompt' (or MT-bench 'turns': the first turn) per row, or a text file, one "
+                        "prompt per line")
+    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens every method writes per prompt")
+    p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
+                   help="greedy compares with generate(do_sample=False); the others with do_sample=True")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")
+    p.add_argument("--assistant-model", default=None,
+                   help="also measure HF assisted generation with this draft model (speculative decoding)")
+    p.add_argument("--prompt-lookup", action="store_true", help="also measure HF prompt-lookup decoding")
+    p.add_argument("--prompt-lookup-num-tokens", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=1, help="runs per method and prompt; the fastest counts")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="stop every method at EOS (default: ignore EOS so all write exactly --max-new-tokens)")
+    p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_report.json",
+                   help="report JSON; the markdown table and PNG plots go beside it")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_bench)
