@@ -1,0 +1,1 @@
+"""Benchmarks and the resumable pipeline stages they share with ``medusa demo``."""

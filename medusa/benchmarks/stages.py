@@ -1,0 +1,171 @@
+"""Resumable pipeline stages shared by ``medusa demo`` and the benchmarks: self-distil, train, calibrate,
+export, bench. Each stage writes its outputs, then a marker (``<root>/.stages/<name>.json`` with the
+stage's summary and timing); a re-run finds the marker and reuses the stage. A stage that raises leaves no
+marker and surfaces as a one-line :class:`MedusaError` naming the stage.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from medusa.errors import MedusaError
+from medusa.io import atomic_directory, atomic_write_text
+
+AUTO_SIZES = (8, 16, 24, 32, 48, 64)  # tree sizes tried by calibrate_auto (<= 64 nodes)
+
+
+class StageError(MedusaError):
+    """A pipeline stage failed; the message names the stage and the cause."""
+
+
+def marker_path(root: str | Path, name: str) -> Path:
+    return Path(root) / ".stages" / f"{name}.json"
+
+
+def run_stage(root: str | Path, name: str, fn: Callable[[], dict[str, Any]], log: Callable[[str], None] = print,
+              force: bool = False) -> dict[str, Any]:
+    """Run ``fn`` unless its marker exists; returns the stage summary (``seconds`` and ``reused`` added)."""
+    marker = marker_path(root, name)
+    if marker.is_file() and not force:
+        summary = json.loads(marker.read_text())
+        log(f"[{name}] reusing the finished stage ({marker}; took {summary.get('seconds', 0):.0f}s)")
+        return {**summary, "reused": True}
+    log(f"[{name}] running")
+    t0 = time.perf_counter()
+    try:
+        summary = dict(fn() or {})
+    except StageError:
+        raise
+    except MedusaError as exc:
+        raise StageError(f"stage '{name}' failed: {exc}") from exc
+    except Exception as exc:  # a bug or an environment problem: keep the cause on one line, --debug for more
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise StageError(f"stage '{name}' failed: {type(exc).__name__}: {first} (re-run with --debug for the "
+                         "traceback; finished stages are reused)") from exc
+    summary["seconds"] = round(time.perf_counter() - t0, 2)
+    atomic_write_text(marker, json.dumps(summary, indent=2, default=str) + "\n")
+    log(f"[{name}] done in {summary['seconds']:.0f}s")
+    return {**summary, "reused": False}
+
+
+def write_jsonl(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+    path = Path(path)
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def concat_jsonl(out: str | Path, sources: Sequence[str | Path]) -> Path:
+    text = "".join(Path(s).read_text(encoding="utf-8") for s in sources)
+    atomic_write_text(out, text)
+    return Path(out)
+
+
+# ---------------------------------------------------------------------------------------- stages
+def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_tokens: int, temperature: float = 0.0,
+            num_samples: int = 1, batch_size: int = 64, seed: int = 0, progress: bool = True,
+            model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Completion-mode self-distillation with the local backend (``{"prompt", "completion"}`` rows)."""
+    from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+
+    cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="completion",
+                            prompt_format="prompt", sampling=Sampling(temperature=temperature, top_p=1.0,
+                                                                      max_new_tokens=max_new_tokens, seed=seed),
+                            num_samples=num_samples, batch_size=batch_size, on_length="keep", progress=progress)
+    s = self_distill(cfg, model=model, tokenizer=tokenizer)
+    if s["written"] + s["already_done"] == 0:
+        raise MedusaError(f"{out}: self-distillation wrote no rows (see {s['errors_file']})")
+    return {k: s[k] for k in ("out", "prompts", "written", "already_done", "errors", "completion_tokens",
+                              "tokens_per_s") if k in s}
+
+
+def train_recipe(recipe_path: str | Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """``medusa train RECIPE key=value...`` in-process; returns the final directory and last metrics."""
+    from medusa.config import load_recipe
+    from medusa.training.train import train
+
+    recipe = load_recipe(recipe_path, list(overrides))
+    result = train(recipe)
+    if result.final_dir is None:
+        raise MedusaError(f"{recipe_path}: training stopped before its last step")
+    last = {k: v for k, v in (result.eval_metrics or result.last_metrics or {}).items()
+            if isinstance(v, (int, float)) and ("top1" in k or "loss" in k or k == "step")}
+    return {"final_dir": str(result.final_dir), "steps": result.global_step, "metrics": last,
+            "recipe": str(recipe_path), "overrides": list(overrides)}
+
+
+def calibrate_auto(model: Any, examples: Sequence[dict], sizes: Sequence[int] = AUTO_SIZES, data_name: str = "",
+                   progress: bool = True, time_prompt_tokens: int = 64) -> Any:
+    """Calibrate on ``examples`` and pick the tree size (<= max(sizes)) maximising predicted tokens/s:
+    expected tokens per step (measured path frequencies) / measured verification-step time of each tree."""
+    from medusa.tree.calibrate import calibrate, collect_hit_ranks, time_tree_steps
+
+    stats = collect_hit_ranks(model, examples, topk=10, progress=progress)
+    trees = {n: calibrate(model, examples, nodes=n, data_name=data_name, stats=stats) for n in sizes}
+    longest = max(examples, key=lambda e: len(e["input_ids"]))["input_ids"]
+    times = time_tree_steps(model, {n: t.choices for n, t in trees.items()}, longest[:time_prompt_tokens])
+    expected = {n: trees[n].calibration["expected_tokens_per_step"] for n in sizes}
+    score = {n: expected[n] / times[n] for n in sizes}
+    best = max(score, key=score.get)
+    tree = trees[best]
+    tree.calibration["auto"] = {"sizes": list(sizes), "step_time_s": [times[n] for n in sizes],
+                                "expected_tokens_per_step": [expected[n] for n in sizes],
+                                "tokens_per_s": [score[n] for n in sizes], "chosen": best,
+                                "device": str(model.device)}
+    return tree
+
+
+def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Path, nodes: int | str = "auto",
+                    max_length: int = 512, progress: bool = True) -> dict[str, Any]:
+    """Copy the trained heads to ``final_dir`` with a calibrated ``tree.json`` (+ plots), atomically."""
+    from medusa.cli_generate import load_for_generation
+    from medusa.data import load_tokenized
+    from medusa.modeling.config import TREE_NAME
+    from medusa.tree.calibrate import calibrate
+    from medusa.tree.plot import plot_accuracy
+
+    model, tokenizer = load_for_generation(str(heads_dir))
+    examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples
+    if nodes == "auto":
+        tree = calibrate_auto(model, examples, data_name=str(data), progress=progress)
+    else:
+        tree = calibrate(model, examples, nodes=int(nodes), data_name=str(data), progress=progress)
+    with atomic_directory(final_dir) as tmp:
+        for item in Path(heads_dir).iterdir():
+            if item.is_file() and item.name != TREE_NAME:
+                shutil.copy2(item, tmp / item.name)
+        tree.to_json(tmp / TREE_NAME)
+        plot_accuracy(tree.calibration["accuracy"], tmp / "calibration_accuracy.png")
+    cal = tree.calibration
+    return {"final_dir": str(final_dir), "nodes": len(tree), "depth": tree.depth,
+            "top1": cal["top1"], "expected_tokens_per_step": cal["expected_tokens_per_step"],
+            "simulated_tokens_per_step": cal["simulated_tokens_per_step"], "auto": cal.get("auto"),
+            "num_positions": cal["num_positions"]}
+
+
+def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:
+    from medusa.export import export_checkpoint
+
+    return export_checkpoint(str(heads_dir), str(out), format)
+
+
+def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str | Path, max_new_tokens: int,
+                repeats: int = 1, progress: bool = True, **kwargs: Any) -> dict[str, Any]:
+    from medusa.bench import bench, write_report
+    from medusa.cli_generate import load_for_generation
+
+    model, tokenizer = load_for_generation(str(heads_dir))
+    report = bench(model, tokenizer, list(prompts), max_new_tokens=max_new_tokens, repeats=repeats,
+                   progress=progress, **kwargs)
+    report["config"]["heads"] = str(Path(heads_dir).resolve())
+    files = write_report(report, report_path)
+    keys = ("baseline_tokens_per_s", "medusa_tokens_per_s", "speedup", "tokens_per_step", "overhead",
+            "greedy_exact_match", "medusa_step_ms", "plain_step_ms", "hf_step_ms", "prompts")
+    return {**{k: report[k] for k in keys}, "files": [str(f) for f in files]}
+
+
+__all__ = ["AUTO_SIZES", "StageError", "bench_stage", "calibrate_auto", "calibrate_stage", "concat_jsonl",
+           "distill", "export_stage", "marker_path", "run_stage", "train_recipe", "write_jsonl"]

@@ -1,0 +1,287 @@
+"""The stories260K benchmark (``make bench``): ``python -m medusa.benchmarks.stories260k [--medusa2]``.
+
+On Karpathy's stories260K (a real pretrained Llama, read from ``../shared/models/stories260K``):
+
+1. ``prompts``: TinyStories from ``../shared/data/tinystories_sample.txt`` split by story: the last 24 are
+   held out for the benchmark, the 48 before them for calibration, the rest make training prompts
+   (each story's first 1..4 sentences);
+2. ``distill``: the model's own completions of those prompts (greedy, plus temperature samples);
+3. ``train``: MEDUSA-1 heads with ``recipes/bench/stories260k_medusa1.yaml``;
+4. ``calibrate``: the accuracy-ranked tree on the calibration completions, size chosen by predicted
+   tokens/s among <= 64 nodes; heads + ``tree.json`` land in ``<out>/final/``;
+5. ``bench``: ``medusa bench`` on the held-out prompts (greedy, exactly ``--max-new-tokens`` tokens);
+   the report is ``<out>/report.json`` (+ ``report.md`` and PNG plots);
+6. with ``--medusa2``: MEDUSA-2 (``recipes/bench/stories260k_medusa2.yaml``, LoRA, from the MEDUSA-1 heads)
+   on the same data, benchmarked with the same tree; the backbone's held-out loss before and after.
+
+Every stage leaves a marker in ``<out>/.stages/``; re-running reuses finished stages. Figures are
+measured and written, never asserted; ``<out>/summary.json`` compares them with the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from medusa.benchmarks import stages as S
+from medusa.errors import DataError, MedusaError
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes" / "bench"
+TARGETS = {"tokens_per_step": 3.0, "speedup": 2.0, "greedy_exact_match": 1.0}
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+
+
+@dataclass
+class Settings:
+    out: str = "out/bench/stories260k"
+    shared: str = str(ROOT.parent / "shared")
+    held_out: int = 24  # stories for the benchmark (the last ones of the sample)
+    calib_stories: int = 48  # stories for calibration (just before the held-out ones)
+    train_stories: int | None = None  # None: all the others
+    max_sentences: int = 4  # training prompts: each story's first 1..max_sentences sentences
+    distill_tokens: int = 256  # completion length when self-distilling
+    samples: int = 3  # extra temperature samples per first-sentence prompt (0: greedy only)
+    temperature: float = 0.8
+    distill_batch: int = 128
+    recipe: str = str(RECIPES / "stories260k_medusa1.yaml")
+    recipe_overrides: tuple[str, ...] = ()
+    nodes: str = "auto"  # or a number <= 64
+    bench_prompts: int | None = None  # None: all held-out stories
+    max_new_tokens: int = 128
+    repeats: int = 2
+    threads: int | None = None  # torch threads for every stage (None: torch's default)
+    medusa2: bool = False
+    medusa2_recipe: str = str(RECIPES / "stories260k_medusa2.yaml")
+    medusa2_overrides: tuple[str, ...] = ()
+    progress: bool = True
+
+
+def stories(shared: str | Path) -> list[str]:
+    path = Path(shared) / "data" / "tinystories_sample.txt"
+    if not path.is_file():
+        raise DataError(f"{path}: not found (the shared assets live at ../shared beside the project; "
+                        "give --shared DIR)")
+    text = path.read_text(encoding="utf-8")
+    return [s.strip() for s in text.split("\n\n") if len(s.split()) > 12]
+
+
+def sentence_prefixes(story: str, n: int) -> list[str]:
+    """The story's first 1..n sentences (fewer when it is shorter; the whole story is never a prompt)."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(story)]
+    return [story[:e].rstrip() for e in ends[:n]]
+
+
+def split_prompts(s: Settings) -> dict[str, list[dict[str, str]]]:
+    """Prompt rows per split: ``train`` (1..max_sentences sentences), ``sample`` (first sentence, for the
+    temperature samples), ``calib`` and ``bench`` (first sentence of their stories)."""
+    all_stories = stories(s.shared)
+    if len(all_stories) < s.held_out + s.calib_stories + 8:
+        raise DataError(f"{s.shared}: only {len(all_stories)} stories; need more than held_out + calib_stories")
+    bench = all_stories[-s.held_out:]
+    calib = all_stories[-s.held_out - s.calib_stories:-s.held_out]
+    train = all_stories[:-s.held_out - s.calib_stories]
+    if s.train_stories is not None:
+        train = train[: s.train_stories]
+    first = lambda st: sentence_prefixes(st, 1)[0] if sentence_prefixes(st, 1) else " ".join(st.split()[:8])  # noqa: E731
+    rows = {
+        "train": [{"id": f"train-{i}-{k}", "prompt": p} for i, st in enumerate(train)
+                  for k, p in enumerate(sentence_prefixes(st, s.max_sentences))],
+        "sample": [{"id": f"sample-{i}", "prompt": first(st)} for i, st in enumerate(train)],
+        "calib": [{"id": f"calib-{i}", "prompt": first(st)} for i, st in enumerate(calib)],
+        "bench": [{"id": f"bench-{i}", "prompt": first(st)} for i, st in enumerate(bench)],
+    }
+    if s.bench_prompts is not None:
+        rows["bench"] = rows["bench"][: s.bench_prompts]
+    return rows
+
+
+def run(s: Settings, log: Any = print) -> dict[str, Any]:
+    """The whole benchmark; returns ``summary.json``'s content (also written to ``<out>/summary.json``)."""
+    import torch
+
+    if s.threads is not None:
+        torch.set_num_threads(s.threads)
+    out = Path(s.out)
+    model_path = str(Path(s.shared) / "models" / "stories260K")
+    if not Path(model_path).is_dir():
+        raise DataError(f"{model_path}: not found (give --shared DIR)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    data = out / "data"
+    rows = split_prompts(s)  # before anything runs: a missing file fails fast
+
+    def make_prompts() -> dict[str, Any]:
+        for name, r in rows.items():
+            S.write_jsonl(data / f"prompts_{name}.jsonl", r)
+        return {name: len(r) for name, r in rows.items()}
+
+    S.run_stage(out, "prompts", make_prompts, log)
+
+    def distill() -> dict[str, Any]:
+        parts = [S.distill(model_path, data / "prompts_train.jsonl", data / "distill_greedy.jsonl",
+                           s.distill_tokens, temperature=0.0, batch_size=s.distill_batch, progress=s.progress)]
+        sources = [data / "distill_greedy.jsonl"]
+        if s.samples > 0:
+            parts.append(S.distill(model_path, data / "prompts_sample.jsonl", data / "distill_sampled.jsonl",
+                                   s.distill_tokens, temperature=s.temperature, num_samples=s.samples,
+                                   batch_size=s.distill_batch, progress=s.progress))
+            sources.append(data / "distill_sampled.jsonl")
+        parts.append(S.distill(model_path, data / "prompts_calib.jsonl", data / "calib.jsonl", s.distill_tokens,
+                               temperature=0.0, batch_size=s.distill_batch, progress=s.progress))
+        S.concat_jsonl(data / "train.jsonl", sources)
+        return {"train_rows": sum(p["written"] + p["already_done"] for p in parts[:-1]),
+                "train_completion_tokens": sum(p["completion_tokens"] for p in parts[:-1]),
+                "calib_rows": parts[-1]["written"] + parts[-1]["already_done"], "parts": parts}
+
+    distilled = S.run_stage(out, "distill", distill, log)
+    overrides = [f"model={model_path}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa1'}",
+                 *s.recipe_overrides]
+    trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
+    calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
+        trained["final_dir"], out / "final", data / "calib.jsonl", nodes=_nodes(s.nodes),
+        progress=s.progress), log)
+    prompts = [r["prompt"] for r in rows["bench"]]
+    benched = S.run_stage(out, "bench", lambda: S.bench_stage(
+        out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats, progress=s.progress), log)
+    summary: dict[str, Any] = {
+        "settings": asdict(s), "distill": _drop(distilled, "parts"), "train": trained, "calibrate": calibrated,
+        "bench": benched, "targets": TARGETS,
+        "missed": {k: {"target": v, "measured": benched[k]} for k, v in TARGETS.items()
+                   if benched[k] is None or benched[k] < v},
+    }
+    if s.medusa2:
+        summary["medusa2"] = _medusa2(s, out, data, model_path, trained, prompts, log)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[str, Any], prompts: list[str],
+             log: Any) -> dict[str, Any]:
+    """MEDUSA-2 from the MEDUSA-1 heads on the same data; tokens/step with the MEDUSA-1 tree."""
+    from medusa.modeling.config import TREE_NAME
+
+    overrides = [f"model={model_path}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa2'}",
+                 f"heads.init_from={trained['final_dir']}", *s.medusa2_overrides]
+    m2 = S.run_stage(out, "medusa2_train", lambda: S.train_recipe(s.medusa2_recipe, overrides), log)
+
+    def with_tree() -> dict[str, Any]:
+        import shutil
+
+        final2 = out / "final_medusa2"
+        from medusa.io import atomic_directory
+
+        with atomic_directory(final2) as tmp:
+            shutil.copytree(m2["final_dir"], tmp, dirs_exist_ok=True)
+            shutil.copy2(out / "final" / TREE_NAME, tmp / TREE_NAME)
+        return {"final_dir": str(final2)}
+
+    S.run_stage(out, "medusa2_tree", with_tree, log)
+    losses = S.run_stage(out, "medusa2_loss", lambda: backbone_losses(
+        model_path, str(out / "final_medusa2"), data / "calib.jsonl"), log)
+    benched = S.run_stage(out, "medusa2_bench", lambda: S.bench_stage(
+        out / "final_medusa2", prompts, out / "report_medusa2.json", s.max_new_tokens, repeats=s.repeats,
+        progress=s.progress), log)
+    return {"train": m2, "bench": benched, "backbone_heldout_loss": losses}
+
+
+def backbone_losses(model_path: str, medusa2_dir: str, data: str | Path) -> dict[str, Any]:
+    """Held-out next-token loss (completion tokens of ``data``) of the original and the MEDUSA-2 backbone."""
+    import torch
+
+    from medusa.cli_generate import load_for_generation
+    from medusa.data import load_tokenized
+    from medusa.modeling.base import load_base_model
+
+    m2, tokenizer = load_for_generation(medusa2_dir)
+    examples = load_tokenized(str(data), tokenizer, max_length=512).examples
+    result = {}
+    for name, model in (("before", load_base_model(model_path).eval()), ("after", m2.base_model.eval())):
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for ex in examples:
+                ids = torch.tensor([ex["input_ids"]])  # [1, T]
+                labels = torch.tensor([ex["labels"]])  # [1, T], unshifted
+                logits = model(input_ids=ids).logits[:, :-1]  # [1, T-1, V]
+                target = labels[:, 1:]
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                         target.reshape(-1), ignore_index=-100, reduction="sum")
+                total += float(loss)
+                count += int((target != -100).sum())
+        result[name] = total / max(count, 1)
+    result["tokens"] = count
+    return result
+
+
+def _drop(d: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k != key}
+
+
+def _nodes(value: str | int) -> int | str:
+    if value == "auto":
+        return value
+    n = int(value)
+    if not 1 <= n <= 64:
+        raise MedusaError(f"--nodes must be 'auto' or between 1 and 64, got {value}")
+    return n
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    b, c = summary["bench"], summary["calibrate"]
+    lines = [
+        f"heads: {summary['calibrate']['final_dir']} ({c['nodes']}-node tree, expected "
+        f"{c['expected_tokens_per_step']:.2f} tokens/step; head top-1 " + " / ".join(f"{a:.2f}" for a in c["top1"])
+        + ")",
+        f"HF generate {b['baseline_tokens_per_s']:.1f} tokens/s, MEDUSA {b['medusa_tokens_per_s']:.1f} tokens/s: "
+        f"speedup {b['speedup']:.2f}x, {b['tokens_per_step']:.2f} tokens/step, overhead {b['overhead']:.2f}, "
+        f"greedy exact match {b['greedy_exact_match']}",
+    ]
+    for key, miss in summary["missed"].items():
+        lines.append(f"target missed: {key} {miss['measured']} < {miss['target']}")
+    if "medusa2" in summary:
+        m = summary["medusa2"]
+        lines.append(f"MEDUSA-2: {m['bench']['tokens_per_step']:.2f} tokens/step (MEDUSA-1 {b['tokens_per_step']:.2f}), "
+                     f"speedup {m['bench']['speedup']:.2f}x, exact match {m['bench']['greedy_exact_match']}; "
+                     f"backbone held-out loss {m['backbone_heldout_loss']['before']:.4f} -> "
+                     f"{m['backbone_heldout_loss']['after']:.4f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m medusa.benchmarks.stories260k",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=Settings.out)
+    parser.add_argument("--shared", default=Settings.shared, help="the shared assets directory")
+    parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
+    parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
+    parser.add_argument("--repeats", type=int, default=Settings.repeats)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--samples", type=int, default=Settings.samples)
+    parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
+    parser.add_argument("--set", action="append", default=[], metavar="key=value",
+                        help="MEDUSA-1 recipe override (repeatable), e.g. --set train.epochs=1")
+    parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    s = Settings(out=args.out, shared=args.shared, nodes=args.nodes, max_new_tokens=args.max_new_tokens,
+                 repeats=args.repeats, threads=args.threads, samples=args.samples, medusa2=args.medusa2,
+                 recipe_overrides=tuple(args.set), progress=not args.no_progress)
+    try:
+        summary = run(s)
+    except MedusaError as exc:
+        if args.debug or os.environ.get("MEDUSA_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    print(f"report: {Path(s.out) / 'report.json'}; summary: {Path(s.out) / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
