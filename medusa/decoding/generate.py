@@ -125,8 +125,8 @@ def medusa_generate(
     if b > 1 and bool((mask2d[:, -1] == 0).any()):
         raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
     check_supported(model.base_model, p + max_new_tokens + tree.depth + 1)
-    dtype = next(model.base_model.parameters()).dtype
-    if not dtype.is_floating_point:
+    dtype = getattr(unwrap(model.base_model), "dtype", None)  # compute dtype (first floating parameter)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32
     dt = decode_tree(tree, device, dtype)
     eos = _eos_list(model, eos_token_id)
@@ -258,9 +258,13 @@ def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
     hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
     state.head_topk = model.heads(hidden)[:, :, 0].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
-    host = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1)], dim=1).cpu()
+    both = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
+    host, host_path = both[:, :dt.depth + 3], both[:, dt.depth + 3:]  # the step's one device sync
     a = int(host[:, -2].max())
-    compact_cache(state.cache, past_len, path[:, :a])
+    if not torch.equal(host_path[:, :a], torch.arange(a).expand(b, a)):  # else the kept nodes are in place
+        compact_cache(state.cache, past_len, path[:, :a])
+    else:
+        compact_cache(state.cache, past_len, None, a)
     valid = torch.arange(a, device=device).view(1, a) < keep.view(b, 1)  # [B, A]
     state.mask[:, 0, :, past_len:past_len + a] = torch.where(valid, 0.0, neg).to(dtype).unsqueeze(1)
     state.past_len = past_len + a

@@ -36,9 +36,17 @@ def check_supported(model: torch.nn.Module, total_length: int) -> None:
                           f"sliding window ({window}); MEDUSA decoding keeps full-attention caches only")
 
 
-def compact_cache(cache: Any, past_len: int, keep_index: torch.Tensor) -> None:
+def compact_cache(cache: Any, past_len: int, keep_index: torch.Tensor | None, keep: int | None = None) -> None:
     """Keep only the accepted tree entries: for every layer, entries ``past_len + keep_index[b, j]`` move in
-    place to ``past_len + j`` and the cache is cut to ``past_len + A`` (``keep_index [B, A]``)."""
+    place to ``past_len + j`` and the cache is cut to ``past_len + A`` (``keep_index [B, A]``).
+    ``keep_index=None`` with ``keep=A``: the kept entries are already the first A; only cut."""
+    if keep_index is None:
+        for layer in cache.layers:
+            layer.keys = layer.keys[:, :, :past_len + keep]
+            layer.values = layer.values[:, :, :past_len + keep]
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = past_len + keep
+        return
     b, a = keep_index.shape
     src = keep_index + past_len  # [B, A]
     for layer in cache.layers:
