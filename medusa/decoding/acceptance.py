@@ -8,7 +8,7 @@ are the kept nodes), and the token that follows the last kept node (the next ste
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -114,7 +114,7 @@ def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, wa
     (or the node has no children) the next token is sampled from ``p_res``. Each emitted token is therefore
     distributed exactly as ``p``: the output equals the base model's ``generate(do_sample=True)`` in law.
     """
-    b, n_nodes, v = logits.shape
+    b = logits.shape[0]
     device = logits.device
     probs = torch.softmax(warp(logits), dim=-1)  # [B, N, V]
     rows = torch.arange(b, device=device)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -73,7 +74,7 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
             "medusa_step_s": md_out.decode_time_s / max(md_out.num_steps, 1),
             "plain_step_s": best_plain,
         })
-    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)
     summary = {
         "prompts": len(rows),
         "max_new_tokens": max_new_tokens,

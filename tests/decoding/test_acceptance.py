@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
 from medusa import MedusaModel, MedusaTree
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
 from medusa.decoding.candidates import decode_tree, propose
-from tiny_models import tiny_model
 
 CPU = torch.device("cpu")
 
@@ -90,8 +90,8 @@ def _chi2_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
 V = 8
 FULL_TREE = [[r] for r in range(V)] + [[0, r] for r in range(V)] + [[1, 0], [1, 1], [0, 0, 0]]
 PARTIAL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # leaves most of the vocabulary to the residual
-SETTINGS = [dict(temperature=1.0, top_k=0), dict(temperature=0.7, top_k=4), dict(temperature=1.3, top_p=0.8,
-                                                                                top_k=0)]
+SETTINGS = [{"temperature": 1.0, "top_k": 0}, {"temperature": 0.7, "top_k": 4},
+            {"temperature": 1.3, "top_p": 0.8, "top_k": 0}]
 
 
 def _exact_joint(base, prompt, warp):

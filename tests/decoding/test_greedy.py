@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-
 from _helpers import left_padded_batch, memorise_heads, randomize_heads, real_rows
+from tiny_models import ARCHITECTURES, tiny_model
+
 from medusa import MedusaModel, MedusaTree
 from medusa.errors import MedusaError
-from tiny_models import ARCHITECTURES, tiny_model
 
 NEW = 72
 SMALL_TREE = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]])
@@ -77,7 +77,7 @@ def test_streamer_gets_prompt_then_every_token():
     streamer = Collect()
     out = model.generate(ids, max_new_tokens=20, streamer=streamer, eos_token_id=[])
     assert streamer.ended and streamer.chunks[0] == ids[0].tolist()
-    assert sum(streamer.chunks[1:], []) == out[0, 6:].tolist()
+    assert [t for c in streamer.chunks[1:] for t in c] == out[0, 6:].tolist()
     with pytest.raises(MedusaError, match="batch size 1"):
         model.generate(torch.ones(2, 3, dtype=torch.long), streamer=Collect())
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 import torch
-
 from fit_heads import fitted_stories_heads, stories_prompts
-from medusa.cli import main
 from tiny_models import STORIES, stories_tokenizer
+
+from medusa.cli import main
 
 
 @pytest.fixture(scope="module")

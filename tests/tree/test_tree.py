@@ -114,7 +114,7 @@ def test_tree_properties(choices):
     assert {r[-1] for r in rows} == leaves and len(rows) == len(leaves)
     for r in rows:
         assert [tree.paths[x] for x in r] == [tree.paths[r[-1]][:d] for d in range(len(r))]
-    assert set(sum(rows, [])) == set(range(n))
+    assert {x for r in rows for x in r} == set(range(n))
     for d, k in enumerate(tree.topk_per_depth, start=1):
         assert k == 1 + max(p[-1] for p in tree.paths if len(p) == d)
     # Decoding buffers agree with the tree.
