@@ -22,7 +22,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from medusa.data import load_tokenized
     from medusa.errors import MedusaError
     from medusa.modeling import MedusaModel
-    from medusa.tree.calibrate import METHODS, calibrate, path_counts, write_tree
+    from medusa.tree.calibrate import METHODS, calibrate, write_tree
     from medusa.tree.plot import plot_accuracy, plot_tree
 
     if args.method not in METHODS:

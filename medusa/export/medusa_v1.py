@@ -19,11 +19,13 @@ some v2 checkpoints prefix them with ``medusa_head.``.
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from medusa.errors import CheckpointError
@@ -90,7 +92,7 @@ def load_v1_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
             state = load_file(str(file))
         else:
             state = torch.load(str(file), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a corrupt or non-tensor pickle
+    except (SafetensorError, OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{file}: cannot read ({first})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

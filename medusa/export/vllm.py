@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from medusa.errors import CheckpointError
@@ -63,7 +64,7 @@ def read_vllm(path: Path) -> HeadsState:
     src = str(path / WEIGHTS)
     try:
         state = load_file(src)
-    except Exception as exc:  # safetensors raises several types for a corrupt file
+    except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{src}: corrupt safetensors file ({exc})") from None
     state = {k.removeprefix("medusa_heads."): v for k, v in state.items()}
     for key in ("num_heads", "num_hidden_layers"):

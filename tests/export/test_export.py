@@ -4,11 +4,11 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import tiny_model
 
 from medusa import MedusaModel, MedusaTree
 from medusa.cli import main
 from medusa.export import export_checkpoint, import_checkpoint
-from tiny_models import tiny_model
 
 
 def _perturb(model, seed=1):
@@ -43,7 +43,7 @@ def _ours(path):
 
 
 def test_vllm_keys_config_and_values(tmp_path, base_dir):
-    ck, model = _checkpoint(tmp_path, base_dir)
+    ck, _ = _checkpoint(tmp_path, base_dir)
     export_checkpoint(ck, tmp_path / "v", "vllm")
     assert sorted(os.listdir(tmp_path / "v")) == ["config.json", "model.safetensors"]
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
@@ -64,7 +64,7 @@ def test_vllm_keys_config_and_values(tmp_path, base_dir):
 
 @pytest.mark.parametrize("fmt", ["medusa-v1", "tgi", "tensorrt-llm"])
 def test_medusa_v1_family_keys_config_and_values(tmp_path, base_dir, fmt):
-    ck, model = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
+    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
     export_checkpoint(ck, tmp_path / fmt, fmt)
     out = tmp_path / fmt
     tensors = load_file(str(out / "medusa_lm_head.safetensors"))

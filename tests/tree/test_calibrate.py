@@ -1,8 +1,8 @@
 import json
-import os
 
 import pytest
 import torch
+from tiny_models import STORIES, require_shared, tiny_model
 
 from medusa import MedusaModel, MedusaTree
 from medusa.cli import main
@@ -18,7 +18,6 @@ from medusa.tree.calibrate import (
     simulated_tokens_per_step,
     time_tree_steps,
 )
-from tiny_models import STORIES, require_shared, tiny_model
 
 
 def _perturbed(num_heads=3, seed=0):
@@ -114,7 +113,10 @@ def test_calibrate_record_and_budget():
 
 
 def test_time_tree_steps_runs_each_size():
-    times = time_tree_steps(_perturbed(), [4, 16], context=16, repeats=2)
+    model = _perturbed()
+    trees = {4: [(0,), (1,), (0, 0)], 16: [c for c in MedusaTree.from_choices(
+        [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]).choices]}
+    times = time_tree_steps(model, trees, _examples(1)[0]["input_ids"], new_tokens=8, repeats=2)
     assert sorted(times) == [4, 16] and all(t > 0 for t in times.values())
 
 
@@ -171,3 +173,42 @@ def test_cli_calibrate_bad_input(stories_checkpoint, tmp_path, capsys):
         assert main(["calibrate", *argv, "--quiet", "--no-plots"]) == 2
         err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
         assert len(err) == 1 and needle in err[0], err
+
+
+def _greedy_examples(model, tokenizer, prompts, new_tokens):
+    rows = []
+    for p in prompts:
+        ids = tokenizer(p, return_tensors="pt").input_ids  # [1, P]
+        with torch.no_grad():
+            out = model.base_model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+        seq, n = out[0].tolist(), ids.shape[1]
+        rows.append({"input_ids": seq, "labels": [-100] * n + seq[n:]})
+    return rows
+
+
+def test_prediction_within_15_percent_of_measured_greedy_decoding():
+    """stories260K with fitted heads: calibrate on the model's greedy replies to some held-out prompts,
+    then decode other held-out prompts greedily with the calibrated tree and compare tokens/step."""
+    from fit_heads import fitted_stories_heads, stories_prompts
+    from tiny_models import stories_tokenizer
+
+    model = fitted_stories_heads(4, 1)
+    tokenizer = stories_tokenizer()
+    prompts = stories_prompts(24)
+    examples = _greedy_examples(model, tokenizer, prompts[:12], 64)
+    def measured(tree, ps):
+        lengths = []
+        for p in ps:
+            ids = tokenizer(p, return_tensors="pt").input_ids
+            out = model.generate(ids, max_new_tokens=64, tree=tree, return_dict_in_generate=True)
+            lengths += out.accept_lengths[0]
+        return sum(lengths) / len(lengths)
+
+    for nodes in (8, 32):
+        tree = calibrate(model, examples, nodes=nodes, progress=False)
+        predicted = tree.calibration["expected_tokens_per_step"]
+        held_out = measured(tree, prompts[12:])
+        assert held_out > 1.3, held_out  # the heads are accepted at all
+        assert abs(predicted - held_out) / held_out < 0.15, (nodes, predicted, held_out)
+        if nodes == 8:  # on the calibration replies themselves the replay is the decode loop, exactly
+            assert predicted == pytest.approx(measured(tree, prompts[:12]), rel=1e-9)
