@@ -100,7 +100,7 @@ def train_recipe(recipe_path: str | Path, overrides: Sequence[str]) -> dict[str,
 def calibrate_auto(model: Any, examples: Sequence[dict], sizes: Sequence[int] = AUTO_SIZES, data_name: str = "",
                    progress: bool = True, time_prompt_tokens: int = 64) -> Any:
     """Calibrate on ``examples`` and pick the tree size (<= max(sizes)) maximising predicted tokens/s:
-    expected tokens per step (measured path frequencies) / measured verification-step time of each tree."""
+    expected tokens per step (greedy tree decoding replayed on the data) / measured step time of each tree."""
     from medusa.tree.calibrate import calibrate, collect_hit_ranks, time_tree_steps
 
     stats = collect_hit_ranks(model, examples, topk=10, progress=progress)
@@ -142,7 +142,7 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
     cal = tree.calibration
     return {"final_dir": str(final_dir), "nodes": len(tree), "depth": tree.depth,
             "top1": cal["top1"], "expected_tokens_per_step": cal["expected_tokens_per_step"],
-            "simulated_tokens_per_step": cal["simulated_tokens_per_step"], "auto": cal.get("auto"),
+            "position_mean_tokens_per_step": cal.get("position_mean_tokens_per_step"), "auto": cal.get("auto"),
             "num_positions": cal["num_positions"]}
 
 
