@@ -23,8 +23,9 @@ import platform
 import statistics
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -159,7 +160,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
         for r in range(repeats):
             shift = (i + r) % len(names)  # rotate the order so no method always runs first
             for name in names[shift:] + names[:shift]:
-                out, seconds = _timed(lambda: methods[name](ids, i), device)
+                out, seconds = _timed(lambda fn=methods[name], x=ids, j=i: fn(x, j), device)
                 if seconds < best[name]:
                     best[name], outputs[name] = seconds, out
         plain = min(plain_step_time(base, ids, steps=min(plain_step_samples, max_new_tokens))
@@ -247,7 +248,7 @@ def _hardware(device: torch.device) -> str:
 
 def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str, Any]) -> dict[str, Any]:
     """Aggregate per-prompt rows into the report (totals, medians, histogram)."""
-    total = lambda key: sum(r[key] for r in rows)  # noqa: E731
+    total = lambda key: sum(r[key] for r in rows)
     steps = total("steps")
     gained = sum(k * v for k, v in accept_hist.items())
     report: dict[str, Any] = {
@@ -286,23 +287,23 @@ def markdown_table(report: dict[str, Any]) -> str:
     """The summary (one row per method) and the per-prompt rows as markdown."""
     c = report["config"]
     lines = [
-        f"MEDUSA vs HF `generate` — {c['base_model'] or 'base'}, {c['num_heads']} heads, tree "
+        (f"MEDUSA vs HF `generate` — {c['base_model'] or 'base'}, {c['num_heads']} heads, tree "
         f"{c['tree_nodes'] or 'default'} nodes, {report['prompts']} prompts x {c['max_new_tokens']} new tokens, "
-        f"{c['acceptance']}, {c['dtype']} on {c['hardware']} ({c['torch_threads']} threads), {c['date']}",
+        f"{c['acceptance']}, {c['dtype']} on {c['hardware']} ({c['torch_threads']} threads), {c['date']}"),
         "",
         "| method | tokens/s | speedup (median) | tokens/step | step ms | identical output |",
         "|---|---:|---:|---:|---:|---:|",
         f"| HF generate | {report['baseline_tokens_per_s']:.1f} | 1.00x | 1.00 | {report['hf_step_ms']:.2f} | — |",
-        f"| MEDUSA | {report['medusa_tokens_per_s']:.1f} | {report['speedup']:.2f}x | "
-        f"{report['tokens_per_step']:.2f} | {report['medusa_step_ms']:.2f} | {_frac(report['greedy_exact_match'])} |",
+        (f"| MEDUSA | {report['medusa_tokens_per_s']:.1f} | {report['speedup']:.2f}x | "
+        f"{report['tokens_per_step']:.2f} | {report['medusa_step_ms']:.2f} | {_frac(report['greedy_exact_match'])} |"),
     ]
     for extra, label in (("assisted", "HF assisted (draft model)"), ("prompt_lookup", "HF prompt lookup")):
         if report.get(extra):
             e = report[extra]
             lines.append(f"| {label} | {e['tokens_per_s']:.1f} | {e['speedup']:.2f}x | — | — | "
                          f"{_frac(e['greedy_exact_match'])} |")
-    lines += ["", f"overhead (MEDUSA step / plain 1-token forward {report['plain_step_ms']:.2f} ms): "
-              f"{report['overhead']:.2f}", "",
+    lines += ["", (f"overhead (MEDUSA step / plain 1-token forward {report['plain_step_ms']:.2f} ms): "
+              f"{report['overhead']:.2f}"), "",
               "| # | prompt tokens | new | baseline tok/s | MEDUSA tok/s | speedup | tokens/step | identical |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(report["rows"]):
@@ -370,11 +371,11 @@ def format_summary(report: dict[str, Any]) -> str:
     """A short plain-text summary for the terminal."""
     lines = [f"HF generate          {report['baseline_tokens_per_s']:8.1f} tokens/s",
              f"MEDUSA               {report['medusa_tokens_per_s']:8.1f} tokens/s",
-             f"speedup (median)     {report['speedup']:8.2f}x   (range {report['speedup_min']:.2f}-"
-             f"{report['speedup_max']:.2f})",
+             (f"speedup (median)     {report['speedup']:8.2f}x   (range {report['speedup_min']:.2f}-"
+             f"{report['speedup_max']:.2f})"),
              f"tokens/step          {report['tokens_per_step']:8.2f}",
-             f"overhead             {report['overhead']:8.2f}   (MEDUSA step {report['medusa_step_ms']:.2f} ms / "
-             f"plain forward {report['plain_step_ms']:.2f} ms)"]
+             (f"overhead             {report['overhead']:8.2f}   (MEDUSA step {report['medusa_step_ms']:.2f} ms / "
+             f"plain forward {report['plain_step_ms']:.2f} ms)")]
     if report["greedy_exact_match"] is not None:
         lines.append(f"greedy exact match   {report['greedy_exact_match']:8.2f}")
     for extra, label in (("assisted", "HF assisted"), ("prompt_lookup", "HF prompt lookup")):

@@ -18,9 +18,10 @@ start over). ``--model M`` runs the same on any local causal LM.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from medusa.benchmarks import stages as S
 from medusa.errors import DataError, MedusaError
@@ -185,8 +186,8 @@ def comparison_table(report: dict[str, Any]) -> str:
     n = report["prompts"]
     same = round((report["greedy_exact_match"] or 0) * n)
     return "\n".join([
-        f"plain HF generate vs MEDUSA, greedy, {n} held-out prompts x {c['max_new_tokens']} tokens "
-        f"({c['tree_nodes']}-node tree, {c['dtype']}, {c['torch_threads']} threads)",
+        (f"plain HF generate vs MEDUSA, greedy, {n} held-out prompts x {c['max_new_tokens']} tokens "
+        f"({c['tree_nodes']}-node tree, {c['dtype']}, {c['torch_threads']} threads)"),
         f"{'':14}{'tokens/s':>10}{'tokens/step':>13}{'speedup':>10}   identical output",
         f"{'HF generate':14}{report['baseline_tokens_per_s']:10.1f}{1.0:13.2f}{1.0:9.2f}x",
         f"{'MEDUSA':14}{report['medusa_tokens_per_s']:10.1f}{report['tokens_per_step']:13.2f}"
@@ -204,7 +205,7 @@ def main(s: DemoSettings) -> int:
     out = Path(s.out)
     report = json.loads((out / "report.json").read_text())
     prompt = report["rows"][0]["prompt"] if not report["rows"][0]["prompt"].endswith("...") else \
-        [json.loads(line)["prompt"] for line in (out / "data" / "prompts_bench.jsonl").read_text().splitlines()][0]
+        next(json.loads(line)["prompt"] for line in (out / "data" / "prompts_bench.jsonl").read_text().splitlines())
     print("\n--- one completion, streamed as MEDUSA accepts tokens (prompt first) ---")
     res = stream_one(out / "final", prompt, s.max_new_tokens)
     sys.stdout.flush()

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from medusa.errors import MedusaError
 from medusa.io import atomic_directory, atomic_write_text

@@ -25,9 +25,10 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from medusa.benchmarks import stages as S
 from medusa.errors import DataError, MedusaError
@@ -89,7 +90,7 @@ def split_prompts(s: Settings) -> dict[str, list[dict[str, str]]]:
     train = all_stories[:-s.held_out - s.calib_stories]
     if s.train_stories is not None:
         train = train[: s.train_stories]
-    first = lambda st: sentence_prefixes(st, 1)[0] if sentence_prefixes(st, 1) else " ".join(st.split()[:8])  # noqa: E731
+    first = lambda st: sentence_prefixes(st, 1)[0] if sentence_prefixes(st, 1) else " ".join(st.split()[:8])
     rows = {
         "train": [{"id": f"train-{i}-{k}", "prompt": p} for i, st in enumerate(train)
                   for k, p in enumerate(sentence_prefixes(st, s.max_sentences))],
@@ -237,9 +238,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"heads: {summary['calibrate']['final_dir']} ({c['nodes']}-node tree, expected "
         f"{c['expected_tokens_per_step']:.2f} tokens/step; head top-1 " + " / ".join(f"{a:.2f}" for a in c["top1"])
         + ")",
-        f"HF generate {b['baseline_tokens_per_s']:.1f} tokens/s, MEDUSA {b['medusa_tokens_per_s']:.1f} tokens/s: "
+        (f"HF generate {b['baseline_tokens_per_s']:.1f} tokens/s, MEDUSA {b['medusa_tokens_per_s']:.1f} tokens/s: "
         f"speedup {b['speedup']:.2f}x, {b['tokens_per_step']:.2f} tokens/step, overhead {b['overhead']:.2f}, "
-        f"greedy exact match {b['greedy_exact_match']}",
+        f"greedy exact match {b['greedy_exact_match']}"),
     ]
     for key, miss in summary["missed"].items():
         lines.append(f"target missed: {key} {miss['measured']} < {miss['target']}")
