@@ -228,24 +228,25 @@ def build_choices(stats: HeadStats, tables: dict[str, Any], counts: Counter, tot
 # ---------------------------------------------------------------------------------------- timing
 @torch.no_grad()
 def time_tree_steps(model: Any, trees: dict[int, Sequence[Sequence[int]]], prompt: Sequence[int],
-                    new_tokens: int = 32, repeats: int = 3) -> dict[int, float]:
+                    new_tokens: int = 32, repeats: int = 5) -> dict[int, float]:
     """Seconds per verification step of the real decode loop (greedy ``medusa_generate``) for each tree,
     on the model's device: decode time / steps, the fastest of ``repeats`` runs after one warm-up (the
     minimum is the estimate least disturbed by other work on the machine)."""
     from medusa.decoding.generate import medusa_generate
 
     ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, P]
-    times: dict[int, float] = {}
-    for n, choices in trees.items():
-        tree = MedusaTree.from_choices(choices, num_heads=model.num_heads)
-        samples = []
-        for _ in range(repeats + 1):
+    built = {n: MedusaTree.from_choices(c, num_heads=model.num_heads) for n, c in trees.items()}
+    samples: dict[int, list[float]] = {n: [] for n in built}
+    for round_ in range(repeats + 1):  # sizes interleaved, so a busy moment does not hit one size only
+        for n, tree in built.items():
             out = medusa_generate(model, ids, max_new_tokens=new_tokens, tree=tree, return_dict_in_generate=True)
-            if out.num_steps:
-                samples.append(out.decode_time_s / out.num_steps)
-        if len(samples) < 2:
+            if round_ > 0 and out.num_steps:
+                samples[n].append(out.decode_time_s / out.num_steps)
+    times: dict[int, float] = {}
+    for n, values in samples.items():
+        if not values:
             raise MedusaError("cannot time the tree: decoding stopped at the first token; use another --data")
-        times[n] = min(samples[1:])
+        times[n] = min(values)
     return times
 
 
