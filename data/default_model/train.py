@@ -228,7 +228,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-bf16", dest="bf16", action="store_false",
                     help="train in plain fp32 (default: bf16 autocast forward, fp32 master weights)")
     ap.add_argument("--max-minutes", type=float, default=None,
-                    help="stop training early after this many minutes (the card then reports the steps done)")
+                    help="stop this invocation's training after this many minutes (the card reports the steps done)")
     ap.add_argument("--max-files", type=int, default=None, help="use only the first N training files")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--save-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
@@ -296,7 +296,7 @@ def main(argv=None) -> dict:
     from tqdm import tqdm
 
     bar = tqdm(total=args.steps, initial=step, desc="train", disable=not sys.stderr.isatty())
-    t_seg = time.time()
+    t_seg = t_run = time.time()  # t_run: --max-minutes counts this invocation only
     model.train()
     while step < args.steps:
         starts = torch.randint(0, hi, (args.batch_size,), generator=gen)
@@ -322,7 +322,7 @@ def main(argv=None) -> dict:
             emit(event="eval", step=step, held_out_loss=round(held, 4))
             save_checkpoint(ckpt, model, opt, gen, step, tokens, elapsed)
             t_seg = time.time()
-        if args.max_minutes is not None and elapsed + time.time() - t_seg > 60 * args.max_minutes:
+        if args.max_minutes is not None and time.time() - t_run > 60 * args.max_minutes:
             emit(event="stopped_early", step=step, max_minutes=args.max_minutes)
             break
     bar.close()
