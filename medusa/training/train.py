@@ -8,7 +8,6 @@ batches the uninterrupted one would have.
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from torch import nn
 
 from medusa.config import Recipe
 from medusa.data import collate
-from medusa.errors import ConfigError
 from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.model import MedusaModel
 from medusa.training import setup as S
@@ -41,12 +39,9 @@ class Method:
 def method_for(recipe: Recipe) -> Method:
     if recipe.method == "medusa1":
         return Method(S.setup_model_medusa1, S.compute_loss_medusa1, S.optimizer_groups)
-    try:
-        module = importlib.import_module("medusa.training.medusa2")
-    except ModuleNotFoundError:
-        raise ConfigError("method: medusa2 is handled by medusa/training/medusa2.py, which is not part of this "
-                          "installation yet; use method: medusa1") from None
-    return module.method()
+    from medusa.training import medusa2
+
+    return medusa2.method()
 
 
 @dataclass

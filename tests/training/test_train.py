@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import SHARED, STORIES, require_shared, stories_model
 
 from medusa.config import load_recipe
-from medusa.errors import ConfigError
 from medusa.modeling.model import MedusaModel
 from medusa.training.train import train
-from tiny_models import SHARED, STORIES, require_shared, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"
@@ -92,15 +91,6 @@ def test_4bit_backbone_trains_on_cpu(tmp_path):
     moved = [not torch.equal(p, q) for p, q in zip(result.model.heads.state_dict().values(),
                                                      untrained.heads.state_dict().values())]
     assert all(moved)
-
-
-def test_medusa2_is_refused_until_its_module_lands(tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("medusa.training.medusa2") is not None:
-        pytest.skip("medusa/training/medusa2.py is present")
-    with pytest.raises(ConfigError, match="medusa2.py"):
-        train(_recipe(tmp_path, "method=medusa2"))
 
 
 def test_two_process_cpu_launch(tmp_path):
