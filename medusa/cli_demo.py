@@ -8,7 +8,8 @@ import argparse
 def _cmd_demo(args: argparse.Namespace) -> int:
     from medusa.demo import DemoSettings, main
 
-    s = DemoSettings(out=args.out, threads=args.threads, nodes=args.nodes, progress=not args.no_progress,
+    s = DemoSettings(out=args.out, threads=args.threads, timing_threads=args.timing_threads, nodes=args.nodes,
+                     progress=not args.no_progress,
                      recipe_overrides=tuple(args.set))
     if args.model:
         s.model = args.model
@@ -34,6 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--distill-prompts", type=int, default=None, help="prompts to self-distil (default 640)")
     p.add_argument("--bench-prompts", type=int, default=None, help="held-out benchmark prompts (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per benchmark prompt (default 96)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads for self-distillation and training (default: torch's)")
+    p.add_argument("--timing-threads", type=int, default=1,
+                   help="torch CPU threads while timing: calibration, benchmark, the streamed completion (default 1: "
+                        "the embedded model is tiny and a second thread only adds contention)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_demo)

@@ -49,7 +49,8 @@ class DemoSettings:
     max_new_tokens: int = 96  # per benchmark prompt
     repeats: int = 1
     nodes: str = "auto"
-    threads: int | None = None
+    threads: int | None = None  # torch threads for distillation and training (None: torch's default)
+    timing_threads: int | None = 1  # torch threads while timing (calibrate --nodes auto, bench, the stream)
     progress: bool = True
 
 
@@ -155,12 +156,16 @@ def run(s: DemoSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
     overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa1'}",
                  *s.recipe_overrides]
     done["train"] = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
-    done["calibrate"] = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
-        done["train"]["final_dir"], out / "final", data / "calib.jsonl", nodes=s.nodes, progress=s.progress), log)
+    with S.torch_threads(s.timing_threads):
+        done["calibrate"] = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
+            done["train"]["final_dir"], out / "final", data / "calib.jsonl", nodes=s.nodes, progress=s.progress),
+            log)
     done["export"] = S.run_stage(out, "export", lambda: S.export_stage(out / "final", out / "export" / "vllm"), log)
     prompts = [r["prompt"] for r in rows["bench"]]
-    done["bench"] = S.run_stage(out, "bench", lambda: S.bench_stage(
-        out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats, progress=s.progress), log)
+    with S.torch_threads(s.timing_threads):
+        done["bench"] = S.run_stage(out, "bench", lambda: S.bench_stage(
+            out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats, progress=s.progress),
+            log)
     summary = {"settings": asdict(s), "stages": done}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
@@ -207,7 +212,8 @@ def main(s: DemoSettings) -> int:
     prompt = report["rows"][0]["prompt"] if not report["rows"][0]["prompt"].endswith("...") else \
         next(json.loads(line)["prompt"] for line in (out / "data" / "prompts_bench.jsonl").read_text().splitlines())
     print("\n--- one completion, streamed as MEDUSA accepts tokens (prompt first) ---")
-    res = stream_one(out / "final", prompt, s.max_new_tokens)
+    with S.torch_threads(s.timing_threads):
+        res = stream_one(out / "final", prompt, s.max_new_tokens)
     sys.stdout.flush()
     print(f"--- {res.new_tokens} tokens in {res.num_steps} verification steps after the prefill: "
           f"{res.tokens_per_step:.2f} tokens/step ---\n")

@@ -6,10 +6,11 @@ marker and surfaces as a one-line :class:`MedusaError` naming the stage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,23 @@ def run_stage(root: str | Path, name: str, fn: Callable[[], dict[str, Any]], log
     atomic_write_text(marker, json.dumps(summary, indent=2, default=str) + "\n")
     log(f"[{name}] done in {summary['seconds']:.0f}s")
     return {**summary, "reused": False}
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the body with ``torch.set_num_threads(n)`` (None: unchanged), restoring the previous count.
+
+    Timing stages of the tiny models here use 1 thread: on a small CPU shared with other work, a second
+    intra-op thread spins on a busy core and makes each forward 5-50x slower and erratic."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def write_jsonl(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:

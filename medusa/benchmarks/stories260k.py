@@ -58,7 +58,8 @@ class Settings:
     bench_prompts: int | None = None  # None: all held-out stories
     max_new_tokens: int = 128
     repeats: int = 2
-    threads: int | None = None  # torch threads for every stage (None: torch's default)
+    threads: int | None = None  # torch threads for distillation and training (None: torch's default)
+    timing_threads: int | None = 1  # torch threads while timing (calibration --nodes auto, bench)
     medusa2: bool = False
     medusa2_recipe: str = str(RECIPES / "stories260k_medusa2.yaml")
     medusa2_overrides: tuple[str, ...] = ()
@@ -145,23 +146,27 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
     overrides = [f"model={model_path}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa1'}",
                  *s.recipe_overrides]
     trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
-    calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
-        trained["final_dir"], out / "final", data / "calib.jsonl", nodes=_nodes(s.nodes),
-        progress=s.progress), log)
     prompts = [r["prompt"] for r in rows["bench"]]
-    benched = S.run_stage(out, "bench", lambda: S.bench_stage(
-        out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats, progress=s.progress), log)
+    with S.torch_threads(s.timing_threads):
+        calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
+            trained["final_dir"], out / "final", data / "calib.jsonl", nodes=_nodes(s.nodes),
+            progress=s.progress), log)
+        benched = S.run_stage(out, "bench", lambda: S.bench_stage(
+            out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats,
+            progress=s.progress), log)
     summary: dict[str, Any] = {
         "settings": asdict(s), "distill": _drop(distilled, "parts"), "train": trained, "calibrate": calibrated,
         "bench": benched,
     }
     deepest = benched
     if s.nodes == "auto" and calibrated["nodes"] < 64:  # the largest allowed tree: the most tokens per step, maybe not the fastest
-        S.run_stage(out, "calibrate_64", lambda: S.calibrate_stage(
-            trained["final_dir"], out / "final_64nodes", data / "calib.jsonl", nodes=64, progress=s.progress), log)
-        deepest = S.run_stage(out, "bench_64", lambda: S.bench_stage(
-            out / "final_64nodes", prompts, out / "report_64nodes.json", s.max_new_tokens, repeats=s.repeats,
-            progress=s.progress), log)
+        with S.torch_threads(s.timing_threads):
+            S.run_stage(out, "calibrate_64", lambda: S.calibrate_stage(
+                trained["final_dir"], out / "final_64nodes", data / "calib.jsonl", nodes=64, progress=s.progress),
+                log)
+            deepest = S.run_stage(out, "bench_64", lambda: S.bench_stage(
+                out / "final_64nodes", prompts, out / "report_64nodes.json", s.max_new_tokens,
+                repeats=s.repeats, progress=s.progress), log)
         summary["bench_64_nodes"] = deepest
     measured = {"tokens_per_step": max(benched["tokens_per_step"], deepest["tokens_per_step"]),
                 "speedup": benched["speedup"], "greedy_exact_match": min(benched["greedy_exact_match"],
@@ -198,9 +203,10 @@ def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[
     S.run_stage(out, "medusa2_tree", with_tree, log)
     losses = S.run_stage(out, "medusa2_loss", lambda: backbone_losses(
         model_path, str(out / "final_medusa2"), data / "calib.jsonl"), log)
-    benched = S.run_stage(out, "medusa2_bench", lambda: S.bench_stage(
-        out / "final_medusa2", prompts, out / "report_medusa2.json", s.max_new_tokens, repeats=s.repeats,
-        progress=s.progress), log)
+    with S.torch_threads(s.timing_threads):
+        benched = S.run_stage(out, "medusa2_bench", lambda: S.bench_stage(
+            out / "final_medusa2", prompts, out / "report_medusa2.json", s.max_new_tokens, repeats=s.repeats,
+            progress=s.progress), log)
     return {"train": m2, "bench": benched, "backbone_heldout_loss": losses}
 
 
@@ -279,7 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
     parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
     parser.add_argument("--repeats", type=int, default=Settings.repeats)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for distillation and training (default: torch's)")
+    parser.add_argument("--timing-threads", type=int, default=1,
+                        help="torch threads while timing (calibration, bench; default 1: stories260K is tiny)")
     parser.add_argument("--samples", type=int, default=Settings.samples)
     parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
     parser.add_argument("--set", action="append", default=[], metavar="key=value",
@@ -288,7 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     s = Settings(out=args.out, shared=args.shared, nodes=args.nodes, max_new_tokens=args.max_new_tokens,
-                 repeats=args.repeats, threads=args.threads, samples=args.samples, medusa2=args.medusa2,
+                 repeats=args.repeats, threads=args.threads, timing_threads=args.timing_threads,
+                 samples=args.samples, medusa2=args.medusa2,
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
     try:
         summary = run(s)
