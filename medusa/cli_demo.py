@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="key=value",
                    help="recipe override (repeatable), e.g. --set train.epochs=1")
     p.add_argument("--nodes", default="auto", help="tree size or auto (<= 64 nodes, by predicted tokens/s)")
-    p.add_argument("--distill-prompts", type=int, default=None, help="prompts to self-distil (default 640)")
+    p.add_argument("--distill-prompts", type=int, default=None, help="prompts to self-distil (default 2400)")
     p.add_argument("--bench-prompts", type=int, default=None, help="held-out benchmark prompts (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per benchmark prompt (default 96)")
     p.add_argument("--threads", type=int, default=None,

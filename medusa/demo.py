@@ -41,8 +41,8 @@ class DemoSettings:
     recipe: str = str(RECIPE)
     recipe_overrides: tuple[str, ...] = ()
     prompt_lines: int = 6  # lines of code per prompt
-    distill_prompts: int = 640
-    calib_prompts: int = 64
+    distill_prompts: int = 2400
+    calib_prompts: int = 96
     bench_prompts: int = 8
     distill_tokens: int = 96
     distill_batch: int = 64
@@ -209,8 +209,10 @@ def main(s: DemoSettings) -> int:
     summary = run(s)
     out = Path(s.out)
     report = json.loads((out / "report.json").read_text())
-    prompt = report["rows"][0]["prompt"] if not report["rows"][0]["prompt"].endswith("...") else \
-        next(json.loads(line)["prompt"] for line in (out / "data" / "prompts_bench.jsonl").read_text().splitlines())
+    bench_prompts = [json.loads(line)["prompt"] for line in (out / "data" / "prompts_bench.jsonl").read_text()
+                     .splitlines()]
+    order = sorted(range(len(report["rows"])), key=lambda i: report["rows"][i]["tokens_per_step"])
+    prompt = bench_prompts[order[(len(order) - 1) // 2]]  # the (lower) median tokens/step: a typical prompt
     print("\n--- one completion, streamed as MEDUSA accepts tokens (prompt first) ---")
     with S.torch_threads(s.timing_threads):
         res = stream_one(out / "final", prompt, s.max_new_tokens)
