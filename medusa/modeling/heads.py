@@ -100,5 +100,39 @@ class MedusaHeads(nn.Module):
         return proj(x.to(proj.weight.dtype))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``hidden_states [B, T, d] -> logits [K, B, T, V]``."""
-        return torch.stack([self.head_logits(k, hidden_states) for k in range(self.num_heads)], dim=0)
+        """``hidden_states [B, T, d] -> logits [K, B, T, V]``.
+
+        With autograd on, every head runs through its own modules. Under ``torch.no_grad()`` (decoding,
+        calibration, evaluation) the K heads' ResBlocks run batched, one ``baddbmm`` per layer, on stacked
+        copies of their weights (``K * num_layers * d * d`` extra elements, rebuilt whenever a weight
+        changes): a decoding step then costs a handful of kernel launches instead of ~5 per head and layer.
+        """
+        if torch.is_grad_enabled() or self.num_layers == 0:
+            return torch.stack([self.head_logits(k, hidden_states) for k in range(self.num_heads)], dim=0)
+        return self._forward_batched(hidden_states)
+
+    def _stacked_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(w1t [L, K, d, d], b1 [L, K, 1, d])``: the ResBlocks stacked for ``baddbmm``, cached."""
+        params = [(blk.linear.weight, blk.linear.bias) for layers in self.blocks for blk in layers]
+        key = tuple((w.data_ptr(), w._version, b.data_ptr(), b._version) for w, b in params)
+        cached = self.__dict__.get("_stacked_cache")
+        if cached is None or cached[0] != key:
+            k, n = self.num_heads, self.num_layers
+            w1t = torch.stack([w.detach().t() for w, _ in params]).view(k, n, self.hidden_size, self.hidden_size)
+            b1 = torch.stack([b.detach() for _, b in params]).view(k, n, 1, self.hidden_size)
+            cached = (key, w1t.transpose(0, 1).contiguous(), b1.transpose(0, 1).contiguous())
+            self.__dict__["_stacked_cache"] = cached
+        return cached[1], cached[2]
+
+    def _forward_batched(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        w1t, b1 = self._stacked_blocks()
+        lead = hidden_states.shape[:-1]
+        x = hidden_states.reshape(1, -1, self.hidden_size).to(w1t.dtype)  # [1, M, d], M = B * T
+        x = x.expand(self.num_heads, -1, -1)  # [K, M, d]
+        for layer in range(self.num_layers):
+            x = x + torch.nn.functional.silu(torch.baddbmm(b1[layer], x, w1t[layer]))  # [K, M, d]
+        logits = []
+        for k in range(self.num_heads):
+            proj = self.head_projection(k)
+            logits.append(proj(x[k].to(proj.weight.dtype) if proj.weight.is_floating_point() else x[k]))
+        return torch.stack(logits, dim=0).view(self.num_heads, *lead, -1)  # [K, B, T, V]

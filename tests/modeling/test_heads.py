@@ -90,3 +90,25 @@ def test_stories260k_heads():
     torch.testing.assert_close(out.logits, ref, rtol=1e-5, atol=1e-5)
     for k in range(4):
         torch.testing.assert_close(out.head_logits[k], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_batched_inference_path_equals_per_head_modules(num_layers):
+    base = tiny_model("llama")
+    model = MedusaModel.from_base(base, num_heads=3, num_layers=num_layers)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    hidden = torch.randn(2, 5, base.config.hidden_size)
+    reference = torch.stack([model.heads.head_logits(k, hidden) for k in range(3)]).detach()  # autograd path
+    with torch.no_grad():
+        batched = model.heads(hidden)
+    torch.testing.assert_close(batched, reference, rtol=1e-5, atol=1e-5)
+    # the stacked copy follows in-place weight updates (optimizer steps, load_state_dict)
+    with torch.no_grad():
+        model.heads.blocks[1][0].linear.weight.add_(0.5)
+        again = model.heads(hidden)
+    assert not torch.allclose(again[1], batched[1])
+    torch.testing.assert_close(again[0], batched[0], rtol=0, atol=0)
+    torch.testing.assert_close(again[1], model.heads.head_logits(1, hidden).detach(), rtol=1e-5, atol=1e-5)
