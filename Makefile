@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/medusa demo
 
 bench: $(STAMP)
-	$(BIN)/python -m medusa.benchmarks.stories260k
+	$(BIN)/python -m medusa.benchmarks.stories260k --medusa2
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa tests

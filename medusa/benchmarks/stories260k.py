@@ -201,8 +201,13 @@ def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[
         return {"final_dir": str(final2)}
 
     S.run_stage(out, "medusa2_tree", with_tree, log)
-    losses = S.run_stage(out, "medusa2_loss", lambda: backbone_losses(
-        model_path, str(out / "final_medusa2"), data / "calib.jsonl"), log)
+    heldout_text = data / "heldout_text.jsonl"  # the held-out benchmark stories, whole: never trained on
+    heldout_text.write_text("".join(json.dumps({"id": f"heldout-{i}", "text": st}) + "\n"
+                                    for i, st in enumerate(stories(s.shared)[-s.held_out:])))
+    losses = S.run_stage(out, "medusa2_loss", lambda: {
+        "heldout_text": backbone_losses(model_path, str(out / "final_medusa2"), heldout_text),
+        "own_completions": backbone_losses(model_path, str(out / "final_medusa2"), data / "calib.jsonl"),
+    }, log)
     with S.torch_threads(s.timing_threads):
         benched = S.run_stage(out, "medusa2_bench", lambda: S.bench_stage(
             out / "final_medusa2", prompts, out / "report_medusa2.json", s.max_new_tokens, repeats=s.repeats,
@@ -272,8 +277,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         m = summary["medusa2"]
         lines.append(f"MEDUSA-2: {m['bench']['tokens_per_step']:.2f} tokens/step (MEDUSA-1 {b['tokens_per_step']:.2f}), "
                      f"speedup {m['bench']['speedup']:.2f}x, exact match {m['bench']['greedy_exact_match']}; "
-                     f"backbone held-out loss {m['backbone_heldout_loss']['before']:.4f} -> "
-                     f"{m['backbone_heldout_loss']['after']:.4f}")
+                     f"backbone loss on held-out TinyStories text "
+                     f"{m['backbone_heldout_loss']['heldout_text']['before']:.4f} -> "
+                     f"{m['backbone_heldout_loss']['heldout_text']['after']:.4f}")
     return "\n".join(lines)
 
 
