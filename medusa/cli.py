@@ -18,7 +18,6 @@ from typing import Sequence
 from medusa.errors import MedusaError
 
 
-
 def command_modules() -> list[str]:
     """Every ``medusa/cli_*.py`` module provides subcommands through ``register(subparsers)``."""
     import pkgutil

@@ -88,6 +88,7 @@ def _fitted_state(num_heads: int, num_layers: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file, save_file
 
     from medusa import MedusaModel
+
     from tiny_models import stories_model, stories_tokenizer
 
     key = hashlib.sha1(f"{CACHE_VERSION}-{num_heads}-{num_layers}-{STORIES.resolve()}".encode()).hexdigest()[:12]
@@ -109,6 +110,7 @@ def _fitted_state(num_heads: int, num_layers: int) -> dict[str, torch.Tensor]:
 def fitted_stories_heads(num_heads: int = 4, num_layers: int = 1):
     """stories260K + heads fitted on its own greedy outputs (a fresh MedusaModel on every call)."""
     from medusa import MedusaModel
+
     from tiny_models import stories_model
 
     state = _fitted_state(num_heads, num_layers)

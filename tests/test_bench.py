@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+
 from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -7,6 +7,7 @@ import pytest
 from medusa.cli import main as cli_main
 from medusa.config import load_recipe, parse_value
 from medusa.errors import ConfigError
+
 from tiny_models import SHARED, require_shared
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +34,7 @@ def test_every_shipped_recipe_parses_and_starts_with_its_command(path):
     assert path.read_text().startswith("# ") and "medusa.train" in path.read_text().splitlines()[0]
     import yaml
 
-    from medusa.config import _build, Recipe
+    from medusa.config import Recipe, _build
 
     _build(Recipe, yaml.safe_load(path.read_text()), "")  # keys and types (files may be absent here)
 

@@ -9,6 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
 from tiny_models import STORIES, require_shared
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -6,6 +6,7 @@ import pytest
 
 from medusa.data import IGNORE_INDEX, collate, load_tokenized
 from medusa.errors import ConfigError, DataError
+
 from tiny_models import SHARED, require_shared, stories_tokenizer
 
 CONVERSATION = [

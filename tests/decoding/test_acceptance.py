@@ -4,11 +4,12 @@ import math
 
 import pytest
 import torch
-from tiny_models import tiny_model
 
 from medusa import MedusaModel, MedusaTree
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
 from medusa.decoding.candidates import decode_tree, propose
+
+from tiny_models import tiny_model
 
 CPU = torch.device("cpu")
 

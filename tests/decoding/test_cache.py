@@ -3,7 +3,6 @@
 import pytest
 import torch
 from _helpers import left_padded_batch, memorise_heads, real_rows
-from tiny_models import tiny_model
 from transformers.cache_utils import DynamicLayer
 
 from medusa import MedusaModel
@@ -12,6 +11,8 @@ from medusa.decoding.candidates import decode_tree
 from medusa.decoding.generate import decode_step, prefill
 from medusa.decoding.kv_cache import compact_cache, new_cache
 from medusa.tree import default_tree
+
+from tiny_models import tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt_neox"])

@@ -3,10 +3,11 @@
 import pytest
 import torch
 from _helpers import left_padded_batch, memorise_heads, randomize_heads, real_rows
-from tiny_models import ARCHITECTURES, tiny_model
 
 from medusa import MedusaModel, MedusaTree
 from medusa.errors import MedusaError
+
+from tiny_models import ARCHITECTURES, tiny_model
 
 NEW = 72
 SMALL_TREE = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]])

@@ -5,10 +5,11 @@ import json
 
 import pytest
 import torch
-from fit_heads import fitted_stories_heads, stories_prompts
-from tiny_models import STORIES, stories_tokenizer
 
 from medusa.cli import main
+
+from fit_heads import fitted_stories_heads, stories_prompts
+from tiny_models import STORIES, stories_tokenizer
 
 
 @pytest.fixture(scope="module")

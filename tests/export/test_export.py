@@ -4,11 +4,12 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import tiny_model
 
 from medusa import MedusaModel, MedusaTree
 from medusa.cli import main
 from medusa.export import export_checkpoint, import_checkpoint
+
+from tiny_models import tiny_model
 
 
 def _perturb(model, seed=1):

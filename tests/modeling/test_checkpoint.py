@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from medusa import CheckpointError, MedusaModel, MedusaTree
+
 from tiny_models import STORIES, require_shared, tiny_model
 
 

@@ -3,6 +3,7 @@ import torch
 
 from medusa import MedusaModel, ResBlock
 from medusa.modeling.base import lm_head_of
+
 from tiny_models import ARCHITECTURES, stories_model, tiny_model
 
 ARCHS = [a for a in ARCHITECTURES]

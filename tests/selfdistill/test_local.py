@@ -7,13 +7,14 @@ import json
 import pytest
 import torch
 from _selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
-from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
 
 from medusa.errors import MedusaError
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 from medusa.selfdistill.local import LocalBackend
 from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip
 from medusa.selfdistill.prompts import load_prompts
+
+from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
 
 TINYSTORIES = SHARED / "data" / "tinystories_sample.txt"
 
@@ -203,9 +204,9 @@ def test_output_is_training_data_for_load_tokenized(tmp_path):
 
 def test_local_backend_in_4bit(tmp_path):
     """bitsandbytes NF4 on CPU (its CPU kernels need layer widths that are multiples of 64)."""
-    from tiny_models import tiny_model
-
     from medusa.selfdistill.base import Request
+
+    from tiny_models import tiny_model
 
     pytest.importorskip("bitsandbytes")
     path = tmp_path / "m"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_models import SHARED, require_shared
 
 from medusa.errors import DataError
 from medusa.selfdistill.prompts import PromptOptions, first_sentences, load_prompts
 from medusa.selfdistill.writer import ResumableWriter, errors_path
+
+from tiny_models import SHARED, require_shared
 
 
 def test_shared_formats_parse_to_user_turns():

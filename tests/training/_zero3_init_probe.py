@@ -14,12 +14,13 @@ os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK=
 os.environ.setdefault("MASTER_PORT", "29533")
 
 import deepspeed
-from tiny_models import tiny_config
 from transformers import AutoModelForCausalLM
 
 from medusa import MedusaModel
 from medusa.modeling.base import lm_head_weight
 from medusa.training import medusa2 as m2
+
+from tiny_models import tiny_config
 
 deepspeed.init_distributed(dist_backend="gloo")
 config = tiny_config("llama", pad_token_id=None)

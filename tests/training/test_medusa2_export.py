@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
 from training._medusa2_helpers import batch, naive_heads_loss
 
 from medusa import MedusaModel
 from medusa.errors import CheckpointError
 from medusa.modeling.base import lm_head_weight
 from medusa.training import medusa2 as m2
+
+from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
 
 
 def _train_lora(model, steps=3, lr=5e-2, vocab=96, self_distill=False):

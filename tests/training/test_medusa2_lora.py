@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from tiny_models import ARCHITECTURES, tiny_model
 from training._medusa2_helpers import batch, naive_heads_loss
 
 from medusa import MedusaModel
@@ -16,6 +15,8 @@ from medusa.training.medusa2 import (
     setup_full_finetune,
     teacher_logits,
 )
+
+from tiny_models import ARCHITECTURES, tiny_model
 
 
 def _lora_model(arch="llama", dropout=0.0, **kw):

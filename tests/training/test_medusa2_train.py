@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import STORIES, require_shared, stories_model
 
 from medusa.config import load_recipe
 from medusa.errors import ConfigError
 from medusa.modeling.model import MedusaModel
 from medusa.training.medusa2_run import check_recipe
 from medusa.training.train import train
+
+from tiny_models import STORIES, require_shared, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny"

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import SHARED, STORIES, require_shared, stories_model
 
 from medusa.config import load_recipe
 from medusa.modeling.model import MedusaModel
 from medusa.training.train import train
+
+from tiny_models import SHARED, STORIES, require_shared, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"

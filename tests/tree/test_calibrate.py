@@ -2,7 +2,6 @@ import json
 
 import pytest
 import torch
-from tiny_models import STORIES, require_shared, tiny_model
 
 from medusa import MedusaModel, MedusaTree
 from medusa.cli import main
@@ -18,6 +17,8 @@ from medusa.tree.calibrate import (
     simulated_tokens_per_step,
     time_tree_steps,
 )
+
+from tiny_models import STORIES, require_shared, tiny_model
 
 
 def _perturbed(num_heads=3, seed=0):
