@@ -49,7 +49,7 @@ class Settings:
     train_stories: int | None = None  # None: all the others
     max_sentences: int = 4  # training prompts: each story's first 1..max_sentences sentences
     distill_tokens: int = 256  # completion length when self-distilling
-    samples: int = 3  # extra temperature samples per first-sentence prompt (0: greedy only)
+    samples: int = 6  # extra temperature samples per first-sentence prompt (0: greedy only)
     temperature: float = 0.8
     distill_batch: int = 128
     recipe: str = str(RECIPES / "stories260k_medusa1.yaml")
