@@ -131,8 +131,10 @@ class MedusaHeads(nn.Module):
         x = x.expand(self.num_heads, -1, -1)  # [K, M, d]
         for layer in range(self.num_layers):
             x = x + torch.nn.functional.silu(torch.baddbmm(b1[layer], x, w1t[layer]))  # [K, M, d]
-        logits = []
-        for k in range(self.num_heads):
-            proj = self.head_projection(k)
-            logits.append(proj(x[k].to(proj.weight.dtype) if proj.weight.is_floating_point() else x[k]))
+        if self.lm_heads is None:  # one projection through the shared LM head reads its weight once
+            proj = self.shared_lm_head
+            flat = x.reshape(-1, self.hidden_size)  # [K * M, d]
+            out = proj(flat.to(proj.weight.dtype) if proj.weight.is_floating_point() else flat)
+            return out.view(self.num_heads, *lead, -1)  # [K, B, T, V]
+        logits = [head(x[k].to(head.weight.dtype)) for k, head in enumerate(self.lm_heads)]
         return torch.stack(logits, dim=0).view(self.num_heads, *lead, -1)  # [K, B, T, V]

@@ -93,10 +93,11 @@ def test_stories260k_heads():
         torch.testing.assert_close(out.head_logits[k], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
 @pytest.mark.parametrize("num_layers", [1, 2])
-def test_batched_inference_path_equals_per_head_modules(num_layers):
+def test_batched_inference_path_equals_per_head_modules(num_layers, head_type):
     base = tiny_model("llama")
-    model = MedusaModel.from_base(base, num_heads=3, num_layers=num_layers)
+    model = MedusaModel.from_base(base, num_heads=3, num_layers=num_layers, head_type=head_type)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.heads.parameters():
