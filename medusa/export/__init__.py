@@ -13,7 +13,13 @@ from typing import Any
 from safetensors.torch import save_file
 
 from medusa.errors import CheckpointError, MedusaError
-from medusa.export.common import HeadsState, copy_tokenizer, read_our_checkpoint, require_tree_fits
+from medusa.export.common import (
+    HeadsState,
+    copy_tokenizer,
+    named_tensors,
+    read_our_checkpoint,
+    require_tree_fits,
+)
 from medusa.export.medusa_v1 import is_v1_dir, read_v1, write_v1
 from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory
@@ -127,13 +133,7 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
 
 def our_tensors(heads: HeadsState) -> dict:
     """Canonical heads -> the tensor names of ``medusa_heads.safetensors`` (``linear`` heads)."""
-    out = {}
-    for k in range(heads.num_heads):
-        for l in range(heads.num_layers):
-            out[f"blocks.{k}.{l}.linear.weight"] = heads.w1[k][l].contiguous()
-            out[f"blocks.{k}.{l}.linear.bias"] = heads.b1[k][l].contiguous()
-        out[f"lm_heads.{k}.weight"] = heads.w2[k].contiguous()
-    return out
+    return named_tensors(heads, "blocks.{k}.{l}.linear", "lm_heads.{k}.weight")
 
 
 def _base_fingerprint(name: str) -> tuple[str, int, int]:

@@ -124,6 +124,19 @@ def base_lm_head_weight(name_or_path: str, dtype: torch.dtype) -> torch.Tensor:
     return lm_head_weight(model).detach().to(device="cpu", dtype=dtype).contiguous()
 
 
+def named_tensors(heads: HeadsState, block: str, head: str) -> dict[str, torch.Tensor]:
+    """Canonical heads -> one format's tensor names. ``block`` is a template with ``{k}`` (head) and ``{l}``
+    (layer) that gets ``.weight`` / ``.bias`` appended; ``head`` has ``{k}`` and ``{n}`` (num_layers)."""
+    out: dict[str, torch.Tensor] = {}
+    n = heads.num_layers
+    for k in range(heads.num_heads):
+        for l in range(n):
+            out[block.format(k=k, l=l) + ".weight"] = heads.w1[k][l].contiguous()
+            out[block.format(k=k, l=l) + ".bias"] = heads.b1[k][l].contiguous()
+        out[head.format(k=k, n=n)] = heads.w2[k].contiguous()
+    return out
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())

@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from medusa.errors import CheckpointError
-from medusa.export.common import HeadsState, read_json, write_json
+from medusa.export.common import HeadsState, named_tensors, read_json, write_json
 
 WEIGHTS = "medusa_lm_head.safetensors"
 LEGACY_WEIGHTS = "medusa_lm_head.pt"
@@ -40,14 +40,7 @@ _KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 
 def v1_tensors(heads: HeadsState) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    n = heads.num_layers
-    for h in range(heads.num_heads):
-        for l in range(n):
-            out[f"{h}.{l}.linear.weight"] = heads.w1[h][l].contiguous()
-            out[f"{h}.{l}.linear.bias"] = heads.b1[h][l].contiguous()
-        out[f"{h}.{n}.weight"] = heads.w2[h].contiguous()
-    return out
+    return named_tensors(heads, "{k}.{l}.linear", "{k}.{n}.weight")
 
 
 def v1_config(heads: HeadsState) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from medusa.errors import CheckpointError
-from medusa.export.common import HeadsState, read_json, write_json
+from medusa.export.common import HeadsState, named_tensors, read_json, write_json
 from medusa.modeling.base import dtype_name
 
 WEIGHTS = "model.safetensors"
@@ -23,13 +23,7 @@ CONFIG = "config.json"
 
 
 def vllm_tensors(heads: HeadsState) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for k in range(heads.num_heads):
-        for l in range(heads.num_layers):
-            out[f"blocks.{k}.layers.{l}.weight"] = heads.w1[k][l].contiguous()
-            out[f"blocks.{k}.layers.{l}.bias"] = heads.b1[k][l].contiguous()
-        out[f"lm_heads.{k}.weight"] = heads.w2[k].contiguous()
-    return out
+    return named_tensors(heads, "blocks.{k}.layers.{l}", "lm_heads.{k}.weight")
 
 
 def vllm_config(heads: HeadsState) -> dict[str, Any]:
