@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/medusa demo
 
 bench: $(STAMP)
-	$(BIN)/python -m medusa.benchmarks.stories260k --medusa2
+	$(BIN)/python -m medusa.pipelines.stories260k --medusa2
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa tests

@@ -18,3 +18,9 @@ class ConfigError(MedusaError):
 
 class DataError(MedusaError):
     """A data file is missing or one of its rows is malformed."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when the message is empty), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from medusa.errors import DataError
+from medusa.errors import DataError, first_line
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
@@ -107,7 +107,7 @@ def _hub_rows(source: str) -> Iterator[tuple[str, Any]]:
     try:
         ds = datasets.load_dataset(name, split=split or "train")
     except Exception as exc:  # datasets raises many types; all mean "cannot get this dataset"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise DataError(f"{source}: not a local file and cannot be loaded as a dataset ({first})") from None
     for i, row in enumerate(ds):
         yield f"{source}[{split or 'train'}] row {i}", row

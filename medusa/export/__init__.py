@@ -12,7 +12,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from medusa.errors import CheckpointError, MedusaError
+from medusa.errors import CheckpointError, MedusaError, first_line
 from medusa.export.common import (
     HeadsState,
     copy_tokenizer,
@@ -24,7 +24,7 @@ from medusa.export.medusa_v1 import is_v1_dir, read_v1, write_v1
 from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory
 from medusa.modeling.base import dtype_name
-from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig, base_location
 
 EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi")
 IMPORT_FORMATS = ("auto", "vllm", "medusa-v1")
@@ -66,16 +66,11 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
             write_vllm(heads, tmp)
         else:
             write_v1(heads, tmp, choices=choices)
-        copied = copy_tokenizer(_local_base(src, config), tmp) if format == "tgi" else []
+        has_base = bool(config.base_model_subdir or config.base_model_name_or_path)
+        copied = copy_tokenizer(base_location(src, config), tmp) if format == "tgi" and has_base else []
     return {"format": format, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,
             "materialised_lm_head": config.head_type == "shared_lm_head", "tree_nodes":
             (len(choices) + 1) if choices is not None else None, "tokenizer_files": copied}
-
-
-def _local_base(src: Path, config: MedusaConfig) -> str:
-    if config.base_model_subdir:
-        return str(src / config.base_model_subdir)
-    return config.base_model_name_or_path
 
 
 def detect_format(src: Path) -> str:
@@ -142,7 +137,7 @@ def _base_fingerprint(name: str) -> tuple[str, int, int]:
     try:
         cfg = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"cannot read the config of base model {name!r}: {first}") from None
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     return text.model_type, int(text.hidden_size), int(text.vocab_size)

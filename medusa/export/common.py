@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from medusa.errors import CheckpointError, MedusaError
-from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig, base_location
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
@@ -91,7 +91,7 @@ def read_our_checkpoint(path: str | Path, base: str | None = None) -> tuple[Medu
         w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
     else:
         dtype = next(iter(state.values())).dtype
-        shared = base_lm_head_weight(base or _base_location(path, config), dtype)
+        shared = base_lm_head_weight(base_location(path, config, base, hint="shared_lm_head heads need the base model, pass --base"), dtype)
         if tuple(shared.shape) != (config.vocab_size, config.hidden_size):
             raise CheckpointError(f"base LM head has shape {tuple(shared.shape)} but {path / CONFIG_NAME} "
                                   f"says vocab {config.vocab_size} x hidden {config.hidden_size}")
@@ -105,15 +105,6 @@ def read_our_checkpoint(path: str | Path, base: str | None = None) -> tuple[Medu
     heads = HeadsState(w1, b1, w2, base_model_name_or_path=config.base_model_name_or_path, choices=choices)
     heads.check(src)
     return config, heads
-
-
-def _base_location(path: Path, config: MedusaConfig) -> str:
-    if config.base_model_subdir:
-        return str(path / config.base_model_subdir)
-    if not config.base_model_name_or_path:
-        raise CheckpointError(f"{path / CONFIG_NAME}: shared_lm_head heads need the base model; "
-                              "base_model_name_or_path is empty, pass --base")
-    return config.base_model_name_or_path
 
 
 def base_lm_head_weight(name_or_path: str, dtype: torch.dtype) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from medusa.errors import CheckpointError
+from medusa.errors import CheckpointError, first_line
 from medusa.export.common import HeadsState, named_tensors, read_json, write_json
 
 WEIGHTS = "medusa_lm_head.safetensors"
@@ -86,7 +86,7 @@ def load_v1_state(path: Path) -> tuple[dict[str, torch.Tensor], str]:
         else:
             state = torch.load(str(file), map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"{file}: cannot read ({first})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{file}: expected a state dict of tensors")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from medusa.errors import CheckpointError
+from medusa.errors import CheckpointError, MedusaError, first_line
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -49,8 +49,33 @@ def load_base_model(
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
     except (OSError, ValueError, EnvironmentError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"cannot load base model {name_or_path!r}: {first}") from exc
+
+
+def load_tokenizer(name_or_path: str, *, chat_template: str | None = None, padding_side: str | None = None,
+                   error: type[MedusaError] = MedusaError, what: str = "a tokenizer") -> Any:
+    """``AutoTokenizer.from_pretrained`` with a one-line ``error`` naming the source when it cannot load.
+
+    ``chat_template`` (a file or a Jinja string) replaces the tokenizer's own; with ``padding_side`` set,
+    a tokenizer without a pad token gets its unk (else EOS) token as pad.
+    """
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise error(f"cannot load {what} from {name_or_path!r}: {first_line(exc)}") from None
+    if chat_template is not None:
+        path = Path(chat_template)
+        tok.chat_template = path.read_text(encoding="utf-8") if path.is_file() else chat_template
+    if padding_side is not None:
+        tok.padding_side = padding_side
+        if tok.pad_token is None:
+            tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
+    return tok
 
 
 def unwrap(model: nn.Module) -> nn.Module:

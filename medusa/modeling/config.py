@@ -74,3 +74,16 @@ class MedusaConfig:
 
     def save(self, directory: str | Path) -> None:
         (Path(directory) / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def base_location(checkpoint: str | Path, config: MedusaConfig, base: str | None = None,
+                  hint: str = "pass base_model=") -> str:
+    """Where a checkpoint's base model lives: ``base`` if given, the merged backbone stored inside the
+    checkpoint (MEDUSA-2), else the recorded ``base_model_name_or_path``."""
+    if base is not None:
+        return str(base)
+    if config.base_model_subdir:
+        return str(Path(checkpoint) / config.base_model_subdir)
+    if not config.base_model_name_or_path:
+        raise CheckpointError(f"{Path(checkpoint) / CONFIG_NAME}: base_model_name_or_path is empty; {hint}")
+    return config.base_model_name_or_path

@@ -31,6 +31,7 @@ from medusa.modeling.config import (
     TREE_NAME,
     WEIGHTS_NAME,
     MedusaConfig,
+    base_location,
 )
 from medusa.modeling.heads import MedusaHeads
 
@@ -199,12 +200,7 @@ class MedusaModel(nn.Module):
         path = Path(path)
         config = MedusaConfig.load(path)
         if base_model is None:
-            if config.base_model_subdir:
-                base_model = str(path / config.base_model_subdir)
-            elif config.base_model_name_or_path:
-                base_model = config.base_model_name_or_path
-            else:
-                raise CheckpointError(f"{path / CONFIG_NAME}: base_model_name_or_path is empty; pass base_model=")
+            base_model = base_location(path, config)
         if isinstance(base_model, (str, Path)):
             base_model = load_base_model(str(base_model), dtype=dtype, device_map=device_map,
                                          quantization_config=quantization_config, **load_kwargs)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from medusa.errors import ConfigError, MedusaError
+from medusa.modeling.base import load_tokenizer as _load_tokenizer
 from medusa.selfdistill.base import Request, Result, Sampling
 
 
@@ -20,20 +21,7 @@ class NoChatTemplate(MedusaError):
 def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     """The model's tokenizer, left-padded, with a pad token; ``chat_template`` (a file or a Jinja string)
     replaces the tokenizer's own."""
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MedusaError(f"cannot load tokenizer {name_or_path!r}: {first}") from exc
-    if chat_template is not None:
-        path = Path(chat_template)
-        tok.chat_template = path.read_text(encoding="utf-8") if path.is_file() else chat_template
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
-    return tok
+    return _load_tokenizer(name_or_path, chat_template=chat_template, padding_side="left")
 
 
 def require_chat_template(tokenizer: Any, model_name: str) -> None:

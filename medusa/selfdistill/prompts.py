@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import DataError
+from medusa.errors import DataError, first_line
 
 FORMATS = ("auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text")
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -218,7 +218,7 @@ def _read_hub(name: str, split: str) -> list[tuple[str, Any]]:
 
         ds = datasets.load_dataset(name, split=split)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise DataError(f"cannot load dataset {name!r} (split {split!r}): {first}") from exc
     return [(f"{name}[{i}]", row) for i, row in enumerate(ds)]
 

@@ -84,7 +84,7 @@ def check_recipe(recipe: Recipe) -> None:
 def make_method() -> Any:
     """The ``Method`` of ``medusa.training.train`` for MEDUSA-2 (state: the teacher and the step count)."""
     from medusa.training import setup as S
-    from medusa.training.train import Method
+    from medusa.training.loop import Method
 
     state: dict[str, Any] = {"reference": None, "total_steps": None}
 

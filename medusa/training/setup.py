@@ -16,6 +16,7 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.data import TokenizedData, load_tokenized
 from medusa.errors import ConfigError
+from medusa.modeling.base import load_tokenizer as _load_tokenizer
 from medusa.modeling.model import MedusaModel
 from medusa.training.losses import medusa_head_loss
 
@@ -47,13 +48,7 @@ class RunData:
 
 
 def load_tokenizer(recipe: Recipe) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(recipe.model)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"model: cannot load a tokenizer from {recipe.model!r} ({first})") from None
+    return _load_tokenizer(recipe.model, error=ConfigError, what="a tokenizer (recipe key model)")
 
 
 def load_data(recipe: Recipe, tokenizer: Any) -> RunData:

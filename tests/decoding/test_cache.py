@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from _helpers import left_padded_batch, memorise_heads, real_rows
+from decoding_helpers import left_padded_batch, memorise_heads, real_rows
 from transformers.cache_utils import DynamicLayer
 
 from medusa import MedusaModel

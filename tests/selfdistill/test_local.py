@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from _selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
+from selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
 
 from medusa.errors import MedusaError
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from _selfdistill_helpers import ROOT, cli_env, free_port, save_chat_model, transformers_server
+from selfdistill_helpers import ROOT, cli_env, free_port, save_chat_model, transformers_server
 
 from medusa.errors import MedusaError
 from medusa.selfdistill import EndpointUnreachable, Sampling, SelfDistillConfig, self_distill

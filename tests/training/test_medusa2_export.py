@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training._medusa2_helpers import batch, naive_heads_loss
+from medusa2_helpers import batch, naive_heads_loss
 
 from medusa import MedusaModel
 from medusa.errors import CheckpointError
@@ -162,7 +162,7 @@ def test_heads_init_from_zero3_partitioned_lm_head():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    script = Path(__file__).with_name("_zero3_init_probe.py")
+    script = Path(__file__).resolve().parents[1] / "helpers" / "zero3_init_probe.py"
     env = dict(os.environ, MASTER_PORT=str(port))
     proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]

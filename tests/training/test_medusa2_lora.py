@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from training._medusa2_helpers import batch, naive_heads_loss
+from medusa2_helpers import batch, naive_heads_loss
 
 from medusa import MedusaModel
 from medusa.errors import ConfigError, MedusaError

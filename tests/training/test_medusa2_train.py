@@ -13,8 +13,8 @@ import torch
 from medusa.config import load_recipe
 from medusa.errors import ConfigError
 from medusa.modeling.model import MedusaModel
+from medusa.training.loop import train
 from medusa.training.medusa2_run import check_recipe
-from medusa.training.train import train
 
 from tiny_models import STORIES, require_shared, stories_model
 

@@ -11,7 +11,7 @@ import torch
 
 from medusa.config import load_recipe
 from medusa.modeling.model import MedusaModel
-from medusa.training.train import train
+from medusa.training.loop import train
 
 from tiny_models import SHARED, STORIES, require_shared, stories_model
 

@@ -17,11 +17,11 @@ def _nodes(value: str) -> int | str:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
     from medusa.data import load_tokenized
     from medusa.errors import MedusaError
     from medusa.modeling import MedusaModel
+    from medusa.modeling.base import load_tokenizer
+    from medusa.modeling.config import base_location
     from medusa.tree.calibrate import METHODS, calibrate, write_tree
     from medusa.tree.plot import plot_accuracy, plot_tree
 
@@ -36,13 +36,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.max_depth is not None and not 1 <= args.max_depth <= model.num_heads:
         raise MedusaError(f"--max-depth {args.max_depth} must be between 1 and the checkpoint's "
                           f"{model.num_heads} heads")
-    tok_source = args.tokenizer or args.base or (
-        str(Path(args.heads) / model.config.base_model_subdir) if model.config.base_model_subdir
-        else model.config.base_model_name_or_path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_source)
-    except (OSError, ValueError) as exc:
-        raise MedusaError(f"cannot load the tokenizer {tok_source!r}: {str(exc).splitlines()[0]}") from None
+    tokenizer = load_tokenizer(args.tokenizer or base_location(args.heads, model.config, args.base, hint="pass --base"))
     data = load_tokenized(args.data, tokenizer, max_length=args.max_length, format=args.format,
                           chat_template=args.chat_template, skip_invalid=args.skip_invalid)
     examples = data.examples[: args.max_examples] if args.max_examples else data.examples

@@ -29,7 +29,7 @@ def stories_medusa():
 
 
 def test_bench_greedy_matches_hf_generate_and_writes_files(stories_medusa, tmp_path):
-    from medusa.bench import bench, write_report
+    from medusa.eval.bench import bench, write_report
 
     report = bench(stories_medusa, stories_tokenizer(), PROMPTS, max_new_tokens=20, prompt_lookup=True,
                    progress=False)
@@ -55,7 +55,7 @@ def test_bench_greedy_matches_hf_generate_and_writes_files(stories_medusa, tmp_p
 
 def test_bench_stops_both_at_eos_alike(stories_medusa):
     """With ignore_eos=False both methods stop at the model's EOS: make a token the base writes early the EOS."""
-    from medusa.bench import bench
+    from medusa.eval.bench import bench
 
     tok = stories_tokenizer()
     base = stories_medusa.base_model
@@ -75,7 +75,7 @@ def test_bench_stops_both_at_eos_alike(stories_medusa):
 
 
 def test_bench_sampling_has_no_exact_match(stories_medusa):
-    from medusa.bench import bench
+    from medusa.eval.bench import bench
 
     report = bench(stories_medusa, stories_tokenizer(), PROMPTS[:1], max_new_tokens=8, acceptance="typical",
                    temperature=0.7, progress=False)
@@ -117,7 +117,7 @@ def test_stories260k_pipeline_reduced_end_to_end_and_reuse(tmp_path):
     """The `make bench` pipeline on tiny budgets: every stage runs, the report lands where documented, and a
     re-run reuses every stage (outputs untouched)."""
     require_shared(SHARED)
-    from medusa.benchmarks.stories260k import Settings, run
+    from medusa.pipelines.stories260k import Settings, run
 
     torch.manual_seed(0)
     s = Settings(out=str(tmp_path / "b"), shared=str(SHARED), train_stories=16, max_sentences=1,

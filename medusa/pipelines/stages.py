@@ -104,7 +104,7 @@ def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_token
 def train_recipe(recipe_path: str | Path, overrides: Sequence[str]) -> dict[str, Any]:
     """``medusa train RECIPE key=value...`` in-process; returns the final directory and last metrics."""
     from medusa.config import load_recipe
-    from medusa.training.train import train
+    from medusa.training.loop import train
 
     recipe = load_recipe(recipe_path, list(overrides))
     result = train(recipe)
@@ -140,9 +140,9 @@ def calibrate_auto(model: Any, examples: Sequence[dict], sizes: Sequence[int] = 
 def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Path, nodes: int | str = "auto",
                     max_length: int = 512, progress: bool = True) -> dict[str, Any]:
     """Copy the trained heads to ``final_dir`` with a calibrated ``tree.json`` (+ plots), atomically."""
-    from medusa.cli_generate import load_for_generation
     from medusa.data import load_tokenized
     from medusa.modeling.config import TREE_NAME
+    from medusa.modeling.loading import load_for_generation
     from medusa.tree.calibrate import calibrate
     from medusa.tree.plot import plot_accuracy
 
@@ -173,8 +173,8 @@ def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -
 
 def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str | Path, max_new_tokens: int,
                 repeats: int = 1, progress: bool = True, **kwargs: Any) -> dict[str, Any]:
-    from medusa.bench import bench, write_report
-    from medusa.cli_generate import load_for_generation
+    from medusa.eval.bench import bench, write_report
+    from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(heads_dir))
     report = bench(model, tokenizer, list(prompts), max_new_tokens=max_new_tokens, repeats=repeats,

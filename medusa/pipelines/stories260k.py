@@ -1,4 +1,4 @@
-"""The stories260K benchmark (``make bench``): ``python -m medusa.benchmarks.stories260k [--medusa2]``.
+"""The stories260K benchmark (``make bench``): ``python -m medusa.pipelines.stories260k [--medusa2]``.
 
 On Karpathy's stories260K (a real pretrained Llama, read from ``../shared/models/stories260K``):
 
@@ -6,13 +6,13 @@ On Karpathy's stories260K (a real pretrained Llama, read from ``../shared/models
    held out for the benchmark, the 48 before them for calibration, the rest make training prompts
    (each story's first 1..4 sentences);
 2. ``distill``: the model's own completions of those prompts (greedy, plus temperature samples);
-3. ``train``: MEDUSA-1 heads with ``recipes/bench/stories260k_medusa1.yaml``;
+3. ``train``: MEDUSA-1 heads with ``medusa/pipelines/recipes/stories260k_medusa1.yaml``;
 4. ``calibrate``: the accuracy-ranked tree on the calibration completions, size chosen by predicted
    tokens/s among <= 64 nodes; heads + ``tree.json`` land in ``<out>/final/``;
 5. ``bench``: ``medusa bench`` on the held-out prompts (greedy, exactly ``--max-new-tokens`` tokens);
    the report is ``<out>/report.json`` (+ ``report.md`` and PNG plots); when the chosen tree is smaller
    than 64 nodes, the 64-node tree (most tokens per step) is benchmarked too (``report_64nodes.json``);
-6. with ``--medusa2``: MEDUSA-2 (``recipes/bench/stories260k_medusa2.yaml``, LoRA, from the MEDUSA-1 heads)
+6. with ``--medusa2``: MEDUSA-2 (``medusa/pipelines/recipes/stories260k_medusa2.yaml``, LoRA, from the MEDUSA-1 heads)
    on the same data, benchmarked with the same tree; the backbone's held-out loss before and after.
 
 Every stage leaves a marker in ``<out>/.stages/``; re-running reuses finished stages. Figures are
@@ -31,11 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from medusa.benchmarks import stages as S
 from medusa.errors import DataError, MedusaError
+from medusa.pipelines import stages as S
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPES = ROOT / "recipes" / "bench"
+RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
 TARGETS = {"tokens_per_step": 3.0, "speedup": 2.0, "greedy_exact_match": 1.0}
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
@@ -43,7 +42,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 @dataclass
 class Settings:
     out: str = "out/bench/stories260k"
-    shared: str = str(ROOT.parent / "shared")
+    shared: str = os.environ.get("MEDUSA_SHARED", "../shared")  # the shared assets beside the checkout
     held_out: int = 24  # stories for the benchmark (the last ones of the sample)
     calib_stories: int = 48  # stories for calibration (just before the held-out ones)
     train_stories: int | None = None  # None: all the others
@@ -219,9 +218,9 @@ def backbone_losses(model_path: str, medusa2_dir: str, data: str | Path) -> dict
     """Held-out next-token loss (completion tokens of ``data``) of the original and the MEDUSA-2 backbone."""
     import torch
 
-    from medusa.cli_generate import load_for_generation
     from medusa.data import load_tokenized
     from medusa.modeling.base import load_base_model
+    from medusa.modeling.loading import load_for_generation
 
     m2, tokenizer = load_for_generation(medusa2_dir)
     examples = load_tokenized(str(data), tokenizer, max_length=512).examples
@@ -284,7 +283,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m medusa.benchmarks.stories260k",
+    parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.stories260k",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=Settings.out)
     parser.add_argument("--shared", default=Settings.shared, help="the shared assets directory")

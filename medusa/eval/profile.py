@@ -117,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=None, help="use the default tree with this many nodes")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    from medusa.cli_generate import load_for_generation, read_prompts
+    from medusa.data.readers import read_prompts
+    from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(args.heads, args.base)
     prompts = read_prompts(args.prompts) if args.prompts else ["Once upon a time"]

@@ -1,4 +1,4 @@
-"""``medusa export`` (heads -> vLLM / TensorRT-LLM / TGI / official MEDUSA) and ``medusa import``."""
+"""``medusa export``: heads -> vLLM / TensorRT-LLM / TGI / official MEDUSA."""
 
 from __future__ import annotations
 
@@ -16,16 +16,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_import(args: argparse.Namespace) -> int:
-    from medusa.export import import_checkpoint
-
-    summary = import_checkpoint(args.src, args.out, base=args.base, format=args.format)
-    tree = f", tree of {summary['tree_nodes']} nodes" if summary["tree_nodes"] else ""
-    print(f"wrote {summary['out']} (from {summary['format']}): {summary['num_heads']} heads x "
-          f"{summary['num_layers']} layer(s) on {summary['base_model']}{tree}")
-    return 0
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     exp = sub.add_parser("export", help="write heads in a serving engine's format",
                          description="Formats: vllm, medusa-v1, tensorrt-llm, tgi.")
@@ -36,9 +26,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("src", help="a heads checkpoint (this project's format)")
     exp.add_argument("out", help="output directory (replaced atomically)")
     exp.set_defaults(func=_cmd_export)
-    imp = sub.add_parser("import", help="convert official MEDUSA or vLLM heads into this project's format")
-    imp.add_argument("--base", default=None, help="base model (default: base_model_name_or_path of the source)")
-    imp.add_argument("--format", default="auto", metavar="F", help="auto | medusa-v1 | vllm")
-    imp.add_argument("src", help="a directory with medusa_lm_head.safetensors / .pt, or a vLLM Medusa dir")
-    imp.add_argument("out", help="output directory (replaced atomically)")
-    imp.set_defaults(func=_cmd_import)

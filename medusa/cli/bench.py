@@ -9,9 +9,10 @@ from pathlib import Path
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from medusa.bench import bench, format_summary, write_report
-    from medusa.cli_generate import load_for_generation, read_prompts
+    from medusa.data.readers import read_prompts
     from medusa.errors import MedusaError
+    from medusa.eval.bench import bench, format_summary, write_report
+    from medusa.modeling.loading import load_for_generation
     from medusa.tree import MedusaTree
 
     if args.threads is not None:
@@ -25,17 +26,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
     assistant, assistant_tok = None, None
     if args.assistant_model:
-        from transformers import AutoTokenizer
-
-        from medusa.modeling.base import load_base_model
+        from medusa.modeling.base import load_base_model, load_tokenizer
 
         dtype = next(model.base_model.parameters()).dtype
         assistant = load_base_model(args.assistant_model, dtype=dtype).to(model.device).eval()
-        try:
-            assistant_tok = AutoTokenizer.from_pretrained(args.assistant_model)
-        except (OSError, ValueError) as exc:
-            raise MedusaError(f"cannot load a tokenizer from {args.assistant_model!r}: "
-                              f"{str(exc).splitlines()[0]}") from None
+        assistant_tok = load_tokenizer(args.assistant_model)
         if assistant_tok.get_vocab() == tokenizer.get_vocab():
             assistant_tok = None  # same tokenizer: plain assisted generation
     report = bench(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,

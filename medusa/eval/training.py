@@ -1,10 +1,10 @@
 """Measurements for the training note (not tests: nothing here asserts a speed or a size).
 
-``python -m medusa.training.measure memory [--vocab 128000 --seq 2048 --heads 5 --hidden 256]``
+``python -m medusa.eval.training memory [--vocab 128000 --seq 2048 --heads 5 --hidden 256]``
     Peak memory of one forward + backward of the head loss, chunked vs naive. Each variant runs in a
     fresh subprocess; the figure is the process's peak RSS (``ru_maxrss``) minus its RSS once the
     weights, inputs and weight gradients already exist, i.e. what the loss itself adds.
-``python -m medusa.training.measure throughput [RECIPE] [--steps 30] [key=value ...]``
+``python -m medusa.eval.training throughput [RECIPE] [--steps 30] [key=value ...]``
     Training tokens/s of the recipe's MEDUSA-1 step (backbone forward without autograd + chunked head
     loss forward/backward + AdamW) vs a loop that only runs the backbone forward, on the same batches.
 """
@@ -59,7 +59,7 @@ def loss_memory_child(variant: str, vocab: int, seq: int, heads: int, hidden: in
 def measure_memory(args: argparse.Namespace) -> list[dict]:
     results = []
     for variant, heads in [("chunked", args.heads)] + [("naive", k) for k in args.naive_heads]:
-        cmd = [sys.executable, "-m", "medusa.training.measure", "_memory_child", variant, str(args.vocab),
+        cmd = [sys.executable, "-m", "medusa.eval.training", "_memory_child", variant, str(args.vocab),
                str(args.seq), str(heads), str(args.hidden), str(args.chunk)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         variant, vocab, seq, heads, hidden, chunk = argv[1:7]
         print(json.dumps(loss_memory_child(variant, int(vocab), int(seq), int(heads), int(hidden), int(chunk))))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m medusa.training.measure")
+    parser = argparse.ArgumentParser(prog="python -m medusa.eval.training")
     sub = parser.add_subparsers(dest="what", required=True)
     mem = sub.add_parser("memory")
     mem.add_argument("--vocab", type=int, default=128_000)

@@ -6,7 +6,7 @@ import argparse
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from medusa.demo import DemoSettings, main
+    from medusa.pipelines.demo import DemoSettings, main
 
     s = DemoSettings(out=args.out, threads=args.threads, timing_threads=args.timing_threads, nodes=args.nodes,
                      progress=not args.no_progress,
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                               "to start over.")
     p.add_argument("--model", default=None, help="a local causal LM directory (default: data/default_model)")
     p.add_argument("--out", default="out/demo", help="artefacts directory (default: out/demo)")
-    p.add_argument("--recipe", default=None, help="MEDUSA-1 recipe (default: recipes/demo/default_model_medusa1.yaml)")
+    p.add_argument("--recipe", default=None, help="MEDUSA-1 recipe (default: medusa/pipelines/recipes/default_model_medusa1.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="key=value",
                    help="recipe override (repeatable), e.g. --set train.epochs=1")
     p.add_argument("--nodes", default="auto", help="tree size or auto (<= 64 nodes, by predicted tokens/s)")

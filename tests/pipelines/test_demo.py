@@ -13,11 +13,11 @@ import pytest
 from tiny_models import STORIES, require_shared
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _settings(out: Path, model: Path):
-    from medusa.demo import DemoSettings
+    from medusa.pipelines.demo import DemoSettings
 
     return DemoSettings(model=str(model), out=str(out), prompt_lines=3, distill_prompts=48, calib_prompts=8,
                         bench_prompts=2, distill_tokens=24, max_new_tokens=16, nodes="8", progress=False,
@@ -27,7 +27,7 @@ def _settings(out: Path, model: Path):
 
 def test_demo_reduced_end_to_end_then_reuses_stages(tmp_path, capsys):
     require_shared(STORIES)
-    from medusa.demo import main
+    from medusa.pipelines.demo import main
 
     out = tmp_path / "demo"
     assert main(_settings(out, STORIES)) == 0
@@ -56,7 +56,7 @@ def test_demo_reduced_end_to_end_then_reuses_stages(tmp_path, capsys):
 
 def test_demo_prompts_come_from_held_out_files_split_by_file(tmp_path):
     require_shared(STORIES)
-    from medusa.demo import held_out_files, split_prompts
+    from medusa.pipelines.demo import held_out_files, split_prompts
 
     files = held_out_files(STORIES)  # no training_summary.json: the default model's held-out modules
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -75,8 +75,8 @@ def test_demo_prompts_come_from_held_out_files_split_by_file(tmp_path):
 
 
 def test_demo_stage_failure_is_one_line_error_without_marker(tmp_path, capsys):
-    from medusa.benchmarks.stages import StageError, marker_path, run_stage
     from medusa.cli import main
+    from medusa.pipelines.stages import StageError, marker_path, run_stage
 
     def broken() -> dict:
         raise RuntimeError("disk on fire\nsecond line")

@@ -4,7 +4,7 @@
    never saw in training (``held_out_modules`` of its ``training_summary.json``), split by file into
    distillation, calibration and benchmark prompts;
 2. ``distill``: the model's own greedy completions of the distillation and calibration prompts;
-3. ``train``: MEDUSA-1 heads with ``recipes/demo/default_model_medusa1.yaml``;
+3. ``train``: MEDUSA-1 heads with ``medusa/pipelines/recipes/default_model_medusa1.yaml``;
 4. ``calibrate``: the accuracy-ranked tree on the calibration completions (size chosen by predicted
    tokens/s, <= 64 nodes), written with the heads to ``<out>/final/``;
 5. ``export``: the heads in vLLM's format (``<out>/export/vllm``);
@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from medusa.benchmarks import stages as S
 from medusa.errors import DataError, MedusaError
+from medusa.pipelines import stages as S
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = ROOT / "data" / "default_model"
-RECIPE = ROOT / "recipes" / "demo" / "default_model_medusa1.yaml"
+# Package data, so that a wheel install runs `medusa demo` from any directory: the recipe lives here, and
+# default_model is a link to the repository's data/default_model that the wheel build copies in.
+PACKAGE = Path(__file__).resolve().parent
+DEFAULT_MODEL = PACKAGE / "default_model"
+RECIPE = PACKAGE / "recipes" / "default_model_medusa1.yaml"
 # The modules data/default_model/train.py holds out (used when the model has no training_summary.json).
 FALLBACK_HELD_OUT = ("argparse", "csv", "dataclasses", "difflib", "fractions", "heapq", "json", "shlex",
                      "statistics", "textwrap")
@@ -176,7 +178,7 @@ def stream_one(heads_dir: str | Path, prompt: str, max_new_tokens: int) -> Any:
     returns the :class:`MedusaGenerateOutput` with ``new_tokens`` set."""
     from transformers import TextStreamer
 
-    from medusa.cli_generate import load_for_generation
+    from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(heads_dir))
     ids = tokenizer(prompt, return_tensors="pt").input_ids

@@ -92,7 +92,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     from tqdm.auto import tqdm
 
     from medusa.decoding.generate import ACCEPTANCE
-    from medusa.decoding.profile import plain_step_time
+    from medusa.eval.profile import plain_step_time
 
     if acceptance not in ACCEPTANCE:
         raise MedusaError(f"--acceptance must be one of {', '.join(ACCEPTANCE)}, got {acceptance!r}")

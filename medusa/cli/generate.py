@@ -3,75 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
-from typing import Any
 
-from medusa.errors import DataError, MedusaError
-
-
-def read_prompts(path: str | Path) -> list[str]:
-    """Prompts from a text file (one per non-empty line) or a JSONL file (``prompt``, ``text``, ``question``
-    or the first of ``turns``, as in MT-Bench)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: not found")
-    prompts: list[str] = []
-    jsonl = path.suffix in (".jsonl", ".json")
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        if not jsonl:
-            prompts.append(line)
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        text = None
-        if isinstance(row, dict):
-            for key in ("prompt", "text", "question"):
-                if isinstance(row.get(key), str):
-                    text = row[key]
-                    break
-            turns = row.get("turns")
-            if text is None and isinstance(turns, list) and turns and isinstance(turns[0], str):
-                text = turns[0]
-        if text is None:
-            raise DataError(f"{path}:{lineno}: no 'prompt', 'text', 'question' or 'turns' string in the row")
-        prompts.append(text)
-    if not prompts:
-        raise DataError(f"{path}: no prompts")
-    return prompts
-
-
-def load_for_generation(heads: str, base: str | None = None, dtype: str | None = None) -> tuple[Any, Any]:
-    """The MedusaModel (eval mode) and its tokenizer (from ``base``, the merged backbone, or the config's)."""
-    from transformers import AutoTokenizer
-
-    from medusa.modeling import MedusaModel
-    from medusa.modeling.config import MedusaConfig
-
-    config = MedusaConfig.load(Path(heads))
-    source = base or (str(Path(heads) / config.base_model_subdir) if config.base_model_subdir
-                      else config.base_model_name_or_path)
-    model = MedusaModel.from_pretrained(heads, base_model=base, dtype=dtype).eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
-        raise MedusaError(f"cannot load a tokenizer from {source!r}: {str(exc).splitlines()[0]}") from None
-    return model, tokenizer
-
-
-def _encode(tokenizer: Any, prompt: str, chat: bool) -> Any:
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise MedusaError(f"--chat: the tokenizer of {tokenizer.name_or_path!r} has no chat template")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)
-        return ids["input_ids"]
-    return tokenizer(prompt, return_tensors="pt").input_ids
+from medusa.errors import MedusaError
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -81,19 +15,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     if args.prompt is None and args.prompts is None:
         raise MedusaError("give --prompt TEXT or --prompts FILE")
+    from medusa.data.readers import read_prompts
+    from medusa.modeling.loading import encode_prompt, load_for_generation
+
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
     tree = MedusaTree.from_json(args.tree) if args.tree else None
     if args.profile:
-        from medusa.decoding.profile import format_profile, profile_decoding
+        from medusa.eval.profile import format_profile, profile_decoding
 
         print(format_profile(profile_decoding(model, tokenizer, prompts, args.max_new_tokens, tree=tree)))
         return 0
     generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.seed is not None else None
     total_tokens = total_steps = 0
-    total_time = 0.0
     for prompt in prompts:
-        ids = _encode(tokenizer, prompt, args.chat).to(model.device)
+        ids = encode_prompt(tokenizer, prompt, args.chat).to(model.device)
         streamer = None
         if args.stream:
             from transformers import TextStreamer
@@ -111,7 +47,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               f"{new / seconds:.0f} tokens/s]", file=sys.stderr if args.quiet_stats else sys.stdout)
         total_tokens += sum(sum(a) for a in out.accept_lengths)
         total_steps += out.num_steps
-        total_time += seconds
     if len(prompts) > 1 and total_steps:
         print(f"[all prompts: {total_tokens / total_steps:.2f} tokens/step]")
     return 0

@@ -1,0 +1,24 @@
+"""``medusa import``: official MEDUSA (v0.1 .pt, v2 safetensors) or vLLM heads -> this project's format."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from medusa.export import import_checkpoint
+
+    summary = import_checkpoint(args.src, args.out, base=args.base, format=args.format)
+    tree = f", tree of {summary['tree_nodes']} nodes" if summary["tree_nodes"] else ""
+    print(f"wrote {summary['out']} (from {summary['format']}): {summary['num_heads']} heads x "
+          f"{summary['num_layers']} layer(s) on {summary['base_model']}{tree}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    imp = sub.add_parser("import", help="convert official MEDUSA or vLLM heads into this project's format")
+    imp.add_argument("--base", default=None, help="base model (default: base_model_name_or_path of the source)")
+    imp.add_argument("--format", default="auto", metavar="F", help="auto | medusa-v1 | vllm")
+    imp.add_argument("src", help="a directory with medusa_lm_head.safetensors / .pt, or a vLLM Medusa dir")
+    imp.add_argument("out", help="output directory (replaced atomically)")
+    imp.set_defaults(func=_cmd_import)

@@ -1,0 +1,39 @@
+"""``medusa info CHECKPOINT``: summarise a heads checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from medusa.modeling.model import summarize
+
+    summary = summarize(args.checkpoint)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"checkpoint   {summary['path']}")
+    print(f"base model   {summary['base_model'] or '(unnamed)'} ({summary['base_model_type']}, "
+          f"hidden {summary['hidden_size']}, vocab {summary['vocab_size']})"
+          + ("  [merged backbone inside]" if summary["merged_backbone"] else ""))
+    print(f"heads        {summary['num_heads']} x {summary['num_layers']} ResBlock(s), "
+          f"{summary['head_type']}, {summary['dtype']}")
+    print(f"parameters   {summary['parameters']:,}")
+    if summary["trained_with"]:
+        print(f"trained with {summary['trained_with']}")
+    tree = summary["tree"]
+    if tree is None:
+        print("tree         none (decoding uses the built-in default; run `medusa calibrate`)")
+    else:
+        expected = tree["expected_tokens_per_step"]
+        print(f"tree         {tree['nodes']} nodes, depth {tree['depth']}"
+              + (f", expected {expected:.2f} tokens/step" if expected else ""))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    info = sub.add_parser("info", help="summarise a heads checkpoint")
+    info.add_argument("checkpoint", help="a MEDUSA heads directory")
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+    info.set_defaults(func=_cmd_info)

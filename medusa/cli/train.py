@@ -1,0 +1,50 @@
+"""``medusa train RECIPE.yaml [key=value ...]``, the same as ``accelerate launch -m medusa.train``.
+
+Dotted overrides: ``train.lr=1e-4 heads.num_heads=4 data.train=my.jsonl``. Every config error surfaces
+before a model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from medusa.cli import run_command, wants_debug
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="a YAML training recipe (see recipes/)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. train.lr=1e-4 heads.num_heads=4")
+
+
+def run(recipe_path: str, overrides: Sequence[str]) -> int:
+    from medusa.config import load_recipe
+    from medusa.training.loop import train
+
+    recipe = load_recipe(recipe_path, list(overrides))  # every config error surfaces before a model loads
+    result = train(recipe)
+    if result.final_dir is not None:
+        print(f"final heads: {result.final_dir}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    return run(args.recipe, args.overrides)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("train", help="train MEDUSA heads from a YAML recipe (MEDUSA-1 / MEDUSA-2)")
+    add_arguments(parser)
+    parser.set_defaults(func=_cmd_train)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m medusa.train`` / ``accelerate launch -m medusa.train``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = wants_debug(argv)
+    parser = argparse.ArgumentParser(prog="medusa.train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    return run_command(lambda: run(args.recipe, args.overrides), debug)

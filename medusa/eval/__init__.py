@@ -1,0 +1,1 @@
+"""Measurement: MEDUSA vs HF generate (bench), decode-step timing (profile), training memory/throughput."""

@@ -1,0 +1,32 @@
+"""A heads checkpoint ready to decode: the MedusaModel (eval mode) and the tokenizer of its base."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from medusa.errors import MedusaError
+from medusa.modeling.base import load_tokenizer
+from medusa.modeling.config import MedusaConfig, base_location
+from medusa.modeling.model import MedusaModel
+
+
+def load_for_generation(heads: str | Path, base: str | None = None, dtype: str | None = None,
+                        tokenizer: str | None = None) -> tuple[MedusaModel, Any]:
+    """The MedusaModel (eval mode) and its tokenizer (from ``tokenizer``, ``base``, the merged backbone,
+    or the checkpoint's recorded base, in that order)."""
+    config = MedusaConfig.load(Path(heads))
+    model = MedusaModel.from_pretrained(heads, base_model=base, dtype=dtype).eval()
+    source = tokenizer or base_location(heads, config, base, hint="pass --base")
+    return model, load_tokenizer(source)
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> Any:
+    """Token ids ``[1, T]`` of one prompt; with ``chat``, wrapped in the tokenizer's chat template as a user turn."""
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise MedusaError(f"--chat: the tokenizer of {tokenizer.name_or_path!r} has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)
+        return ids["input_ids"]
+    return tokenizer(prompt, return_tensors="pt").input_ids
