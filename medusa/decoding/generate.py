@@ -44,7 +44,7 @@ def _default_tree(model: Any) -> Any:
     return cache[model.num_heads]
 
 
-def _sampling_defaults(model: Any, top_k: int | None, top_p: float | None) -> tuple[int | None, float | None]:
+def sampling_defaults(model: Any, top_k: int | None, top_p: float | None) -> tuple[int | None, float | None]:
     """Unset top_k / top_p resolve as HF ``generate`` resolves them: the model's generation_config, then HF's
     global defaults (top_k 50, top_p 1.0). Pass ``top_k=0`` to turn top-k filtering off."""
     gen = getattr(unwrap(model.base_model), "generation_config", None)
@@ -134,7 +134,7 @@ def medusa_generate(
     pad_id = _pad_id(model, eos)
     warp = None
     if acceptance != "greedy":
-        top_k, top_p = _sampling_defaults(model, top_k, top_p)
+        top_k, top_p = sampling_defaults(model, top_k, top_p)
         warp = warp_logits(temperature, top_k, top_p)
 
     def accept(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

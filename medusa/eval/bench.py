@@ -108,9 +108,9 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     medusa_eos = [] if ignore_eos else None
     hf_sampling: dict[str, Any] = {}
     if not greedy:  # unset top_k / top_p resolve as medusa_generate (and HF) resolve them
-        from medusa.decoding.generate import _sampling_defaults
+        from medusa.decoding.generate import sampling_defaults
 
-        k, p = _sampling_defaults(model, top_k, top_p)
+        k, p = sampling_defaults(model, top_k, top_p)
         hf_sampling = {"temperature": temperature, "top_k": k, "top_p": 1.0 if p is None else p}
     gen_cfg = _generation_config(base, ignore_eos, pad, max_new_tokens, hf_sampling)
     lookup_cfg = _generation_config(base, ignore_eos, pad, max_new_tokens, hf_sampling,
@@ -319,9 +319,9 @@ def _frac(x: float | None) -> str:
 
 def plot_report(report: dict[str, Any], stem: str | Path) -> list[Path]:
     """``<stem>_accept_lengths.png`` (histogram of tokens gained per step) and ``<stem>_speedup.png``."""
-    from medusa.tree.plot import _pyplot
+    from medusa.tree.plot import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     stem = Path(stem)
     paths = []
     hist = {int(k): v for k, v in report["accept_length_histogram"].items()}

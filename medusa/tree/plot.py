@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -17,7 +17,7 @@ def _pyplot():
 
 def plot_accuracy(accuracy: Sequence[Sequence[float]], path: str | Path, title: str = "") -> Path:
     """Heatmap of ``accuracy[k][r]`` (rows: heads 1..K, columns: ranks 0..topk-1), values written in."""
-    plt = _pyplot()
+    plt = pyplot()
     rows, cols = len(accuracy), len(accuracy[0]) if accuracy else 0
     fig, ax = plt.subplots(figsize=(1.0 + 0.6 * cols, 1.0 + 0.5 * rows), dpi=120)
     image = ax.imshow([list(r) for r in accuracy], cmap="viridis", vmin=0.0, vmax=max(
@@ -45,7 +45,7 @@ def plot_tree(choices: Sequence[Sequence[int]], path: str | Path,
 
     ``weights``: optional per-path acceptance probability, shown as the node colour.
     """
-    plt = _pyplot()
+    plt = pyplot()
     paths = [()] + sorted((tuple(c) for c in choices), key=lambda p: (len(p), p))
     children: dict[tuple[int, ...], list[tuple[int, ...]]] = {p: [] for p in paths}
     for p in paths[1:]:

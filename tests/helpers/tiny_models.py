@@ -23,6 +23,21 @@ def require_shared(path: Path = SHARED) -> Path:
     return path
 
 
+def require_module(name: str):
+    """Import an optional dependency, or skip (fail in CI, where MEDUSA_REQUIRE_SHARED=1) when it is absent.
+
+    ``pytest.importorskip`` alone skips silently in CI too, hiding a missing dependency.
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if os.environ.get("MEDUSA_REQUIRE_SHARED") == "1":
+            pytest.fail(f"{name} cannot be imported ({exc}) and MEDUSA_REQUIRE_SHARED=1")
+        pytest.skip(f"{name} is not installed")
+
+
 def tiny_config(arch: str, vocab_size: int = 96, hidden_size: int = 32, layers: int = 2, **overrides):
     import transformers as tf
 

@@ -14,7 +14,7 @@ from medusa.selfdistill.local import LocalBackend
 from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip
 from medusa.selfdistill.prompts import load_prompts
 
-from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
+from tiny_models import SHARED, STORIES, require_module, require_shared, stories_model, stories_tokenizer
 
 TINYSTORIES = SHARED / "data" / "tinystories_sample.txt"
 
@@ -190,7 +190,7 @@ def test_chat_template_option_on_a_completion_model(tmp_path):
 
 def test_output_is_training_data_for_load_tokenized(tmp_path):
     """Both output shapes load with ``medusa.data.load_tokenized`` (format auto-detected)."""
-    load_tokenized = pytest.importorskip("medusa.data").load_tokenized
+    from medusa.data import load_tokenized
     _write_prompts(tmp_path, [{"turns": ["Hi there", "And then?"]}, {"prompt": "Tell a story."}])
     tok = chat_tokenizer()
     self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=tok)
@@ -208,7 +208,7 @@ def test_local_backend_in_4bit(tmp_path):
 
     from tiny_models import tiny_model
 
-    pytest.importorskip("bitsandbytes")
+    require_module("bitsandbytes")
     path = tmp_path / "m"
     tiny_model("llama", vocab_size=512, hidden_size=64, layers=1, intermediate_size=128).save_pretrained(path)
     chat_tokenizer().save_pretrained(path)

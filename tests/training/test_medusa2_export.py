@@ -16,7 +16,7 @@ from medusa.errors import CheckpointError
 from medusa.modeling.base import lm_head_weight
 from medusa.training import medusa2 as m2
 
-from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
+from tiny_models import STORIES, require_module, require_shared, stories_model, stories_tokenizer, tiny_model
 
 
 def _train_lora(model, steps=3, lr=5e-2, vocab=96, self_distill=False):
@@ -158,7 +158,7 @@ def test_init_heads_from_lm_head_resets_w2():
 
 def test_heads_init_from_zero3_partitioned_lm_head():
     """DeepSpeed ZeRO-3 (one CPU process, gloo) partitions the LM head; the heads still start equal to it."""
-    pytest.importorskip("deepspeed")
+    require_module("deepspeed")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

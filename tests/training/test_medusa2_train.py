@@ -16,7 +16,7 @@ from medusa.modeling.model import MedusaModel
 from medusa.training.loop import train
 from medusa.training.medusa2_run import check_recipe
 
-from tiny_models import STORIES, require_shared, stories_model
+from tiny_models import STORIES, require_module, require_shared, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny"
@@ -87,7 +87,7 @@ def test_tiny_selfdistill_recipe_from_medusa1_heads(tmp_path):
 
 
 def test_tiny_qlora_recipe(tmp_path):
-    pytest.importorskip("bitsandbytes")
+    require_module("bitsandbytes")
     result = train(_recipe("medusa2_lora", tmp_path, "train.max_steps=3", "quantization=4bit", "train.lr=1e-2"))
     loaded = MedusaModel.from_pretrained(result.final_dir)
     config = json.loads((result.final_dir / "base_model" / "config.json").read_text())
@@ -125,7 +125,7 @@ def test_tiny_full_recipe_two_process_cpu_launch(tmp_path):
 
 def test_tiny_full_recipe_deepspeed_zero3_cpu(tmp_path):
     """ZeRO-3 on CPU (one process): partitioned backbone, heads from the gathered LM head, gathered export."""
-    pytest.importorskip("deepspeed")
+    require_module("deepspeed")
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 2,
                               "gradient_accumulation_steps": 1, "zero_force_ds_cpu_optimizer": False,

@@ -13,7 +13,7 @@ from medusa.config import load_recipe
 from medusa.modeling.model import MedusaModel
 from medusa.training.loop import train
 
-from tiny_models import SHARED, STORIES, require_shared, stories_model
+from tiny_models import SHARED, STORIES, require_module, require_shared, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"
@@ -78,7 +78,7 @@ def test_resume_equals_straight_run(tmp_path):
 
 
 def test_4bit_backbone_trains_on_cpu(tmp_path):
-    pytest.importorskip("bitsandbytes")
+    require_module("bitsandbytes")
     result = train(_recipe(tmp_path, "quantization=4bit", "train.max_steps=3", "data.eval_split=0.0",
                            "train.logging_steps=1"))
     import bitsandbytes as bnb
