@@ -10,6 +10,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     summary = export_checkpoint(args.src, args.out, args.format, tree=args.tree, base=args.base)
     note = ", W2 materialised from the base LM head" if summary["materialised_lm_head"] else ""
+    if summary["layout"] == "medusa-v2":
+        note = ", MEDUSA v2 layout (the heads reuse the base LM head)"
     tree = f", tree of {summary['tree_nodes']} nodes" if summary["tree_nodes"] else ""
     print(f"wrote {summary['out']} ({args.format}): {summary['num_heads']} heads x "
           f"{summary['num_layers']} layer(s){tree}{note}")

@@ -3,6 +3,18 @@
 ``export_checkpoint(src, out, format)`` with ``format`` one of :data:`EXPORT_FORMATS`;
 ``import_checkpoint(src, out, base=None)`` detects the source layout. Both write ``out`` atomically
 (a temp directory renamed into place), so ``out`` is never left half-written.
+
+``shared_lm_head`` heads (no W2 of their own; they reuse the base LM head):
+
+- ``tgi`` with one ResBlock per head: the MEDUSA v2 layout TGI's ``MedusaHeadV2`` loads
+  (``{h}.0.linear.weight|bias`` only, ``config.json`` with ``medusa_num_layers: 1`` and ``version: "2"``);
+  TGI applies the base model's own LM head, so nothing is materialised and no base model is loaded.
+- ``tgi`` with any other ResBlock count: ``MedusaHeadV2`` asserts ``medusa_num_layers == 1``, so we fall
+  back to the version-1 layout with W2 materialised from the base LM head (``MedusaHeadV1`` loads any
+  layer count); the summary's ``layout`` says which one was written.
+- ``vllm`` / ``medusa-v1`` / ``tensorrt-llm``: W2 materialised from the base LM head into every head.
+
+Importing an official v2 file (ResBlocks only) gives a ``shared_lm_head`` checkpoint.
 """
 
 from __future__ import annotations
@@ -46,7 +58,9 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     src, out = Path(src), Path(out)
     _check_paths(src, out)
-    config, heads = read_our_checkpoint(src, base=base)
+    pre = MedusaConfig.load(src)
+    keep_shared = format == "tgi" and pre.head_type == "shared_lm_head" and pre.num_layers == 1
+    config, heads = read_our_checkpoint(src, base=base, materialise=not keep_shared)
     choices = None
     if format == "tensorrt-llm":
         from medusa.tree import MedusaTree, default_tree
@@ -69,8 +83,15 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
         has_base = bool(config.base_model_subdir or config.base_model_name_or_path)
         copied = copy_tokenizer(base_location(src, config), tmp) if format == "tgi" and has_base else []
     return {"format": format, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,
-            "materialised_lm_head": config.head_type == "shared_lm_head", "tree_nodes":
-            (len(choices) + 1) if choices is not None else None, "tokenizer_files": copied}
+            "layout": _layout(format, heads),
+            "materialised_lm_head": config.head_type == "shared_lm_head" and not heads.shared_lm_head,
+            "tree_nodes": (len(choices) + 1) if choices is not None else None, "tokenizer_files": copied}
+
+
+def _layout(format: str, heads: HeadsState) -> str:
+    if format == "vllm":
+        return "vllm"
+    return "medusa-v2" if heads.shared_lm_head else "medusa-v1"
 
 
 def detect_format(src: Path) -> str:
@@ -92,7 +113,9 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
                       format: str = "auto") -> dict[str, Any]:
     """Official heads (v0.1 ``.pt``, v2 safetensors, medusa-v1 / TGI / TensorRT-LLM) or vLLM heads ->
     our checkpoint at ``out``. The base model is ``base`` or the one the source config names; only its
-    config is read (model_type / hidden_size / vocab_size must fit the heads)."""
+    config is read (model_type / hidden_size / vocab_size must fit the heads). Heads without a W2 of
+    their own (official MEDUSA v2) become ``head_type: shared_lm_head``; the summary's format is then
+    ``medusa-v2``."""
     if format not in IMPORT_FORMATS:
         raise MedusaError(f"unknown import format {format!r}; choose one of {', '.join(IMPORT_FORMATS)}")
     src, out = Path(src), Path(out)
@@ -103,14 +126,20 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
     if not base_name:
         raise MedusaError(f"{src}: the source names no base model; pass --base")
     model_type, hidden, vocab = _base_fingerprint(base_name)
-    if hidden != heads.hidden_size or vocab != heads.vocab_size:
+    if heads.shared_lm_head and hidden != heads.hidden_size:
+        raise CheckpointError(f"base model {base_name!r} has hidden_size {hidden} but the heads in {src} "
+                              f"have {heads.hidden_size}")
+    if not heads.shared_lm_head and (hidden != heads.hidden_size or vocab != heads.vocab_size):
         raise CheckpointError(f"base model {base_name!r} has hidden_size {hidden} / vocab_size {vocab} but the "
                               f"heads in {src} have {heads.hidden_size} / {heads.vocab_size}")
+    if heads.shared_lm_head:
+        fmt = "medusa-v2" if fmt == "medusa-v1" else fmt
     if base_name and Path(base_name).is_dir():
         base_name = str(Path(base_name).resolve())
     config = MedusaConfig(base_model_name_or_path=base_name, base_model_type=model_type, hidden_size=hidden,
                           vocab_size=vocab, num_heads=heads.num_heads, num_layers=heads.num_layers,
-                          head_type="linear", dtype=dtype_name(heads.dtype),
+                          head_type="shared_lm_head" if heads.shared_lm_head else "linear",
+                          dtype=dtype_name(heads.dtype),
                           extra={"imported_from": str(src), "import_format": fmt})
     tree = None
     if heads.choices is not None:
@@ -127,8 +156,9 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
 
 
 def our_tensors(heads: HeadsState) -> dict:
-    """Canonical heads -> the tensor names of ``medusa_heads.safetensors`` (``linear`` heads)."""
-    return named_tensors(heads, "blocks.{k}.{l}.linear", "lm_heads.{k}.weight")
+    """Canonical heads -> the tensor names of ``medusa_heads.safetensors`` (``linear`` heads, or
+    ``shared_lm_head`` heads without ``lm_heads.*``)."""
+    return named_tensors(heads, "blocks.{k}.{l}.linear", None if heads.shared_lm_head else "lm_heads.{k}.weight")
 
 
 def _base_fingerprint(name: str) -> tuple[str, int, int]:

@@ -1,8 +1,10 @@
 """Reading our heads checkpoint without a base model, and the canonical in-memory form exporters share.
 
 The canonical form (:class:`HeadsState`) holds, per head k and layer l, the ResBlock ``W1 [d, d]``,
-``b [d]`` and the head's ``W2 [V, d]``, exactly the tensors of ``medusa_heads.safetensors`` (with W2
-materialised from the base LM head for ``shared_lm_head`` checkpoints).
+``b [d]`` and the head's ``W2 [V, d]``, exactly the tensors of ``medusa_heads.safetensors``. For
+``shared_lm_head`` checkpoints W2 is either materialised from the base LM head (targets that need a
+W2 per head) or left out (``w2 = None``: the heads reuse the base LM head, as official MEDUSA v2 and
+TGI's ``MedusaHeadV2`` do).
 """
 
 from __future__ import annotations
@@ -23,18 +25,25 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 
 @dataclass
 class HeadsState:
-    """K heads x L ResBlocks in plain tensors: ``w1[k][l] [d, d]``, ``b1[k][l] [d]``, ``w2[k] [V, d]``."""
+    """K heads x L ResBlocks in plain tensors: ``w1[k][l] [d, d]``, ``b1[k][l] [d]``, ``w2[k] [V, d]``.
+
+    ``w2 is None``: the heads have no W2 of their own and reuse the base model's LM head.
+    """
 
     w1: list[list[torch.Tensor]]
     b1: list[list[torch.Tensor]]
-    w2: list[torch.Tensor]
+    w2: list[torch.Tensor] | None
     base_model_name_or_path: str = ""
     choices: list[list[int]] | None = None  # the calibrated tree, when the source carries one
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def shared_lm_head(self) -> bool:
+        return self.w2 is None
+
+    @property
     def num_heads(self) -> int:
-        return len(self.w2)
+        return len(self.w1)
 
     @property
     def num_layers(self) -> int:
@@ -42,36 +51,46 @@ class HeadsState:
 
     @property
     def hidden_size(self) -> int:
-        return int(self.w2[0].shape[1])
+        return int(self.w2[0].shape[1]) if self.w2 is not None else int(self.w1[0][0].shape[1])
 
     @property
-    def vocab_size(self) -> int:
-        return int(self.w2[0].shape[0])
+    def vocab_size(self) -> int | None:
+        """W2's rows; None for heads that reuse the base LM head (the base decides)."""
+        return int(self.w2[0].shape[0]) if self.w2 is not None else None
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.w2[0].dtype
+        return self.w2[0].dtype if self.w2 is not None else self.w1[0][0].dtype
 
     def check(self, source: str) -> None:
         """Every head has the same layer count; every tensor has the shape its role needs."""
-        d, v = self.hidden_size, self.vocab_size
-        if len(self.w1) != self.num_heads or len(self.b1) != self.num_heads:
-            raise CheckpointError(f"{source}: ResBlocks found for {len(self.w1)} heads but W2 for {self.num_heads}")
+        if self.num_heads == 0:
+            raise CheckpointError(f"{source}: holds no heads")
+        if self.w2 is None and self.num_layers == 0:
+            raise CheckpointError(f"{source}: heads without ResBlocks or a W2 of their own would all be "
+                                  "the base LM head")
+        d = self.hidden_size
+        if len(self.b1) != self.num_heads or (self.w2 is not None and len(self.w2) != self.num_heads):
+            raise CheckpointError(f"{source}: ResBlocks found for {self.num_heads} heads but biases for "
+                                  f"{len(self.b1)}" + ("" if self.w2 is None else f" and W2 for {len(self.w2)}"))
         for k in range(self.num_heads):
             if len(self.w1[k]) != self.num_layers or len(self.b1[k]) != self.num_layers:
                 raise CheckpointError(f"{source}: head {k} has {len(self.w1[k])} layer(s), head 0 has "
                                       f"{self.num_layers}")
-            if tuple(self.w2[k].shape) != (v, d):
-                raise CheckpointError(f"{source}: head {k} W2 has shape {tuple(self.w2[k].shape)}, expected {(v, d)}")
+            if self.w2 is not None and tuple(self.w2[k].shape) != (self.vocab_size, d):
+                raise CheckpointError(f"{source}: head {k} W2 has shape {tuple(self.w2[k].shape)}, "
+                                      f"expected {(self.vocab_size, d)}")
             for l in range(self.num_layers):
                 if tuple(self.w1[k][l].shape) != (d, d) or tuple(self.b1[k][l].shape) != (d,):
                     raise CheckpointError(f"{source}: head {k} layer {l} has W1 {tuple(self.w1[k][l].shape)} / "
                                           f"bias {tuple(self.b1[k][l].shape)}, expected {(d, d)} / {(d,)}")
 
 
-def read_our_checkpoint(path: str | Path, base: str | None = None) -> tuple[MedusaConfig, HeadsState]:
+def read_our_checkpoint(path: str | Path, base: str | None = None,
+                        materialise: bool = True) -> tuple[MedusaConfig, HeadsState]:
     """Our checkpoint -> (config, canonical heads). ``shared_lm_head`` W2 comes from ``base`` (or the
-    base the config names), which is loaded for that purpose only."""
+    base the config names), which is loaded for that purpose only; with ``materialise=False`` it is
+    left out (``w2 = None``) and no base model is loaded."""
     from medusa.modeling.model import read_heads_file
 
     path = Path(path)
@@ -87,9 +106,10 @@ def read_our_checkpoint(path: str | Path, base: str | None = None) -> tuple[Medu
 
     w1 = [[get(f"blocks.{k}.{l}.linear.weight") for l in range(n_layers)] for k in range(k_heads)]
     b1 = [[get(f"blocks.{k}.{l}.linear.bias") for l in range(n_layers)] for k in range(k_heads)]
+    w2: list[torch.Tensor] | None = None
     if config.head_type == "linear":
         w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
-    else:
+    elif materialise:
         dtype = next(iter(state.values())).dtype
         shared = base_lm_head_weight(base_location(path, config, base, hint="shared_lm_head heads need the base model, pass --base"), dtype)
         if tuple(shared.shape) != (config.vocab_size, config.hidden_size):
@@ -115,16 +135,20 @@ def base_lm_head_weight(name_or_path: str, dtype: torch.dtype) -> torch.Tensor:
     return lm_head_weight(model).detach().to(device="cpu", dtype=dtype).contiguous()
 
 
-def named_tensors(heads: HeadsState, block: str, head: str) -> dict[str, torch.Tensor]:
+def named_tensors(heads: HeadsState, block: str, head: str | None) -> dict[str, torch.Tensor]:
     """Canonical heads -> one format's tensor names. ``block`` is a template with ``{k}`` (head) and ``{l}``
-    (layer) that gets ``.weight`` / ``.bias`` appended; ``head`` has ``{k}`` and ``{n}`` (num_layers)."""
+    (layer) that gets ``.weight`` / ``.bias`` appended; ``head`` has ``{k}`` and ``{n}`` (num_layers), and
+    must be None exactly when the heads have no W2 of their own."""
+    if (head is None) != heads.shared_lm_head:
+        raise ValueError("a W2 name template is needed exactly when the heads have their own W2")
     out: dict[str, torch.Tensor] = {}
     n = heads.num_layers
     for k in range(heads.num_heads):
         for l in range(n):
             out[block.format(k=k, l=l) + ".weight"] = heads.w1[k][l].contiguous()
             out[block.format(k=k, l=l) + ".bias"] = heads.b1[k][l].contiguous()
-        out[head.format(k=k, n=n)] = heads.w2[k].contiguous()
+        if head is not None:
+            out[head.format(k=k, n=n)] = heads.w2[k].contiguous()
     return out
 
 

@@ -35,7 +35,8 @@ def vllm_config(heads: HeadsState) -> dict[str, Any]:
         "hidden_size": heads.hidden_size,
         "vocab_size": heads.vocab_size,
         "truncated_vocab_size": heads.vocab_size,
-        "medusa_fc_bias": True,
+        "medusa_fc_bias": True,  # we always write the biases; vLLM silently drops them without this
+        "original_lm_head": False,  # one lm_heads.{i}.weight per head (shared heads are materialised)
         "torch_dtype": dtype_name(heads.dtype),
         "base_model_name_or_path": heads.base_model_name_or_path,
     }

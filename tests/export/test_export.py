@@ -24,6 +24,9 @@ def _perturb(model, seed=1):
 def base_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("base") / "llama"
     tiny_model("llama").save_pretrained(path)
+    # tokenizer files TGI export must copy (their content is not read by anything here)
+    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
+    (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": "</s>"}))
     return path
 
 
@@ -50,7 +53,11 @@ def test_vllm_keys_config_and_values(tmp_path, base_dir):
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
     assert cfg["model_type"] == "medusa" and cfg["architectures"] == ["MedusaModel"]
     assert (cfg["num_heads"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"],
-            cfg["truncated_vocab_size"], cfg["medusa_fc_bias"]) == (3, 2, 32, 96, 96, True)
+            cfg["truncated_vocab_size"], cfg["medusa_fc_bias"], cfg["original_lm_head"]) == (3, 2, 32, 96, 96,
+                                                                                          True, False)
+    # vLLM's MedusaConfig.from_pretrained renames every key holding "num" + "heads" / "layers": only ours may
+    renamed = {k for k in cfg if "num" in k and ("heads" in k or "layers" in k)}
+    assert renamed == {"num_heads", "num_hidden_layers"}
     tensors = load_file(str(tmp_path / "v" / "model.safetensors"))
     expected = {f"blocks.{k}.layers.{l}.{w}" for k in range(3) for l in range(2) for w in ("weight", "bias")}
     expected |= {f"lm_heads.{k}.weight" for k in range(3)}
@@ -66,7 +73,7 @@ def test_vllm_keys_config_and_values(tmp_path, base_dir):
 @pytest.mark.parametrize("fmt", ["medusa-v1", "tgi", "tensorrt-llm"])
 def test_medusa_v1_family_keys_config_and_values(tmp_path, base_dir, fmt):
     ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
-    export_checkpoint(ck, tmp_path / fmt, fmt)
+    summary = export_checkpoint(ck, tmp_path / fmt, fmt)
     out = tmp_path / fmt
     tensors = load_file(str(out / "medusa_lm_head.safetensors"))
     assert set(tensors) == {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight",
@@ -81,7 +88,11 @@ def test_medusa_v1_family_keys_config_and_values(tmp_path, base_dir, fmt):
     assert cfg["base_model_name_or_path"] == str(base_dir.resolve())
     assert "architectures" not in cfg  # TGI picks MedusaHeadV1 only without it
     if fmt == "tgi":
-        assert (out / "tokenizer_config.json").is_file() or not (base_dir / "tokenizer_config.json").is_file()
+        assert summary["tokenizer_files"] == ["tokenizer_config.json", "special_tokens_map.json"]
+        for name in summary["tokenizer_files"]:
+            assert (out / name).read_bytes() == (base_dir / name).read_bytes()
+    else:
+        assert summary["tokenizer_files"] == [] and not (out / "tokenizer_config.json").exists()
     if fmt == "tensorrt-llm":
         choices = json.loads(cfg["medusa_choices"])
         assert choices == json.loads((out / "medusa_choices.txt").read_text())
