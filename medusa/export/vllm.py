@@ -80,7 +80,8 @@ def read_vllm(path: Path) -> HeadsState:
     else:  # vLLM's default: bias-free ResBlocks, i.e. a zero bias in ours
         b1 = [[torch.zeros(w.shape[0], dtype=w.dtype) for w in row] for row in w1]
     if cfg.get("original_lm_head", False):
-        shared = get("lm_heads.0.weight")
+        # vLLM's parameter is lm_head.weight; its loader also maps lm_heads.0.weight onto it
+        shared = get("lm_head.weight" if "lm_head.weight" in state else "lm_heads.0.weight")
         w2 = [shared.clone() for _ in range(k_heads)]
     else:
         w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]

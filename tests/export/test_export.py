@@ -224,3 +224,20 @@ def test_out_never_half_written(tmp_path, base_dir, monkeypatch):
         export_checkpoint(ck, tmp_path / "out", "medusa-v1")
     assert {p: (tmp_path / "out" / p).read_bytes() for p in os.listdir(tmp_path / "out")} == before
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".out.")]
+
+
+@pytest.mark.parametrize("name", ["lm_head.weight", "lm_heads.0.weight"])
+def test_import_vllm_original_lm_head(tmp_path, base_dir, name):
+    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
+    export_checkpoint(ck, tmp_path / "v", "vllm")
+    tensors = load_file(str(tmp_path / "v" / "model.safetensors"))
+    shared = torch.randn(96, 32)
+    for k in range(2):
+        del tensors[f"lm_heads.{k}.weight"]
+    tensors[name] = shared
+    save_file(tensors, str(tmp_path / "v" / "model.safetensors"))
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    (tmp_path / "v" / "config.json").write_text(json.dumps({**cfg, "original_lm_head": True}))
+    import_checkpoint(tmp_path / "v", tmp_path / "back")
+    back = _ours(tmp_path / "back")
+    assert all(torch.equal(back[f"lm_heads.{k}.weight"], shared) for k in range(2))
