@@ -1,13 +1,17 @@
-"""Atomic directory writes: build everything in a sibling temp dir, then rename it into place."""
+"""Atomic writes (a directory built in a sibling temp dir, then renamed into place; a file through a temp
+file) and a JSON reader whose failures are one-line user errors."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+
+from medusa.errors import MedusaError
 
 
 @contextlib.contextmanager
@@ -43,3 +47,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
+
+
+def read_json(path: str | Path, error_cls: type[MedusaError] = MedusaError) -> Any:
+    """The JSON value in ``path``; a missing file or corrupt JSON raises ``error_cls`` naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise error_cls(f"{path}: not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error_cls(f"{path}: corrupt JSON ({exc})") from None

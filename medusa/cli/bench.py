@@ -11,7 +11,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from medusa.data.readers import read_prompts
     from medusa.errors import MedusaError
-    from medusa.eval.bench import bench, format_summary, write_report
+    from medusa.eval.bench import bench
+    from medusa.eval.report import format_summary, write_report
     from medusa.modeling.loading import load_for_generation
     from medusa.tree import MedusaTree
 

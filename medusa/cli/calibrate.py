@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure head accuracy on held-out data and write tree.json")
     p.add_argument("--heads", required=True, help="heads checkpoint directory (tree.json is written into it)")
     p.add_argument("--data", required=True, help="held-out conversations (any format medusa.data reads)")
-    p.add_argument("--nodes", type=_nodes, default=64, help="tree size including the root, or 'auto'")
+    p.add_argument("--nodes", type=_nodes, default=64, help="tree size including the root, or 'auto': the size (8..64) with the most predicted "
+                        "tokens/s, decoding steps timed on this device")
     p.add_argument("--max-depth", type=int, default=None, help="deepest tree level (default: all heads)")
     p.add_argument("--topk", type=int, default=10, help="ranks measured per head")
     p.add_argument("--method", default="empirical",

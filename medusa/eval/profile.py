@@ -10,31 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-
-@torch.no_grad()
-def plain_step_time(base: Any, input_ids: torch.Tensor, steps: int = 32) -> float:
-    """Mean seconds of one single-token forward with a growing DynamicCache (greedy continuation)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    out = base(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    tok = out.logits[:, -1:].argmax(-1)
-    pos = input_ids.shape[1]
-    _sync(input_ids.device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        out = base(input_ids=tok, past_key_values=cache, use_cache=True,
-                   position_ids=torch.tensor([[pos]], device=input_ids.device))
-        tok = out.logits[:, -1:].argmax(-1)
-        pos += 1
-    _sync(input_ids.device)
-    return (time.perf_counter() - t0) / steps
+from medusa.eval.timing import plain_step_time, timed
 
 
 @torch.no_grad()
@@ -53,16 +34,12 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
         ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
         best_hf, best_md, best_plain, md_out = float("inf"), float("inf"), float("inf"), None
         for _ in range(repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            ref = base.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-            _sync(device)
-            best_hf = min(best_hf, time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=max_new_tokens, tree=tree, return_dict_in_generate=True)
-            elapsed = time.perf_counter() - t0
-            if elapsed < best_md:
-                best_md, md_out = elapsed, out
+            ref, seconds = timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens, do_sample=False), device)
+            best_hf = min(best_hf, seconds)
+            out, seconds = timed(lambda: model.generate(ids, max_new_tokens=max_new_tokens, tree=tree,
+                                                        return_dict_in_generate=True), device)
+            if seconds < best_md:
+                best_md, md_out = seconds, out
             best_plain = min(best_plain, plain_step_time(base, ids, steps=min(32, max_new_tokens)))
         new = md_out.sequences.shape[1] - ids.shape[1]
         rows.append({
@@ -101,11 +78,6 @@ def format_profile(s: dict[str, Any]) -> str:
             f"HF generate tokens/s {s['hf_tokens_per_s']:.0f}\n"
             f"speedup              {s['speedup_vs_hf_generate']:.2f}x\n"
             f"identical to HF      {s['all_identical_to_hf']}")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

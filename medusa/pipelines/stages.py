@@ -17,8 +17,6 @@ from typing import Any
 from medusa.errors import MedusaError
 from medusa.io import atomic_directory, atomic_write_text
 
-AUTO_SIZES = (8, 16, 24, 32, 48, 64)  # tree sizes tried by calibrate_auto (<= 64 nodes)
-
 
 class StageError(MedusaError):
     """A pipeline stage failed; the message names the stage and the cause."""
@@ -116,30 +114,12 @@ def train_recipe(recipe_path: str | Path, overrides: Sequence[str]) -> dict[str,
             "recipe": str(recipe_path), "overrides": list(overrides)}
 
 
-def calibrate_auto(model: Any, examples: Sequence[dict], sizes: Sequence[int] = AUTO_SIZES, data_name: str = "",
-                   progress: bool = True, time_prompt_tokens: int = 64) -> Any:
-    """Calibrate on ``examples`` and pick the tree size (<= max(sizes)) maximising predicted tokens/s:
-    expected tokens per step (greedy tree decoding replayed on the data) / measured step time of each tree."""
-    from medusa.tree.calibrate import calibrate, collect_hit_ranks, time_tree_steps
-
-    stats = collect_hit_ranks(model, examples, topk=10, progress=progress)
-    trees = {n: calibrate(model, examples, nodes=n, data_name=data_name, stats=stats) for n in sizes}
-    longest = max(examples, key=lambda e: len(e["input_ids"]))["input_ids"]
-    times = time_tree_steps(model, {n: t.choices for n, t in trees.items()}, longest[:time_prompt_tokens])
-    expected = {n: trees[n].calibration["expected_tokens_per_step"] for n in sizes}
-    score = {n: expected[n] / times[n] for n in sizes}
-    best = max(score, key=score.get)
-    tree = trees[best]
-    tree.calibration["auto"] = {"sizes": list(sizes), "step_time_s": [times[n] for n in sizes],
-                                "expected_tokens_per_step": [expected[n] for n in sizes],
-                                "tokens_per_s": [score[n] for n in sizes], "chosen": best,
-                                "device": str(model.device)}
-    return tree
-
-
 def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Path, nodes: int | str = "auto",
                     max_length: int = 512, progress: bool = True) -> dict[str, Any]:
-    """Copy the trained heads to ``final_dir`` with a calibrated ``tree.json`` (+ plots), atomically."""
+    """Copy the trained heads to ``final_dir`` with a calibrated ``tree.json`` (+ plots), atomically.
+
+    ``nodes="auto"``: the size (<= 64 nodes) with the most predicted tokens/s, as ``medusa calibrate --nodes auto``
+    chooses it (:func:`medusa.tree.auto.choose_size`)."""
     from medusa.data import load_tokenized
     from medusa.modeling.config import TREE_NAME
     from medusa.modeling.loading import load_for_generation
@@ -148,10 +128,8 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
 
     model, tokenizer = load_for_generation(str(heads_dir))
     examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples
-    if nodes == "auto":
-        tree = calibrate_auto(model, examples, data_name=str(data), progress=progress)
-    else:
-        tree = calibrate(model, examples, nodes=int(nodes), data_name=str(data), progress=progress)
+    tree = calibrate(model, examples, nodes=nodes if nodes == "auto" else int(nodes), data_name=str(data),
+                     progress=progress)
     with atomic_directory(final_dir) as tmp:
         for item in Path(heads_dir).iterdir():
             if item.is_file() and item.name != TREE_NAME:
@@ -173,7 +151,8 @@ def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -
 
 def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str | Path, max_new_tokens: int,
                 repeats: int = 1, progress: bool = True, **kwargs: Any) -> dict[str, Any]:
-    from medusa.eval.bench import bench, write_report
+    from medusa.eval.bench import bench
+    from medusa.eval.report import write_report
     from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(heads_dir))
@@ -186,5 +165,5 @@ def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str 
     return {**{k: report[k] for k in keys}, "files": [str(f) for f in files]}
 
 
-__all__ = ["AUTO_SIZES", "StageError", "bench_stage", "calibrate_auto", "calibrate_stage", "concat_jsonl",
+__all__ = ["StageError", "bench_stage", "calibrate_stage", "concat_jsonl",
            "distill", "export_stage", "marker_path", "run_stage", "train_recipe", "write_jsonl"]

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
 from medusa.pipelines import stages as S
 
@@ -117,31 +118,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     data = out / "data"
     rows = split_prompts(s)  # before anything runs: a missing file fails fast
-
-    def make_prompts() -> dict[str, Any]:
-        for name, r in rows.items():
-            S.write_jsonl(data / f"prompts_{name}.jsonl", r)
-        return {name: len(r) for name, r in rows.items()}
-
-    S.run_stage(out, "prompts", make_prompts, log)
-
-    def distill() -> dict[str, Any]:
-        parts = [S.distill(model_path, data / "prompts_train.jsonl", data / "distill_greedy.jsonl",
-                           s.distill_tokens, temperature=0.0, batch_size=s.distill_batch, progress=s.progress)]
-        sources = [data / "distill_greedy.jsonl"]
-        if s.samples > 0:
-            parts.append(S.distill(model_path, data / "prompts_sample.jsonl", data / "distill_sampled.jsonl",
-                                   s.distill_tokens, temperature=s.temperature, num_samples=s.samples,
-                                   batch_size=s.distill_batch, progress=s.progress))
-            sources.append(data / "distill_sampled.jsonl")
-        parts.append(S.distill(model_path, data / "prompts_calib.jsonl", data / "calib.jsonl", s.distill_tokens,
-                               temperature=0.0, batch_size=s.distill_batch, progress=s.progress))
-        S.concat_jsonl(data / "train.jsonl", sources)
-        return {"train_rows": sum(p["written"] + p["already_done"] for p in parts[:-1]),
-                "train_completion_tokens": sum(p["completion_tokens"] for p in parts[:-1]),
-                "calib_rows": parts[-1]["written"] + parts[-1]["already_done"], "parts": parts}
-
-    distilled = S.run_stage(out, "distill", distill, log)
+    S.run_stage(out, "prompts", lambda: write_prompts(data, rows), log)
+    distilled = S.run_stage(out, "distill", lambda: distill_all(s, model_path, data), log)
     overrides = [f"model={model_path}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa1'}",
                  *s.recipe_overrides]
     trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
@@ -158,25 +136,61 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         "bench": benched,
     }
     deepest = benched
-    if s.nodes == "auto" and calibrated["nodes"] < 64:  # the largest allowed tree: the most tokens per step, maybe not the fastest
-        with S.torch_threads(s.timing_threads):
-            S.run_stage(out, "calibrate_64", lambda: S.calibrate_stage(
-                trained["final_dir"], out / "final_64nodes", data / "calib.jsonl", nodes=64, progress=s.progress),
-                log)
-            deepest = S.run_stage(out, "bench_64", lambda: S.bench_stage(
-                out / "final_64nodes", prompts, out / "report_64nodes.json", s.max_new_tokens,
-                repeats=s.repeats, progress=s.progress), log)
-        summary["bench_64_nodes"] = deepest
-    measured = {"tokens_per_step": max(benched["tokens_per_step"], deepest["tokens_per_step"]),
-                "speedup": benched["speedup"], "greedy_exact_match": min(benched["greedy_exact_match"],
-                                                                         deepest["greedy_exact_match"])}
-    summary["targets"] = {k: {"target": v, "measured": measured[k], "met": measured[k] >= v}
-                          for k, v in TARGETS.items()}
+    if s.nodes == "auto" and calibrated["nodes"] < 64:
+        deepest = summary["bench_64_nodes"] = _bench_64_nodes(s, out, data, trained, prompts, log)
+    summary["targets"] = targets(benched, deepest)
     summary["missed"] = {k: t for k, t in summary["targets"].items() if not t["met"]}
     if s.medusa2:
         summary["medusa2"] = _medusa2(s, out, data, model_path, trained, prompts, log)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
+
+
+def write_prompts(data: Path, rows: dict[str, list[dict[str, str]]]) -> dict[str, int]:
+    """The ``prompts`` stage: ``<data>/prompts_<split>.jsonl`` per split; returns the row counts."""
+    for name, r in rows.items():
+        S.write_jsonl(data / f"prompts_{name}.jsonl", r)
+    return {name: len(r) for name, r in rows.items()}
+
+
+def distill_all(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
+    """The ``distill`` stage: greedy completions of the training prompts (+ temperature samples of the first
+    sentences) concatenated into ``train.jsonl``, and greedy completions of the calibration prompts."""
+    parts = [S.distill(model_path, data / "prompts_train.jsonl", data / "distill_greedy.jsonl",
+                       s.distill_tokens, temperature=0.0, batch_size=s.distill_batch, progress=s.progress)]
+    sources = [data / "distill_greedy.jsonl"]
+    if s.samples > 0:
+        parts.append(S.distill(model_path, data / "prompts_sample.jsonl", data / "distill_sampled.jsonl",
+                               s.distill_tokens, temperature=s.temperature, num_samples=s.samples,
+                               batch_size=s.distill_batch, progress=s.progress))
+        sources.append(data / "distill_sampled.jsonl")
+    parts.append(S.distill(model_path, data / "prompts_calib.jsonl", data / "calib.jsonl", s.distill_tokens,
+                           temperature=0.0, batch_size=s.distill_batch, progress=s.progress))
+    S.concat_jsonl(data / "train.jsonl", sources)
+    return {"train_rows": sum(p["written"] + p["already_done"] for p in parts[:-1]),
+            "train_completion_tokens": sum(p["completion_tokens"] for p in parts[:-1]),
+            "calib_rows": parts[-1]["written"] + parts[-1]["already_done"], "parts": parts}
+
+
+def _bench_64_nodes(s: Settings, out: Path, data: Path, trained: dict[str, Any], prompts: list[str],
+                    log: Any) -> dict[str, Any]:
+    """The largest allowed tree (the most tokens per step, maybe not the fastest) calibrated and benchmarked
+    beside the chosen one."""
+    with S.torch_threads(s.timing_threads):
+        S.run_stage(out, "calibrate_64", lambda: S.calibrate_stage(
+            trained["final_dir"], out / "final_64nodes", data / "calib.jsonl", nodes=64, progress=s.progress), log)
+        return S.run_stage(out, "bench_64", lambda: S.bench_stage(
+            out / "final_64nodes", prompts, out / "report_64nodes.json", s.max_new_tokens, repeats=s.repeats,
+            progress=s.progress), log)
+
+
+def targets(benched: dict[str, Any], deepest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each of :data:`TARGETS` with the measured figure (tokens/step: the better of the two trees; exactness:
+    the worse) and whether it is met."""
+    measured = {"tokens_per_step": max(benched["tokens_per_step"], deepest["tokens_per_step"]),
+                "speedup": benched["speedup"],
+                "greedy_exact_match": min(benched["greedy_exact_match"], deepest["greedy_exact_match"])}
+    return {k: {"target": v, "measured": measured[k], "met": measured[k] >= v} for k, v in TARGETS.items()}
 
 
 def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[str, Any], prompts: list[str],
@@ -234,9 +248,9 @@ def backbone_losses(model_path: str, medusa2_dir: str, data: str | Path) -> dict
                 logits = model(input_ids=ids).logits[:, :-1]  # [1, T-1, V]
                 target = labels[:, 1:]
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                                         target.reshape(-1), ignore_index=-100, reduction="sum")
+                                                         target.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
                 total += float(loss)
-                count += int((target != -100).sum())
+                count += int((target != IGNORE_INDEX).sum())
         result[name] = total / max(count, 1)
     result["tokens"] = count
     return result

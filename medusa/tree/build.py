@@ -3,31 +3,39 @@
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
 
-def build_tree_choices(accuracy: Sequence[Sequence[float]], num_nodes: int,
-                       max_depth: int | None = None) -> list[tuple[int, ...]]:
-    """Greedy accuracy-ranked tree of ``num_nodes`` nodes (root included).
+def build_tree_choices(accuracy: Sequence[Sequence[float]], num_nodes: int, max_depth: int | None = None,
+                       frequencies: Mapping[tuple[int, ...], float] | None = None) -> list[tuple[int, ...]]:
+    """Greedy accuracy-ranked tree of ``num_nodes`` nodes (root included): the one tree builder.
 
     ``accuracy[k][r]`` is the probability that head k+1's rank-r token is right (given the path so far).
-    Repeatedly adds the node, a child of a node already in the tree, with the largest product of
-    accuracies along its path. Returns the choices (root excluded), best first.
+    Repeatedly adds the node, a child of a node already in the tree, with the largest value: the product of
+    accuracies along its path, or, with ``frequencies`` (measured acceptance frequency of each path;
+    unseen paths 0), the frequency first and the product only to break ties. Both values never grow from
+    a node to its children, so the tree is prefix-closed and, for the product, maximises
+    :func:`expected_tokens_per_step` among trees of its size. Returns the choices (root excluded), best first.
     """
     depth_limit = len(accuracy) if max_depth is None else min(max_depth, len(accuracy))
     if num_nodes < 1:
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-    frontier: list[tuple[float, tuple[int, ...]]] = []
+    freq = frequencies or {}
+
+    def entry(path: tuple[int, ...], prior: float) -> tuple[float, float, tuple[int, ...]]:
+        return (-float(freq.get(path, 0.0)), -prior, path)  # heapq pops the smallest: the best node
+
+    frontier: list[tuple[float, float, tuple[int, ...]]] = []
     if depth_limit >= 1:
         for r, a in enumerate(accuracy[0]):
-            heapq.heappush(frontier, (-float(a), (r,)))
+            heapq.heappush(frontier, entry((r,), float(a)))
     chosen: list[tuple[int, ...]] = []
     while frontier and len(chosen) + 1 < num_nodes:
-        neg_value, path = heapq.heappop(frontier)
+        _, neg_prior, path = heapq.heappop(frontier)
         chosen.append(path)
         if len(path) < depth_limit:
             for r, a in enumerate(accuracy[len(path)]):
-                heapq.heappush(frontier, (neg_value * float(a), path + (r,)))
+                heapq.heappush(frontier, entry(path + (r,), -neg_prior * float(a)))
     return chosen
 
 

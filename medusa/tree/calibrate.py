@@ -20,7 +20,6 @@ From the hit ranks ``[T, D]`` of every example we get
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -30,13 +29,14 @@ from typing import Any
 
 import torch
 
+from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
+from medusa.tree.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.tree.build import build_tree_choices, expected_tokens_per_step
 from medusa.tree.tree import MedusaTree
 
 MISS, NO_TARGET = -1, -2
 METHODS = ("empirical", "conditional", "independent")
-AUTO_SIZES = (4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 @dataclass
@@ -65,7 +65,7 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
     depth = model.num_heads if max_depth is None else min(max_depth, model.num_heads)
     if depth < 1:
         raise MedusaError(f"max depth must be >= 1, got {max_depth}")
-    usable = [e for e in examples if len(e["input_ids"]) >= 2 and any(l != -100 for l in e["labels"][1:])]
+    usable = [e for e in examples if len(e["input_ids"]) >= 2 and any(l != IGNORE_INDEX for l in e["labels"][1:])]
     if not usable:
         raise DataError("no example has labelled (assistant) tokens to calibrate on")
     order = sorted(range(len(usable)), key=lambda i: len(usable[i]["input_ids"]))
@@ -79,7 +79,7 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
         lens = [len(usable[i]["input_ids"]) for i in idx]
         width = max(lens)
         ids = torch.full((len(idx), width), pad, dtype=torch.long)  # [B, T], right-padded
-        labels = torch.full((len(idx), width), -100, dtype=torch.long)  # [B, T]
+        labels = torch.full((len(idx), width), IGNORE_INDEX, dtype=torch.long)  # [B, T]
         attn = torch.zeros(len(idx), width, dtype=torch.long)  # [B, T]
         for row, i in enumerate(idx):
             n = lens[row]
@@ -94,7 +94,7 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
             if width <= shift:
                 continue
             target = ids[:, shift:]  # [B, T - shift]: the token head k should propose at t
-            valid = labels[:, shift:] != -100  # [B, T - shift]
+            valid = labels[:, shift:] != IGNORE_INDEX  # [B, T - shift]
             for c0 in range(0, width - shift, chunk):
                 c1 = min(c0 + chunk, width - shift)
                 logits = model.heads.head_logits(k, hidden[:, c0:c1])  # [B, C, V]
@@ -107,7 +107,7 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
             ranks[i] = batch_ranks[row, :lens[row]].clone()
         bar.update(len(idx))
     bar.close()
-    starts = [next(j for j in range(1, len(e["labels"])) if e["labels"][j] != -100) for e in usable]
+    starts = [next(j for j in range(1, len(e["labels"])) if e["labels"][j] != IGNORE_INDEX) for e in usable]
     return HeadStats(ranks=[r for r in ranks if r is not None], starts=starts, topk=topk,
                      num_tokens=sum(len(e["input_ids"]) for e in usable))
 
@@ -156,32 +156,6 @@ def path_counts(stats: HeadStats) -> tuple[Counter, int]:
 
 
 # ---------------------------------------------------------------------------------------- building
-def build_empirical_choices(counts: Counter, total: int, fallback: Sequence[Sequence[float]],
-                            num_nodes: int, max_depth: int) -> list[tuple[int, ...]]:
-    """Greedy tree on measured path frequencies (ties and unseen paths: product of ``fallback`` accuracies)."""
-    if num_nodes < 1:
-        raise MedusaError(f"the tree needs at least 1 node, got {num_nodes}")
-    topk = len(fallback[0]) if fallback else 0
-
-    def key(path: tuple[int, ...], prior: float) -> tuple[float, float, tuple[int, ...]]:
-        return (-counts.get(path, 0) / max(total, 1), -prior, path)
-
-    frontier: list = []
-    for r in range(topk):
-        a = float(fallback[0][r])
-        heapq.heappush(frontier, (*key((r,), a)[:2], (r,), a))
-    chosen: list[tuple[int, ...]] = []
-    while frontier and len(chosen) + 1 < num_nodes:
-        _, _, path, prior = heapq.heappop(frontier)
-        chosen.append(path)
-        if len(path) < max_depth:
-            for r in range(topk):
-                child = path + (r,)
-                p = prior * float(fallback[len(path)][r])
-                heapq.heappush(frontier, (*key(child, p)[:2], child, p))
-    return chosen
-
-
 def empirical_tokens_per_step(choices: Iterable[Sequence[int]], counts: Counter, total: int) -> float:
     """1 + the summed frequency of the tree's paths: the mean accepted length over all positions."""
     return 1.0 + sum(counts.get(tuple(c), 0) for c in choices) / max(total, 1)
@@ -216,38 +190,16 @@ def simulated_tokens_per_step(choices: Iterable[Sequence[int]], stats: HeadStats
 
 def build_choices(stats: HeadStats, tables: dict[str, Any], counts: Counter, total: int, num_nodes: int,
                   method: str = "empirical") -> list[tuple[int, ...]]:
+    """The tree for ``method``: ``independent`` / ``conditional`` rank nodes by the product of (conditional)
+    accuracies; ``empirical`` by measured path frequency, ties broken by the conditional product."""
     if method not in METHODS:
         raise MedusaError(f"unknown tree method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "independent":
         return build_tree_choices(tables["accuracy"], num_nodes, stats.depth)
     if method == "conditional":
         return build_tree_choices(tables["conditional_accuracy"], num_nodes, stats.depth)
-    return build_empirical_choices(counts, total, tables["conditional_accuracy"], num_nodes, stats.depth)
-
-
-# ---------------------------------------------------------------------------------------- timing
-@torch.no_grad()
-def time_tree_steps(model: Any, trees: dict[int, Sequence[Sequence[int]]], prompt: Sequence[int],
-                    new_tokens: int = 32, repeats: int = 5) -> dict[int, float]:
-    """Seconds per verification step of the real decode loop (greedy ``medusa_generate``) for each tree,
-    on the model's device: decode time / steps, the fastest of ``repeats`` runs after one warm-up (the
-    minimum is the estimate least disturbed by other work on the machine)."""
-    from medusa.decoding.generate import medusa_generate
-
-    ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, P]
-    built = {n: MedusaTree.from_choices(c, num_heads=model.num_heads) for n, c in trees.items()}
-    samples: dict[int, list[float]] = {n: [] for n in built}
-    for round_ in range(repeats + 1):  # sizes interleaved, so a busy moment does not hit one size only
-        for n, tree in built.items():
-            out = medusa_generate(model, ids, max_new_tokens=new_tokens, tree=tree, return_dict_in_generate=True)
-            if round_ > 0 and out.num_steps:
-                samples[n].append(out.decode_time_s / out.num_steps)
-    times: dict[int, float] = {}
-    for n, values in samples.items():
-        if not values:
-            raise MedusaError("cannot time the tree: decoding stopped at the first token; use another --data")
-        times[n] = min(values)
-    return times
+    frequencies = {path: c / max(total, 1) for path, c in counts.items()}
+    return build_tree_choices(tables["conditional_accuracy"], num_nodes, stats.depth, frequencies=frequencies)
 
 
 # ---------------------------------------------------------------------------------------- top level
@@ -256,9 +208,9 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
               batch_size: int = 8, progress: bool = True, stats: HeadStats | None = None) -> MedusaTree:
     """Measure the heads on ``examples`` and return the accuracy-ranked tree with its calibration record.
 
-    ``nodes="auto"``: time a verification step of the decode loop for several tree sizes (prompt: the
-    start of the longest example) and keep the one maximising predicted tokens per second (expected
-    tokens per step / step time).
+    ``nodes="auto"``: the size among :data:`medusa.tree.auto.AUTO_SIZES` (<= 64 nodes) maximising predicted
+    tokens per second (:func:`medusa.tree.auto.choose_size`). ``stats``: hit ranks already collected on
+    ``examples`` (then ``topk`` / ``max_depth`` / ``batch_size`` are theirs).
     """
     if method not in METHODS:
         raise MedusaError(f"unknown tree method {method!r}; choose one of {', '.join(METHODS)}")
@@ -275,22 +227,22 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
     timing = None
     if nodes == "auto":
         trees = {n: build_choices(stats, tables, counts, total, n, method) for n in AUTO_SIZES}
-        longest = max(examples, key=lambda e: len(e["input_ids"]))["input_ids"] if examples else []
-        if not longest:
-            raise MedusaError("--nodes auto needs the calibration examples to time decoding steps")
-        times = time_tree_steps(model, trees, longest[:128])
         expected = {n: simulated_tokens_per_step(trees[n], stats) for n in trees}
-        score = {n: expected[n] / times[n] for n in trees}
-        best = max(score, key=score.get)
-        timing = {"sizes": list(trees), "step_time_s": [times[n] for n in trees],
-                  "expected_tokens_per_step": [expected[n] for n in trees],
-                  "tokens_per_s": [score[n] for n in trees], "chosen": best,
-                  "device": str(model.device)}
-        choices = trees[best]
+        timing = choose_size(model, trees, expected, timing_prompt(examples))
+        choices = trees[timing["chosen"]]
     else:
         if not isinstance(nodes, int) or nodes < 1:
             raise MedusaError(f"--nodes must be a positive integer or 'auto', got {nodes!r}")
         choices = build_choices(stats, tables, counts, total, nodes, method)
+    record = calibration_record(choices, stats, tables, counts, total, method, data_name)
+    record["auto"] = timing
+    return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)
+
+
+def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, tables: dict[str, Any], counts: Counter,
+                       total: int, method: str, data_name: str) -> dict[str, Any]:
+    """The ``calibration`` entry of ``tree.json``: the data, the accuracy tables and the tree's predictions
+    (NaN -> None, so that the record is valid JSON)."""
     record = {
         "data": data_name,
         "num_examples": len(stats.ranks),
@@ -306,10 +258,8 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
         "independent_formula_tokens_per_step": expected_tokens_per_step(choices, tables["accuracy"]),
         "conditional_formula_tokens_per_step": expected_tokens_per_step(choices, tables["conditional_accuracy"]),
         "nodes": len(choices) + 1,
-        "auto": timing,
     }
-    record = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
-    return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}
 
 
 def write_tree(checkpoint: str | Path, tree: MedusaTree) -> Path:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from medusa.errors import MedusaError
+from medusa.io import atomic_write_text, read_json
 
 TREE_FORMAT = "medusa-tree"
 TREE_VERSION = 1
@@ -93,12 +94,7 @@ class MedusaTree:
     @classmethod
     def from_json(cls, path: str | Path) -> "MedusaTree":
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise TreeError(f"{path}: not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise TreeError(f"{path}: corrupt JSON ({exc})") from None
+        data = read_json(path, TreeError)
         if isinstance(data, list):  # a bare list of choices, as the official repo writes them
             return cls(data, source=str(path))
         if not isinstance(data, dict) or data.get("format") != TREE_FORMAT:
@@ -120,8 +116,6 @@ class MedusaTree:
         }
 
     def to_json(self, path: str | Path) -> None:
-        from medusa.io import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     # ------------------------------------------------------------------ properties

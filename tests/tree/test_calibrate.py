@@ -5,17 +5,17 @@ import torch
 
 from medusa import MedusaModel, MedusaTree
 from medusa.cli import main
+from medusa.tree.auto import AUTO_SIZES, choose_size, time_tree_steps
 from medusa.tree.calibrate import (
     NO_TARGET,
     HeadStats,
     accuracy_tables,
-    build_empirical_choices,
+    build_choices,
     calibrate,
     collect_hit_ranks,
     empirical_tokens_per_step,
     path_counts,
     simulated_tokens_per_step,
-    time_tree_steps,
 )
 
 from tiny_models import STORIES, require_shared, tiny_model
@@ -44,25 +44,29 @@ def _examples(n=5, vocab=96, seed=0):
     return out
 
 
+def _naive_ranks(model, example, topk):
+    """Hit ranks of one example, alone and unpadded: ``ranks[t][k]`` (-1 miss, NO_TARGET no target)."""
+    ids, labels = example["input_ids"], example["labels"]
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([ids])).hidden_states[0]  # [T, d]
+        tops = [model.heads.head_logits(k, hidden).topk(topk, dim=-1).indices.tolist() for k in range(model.num_heads)]
+    ranks = [[NO_TARGET] * model.num_heads for _ in ids]
+    for k, top in enumerate(tops):
+        for t in range(len(ids)):
+            j = t + k + 2
+            if j < len(ids) and labels[j] != -100:
+                ranks[t][k] = top[t].index(ids[j]) if ids[j] in top[t] else -1
+    return ranks
+
+
 def test_hit_ranks_match_a_naive_reference():
     model = _perturbed()
     examples = _examples()
     topk = 4
     stats = collect_hit_ranks(model, examples, topk=topk, batch_size=2, chunk=3, progress=False)
     for ex, ranks, start in zip(examples, stats.ranks, stats.starts):
-        ids, labels = ex["input_ids"], ex["labels"]
-        assert start == next(i for i, l in enumerate(labels) if l != -100)
-        with torch.no_grad():
-            hidden = model(input_ids=torch.tensor([ids])).hidden_states[0]  # unpadded, alone
-        for k in range(3):
-            top = model.heads.head_logits(k, hidden).topk(topk, dim=-1).indices.tolist()
-            for t in range(len(ids)):
-                j = t + k + 2
-                if j >= len(ids) or labels[j] == -100:
-                    want = NO_TARGET
-                else:
-                    want = top[t].index(ids[j]) if ids[j] in top[t] else -1
-                assert int(ranks[t, k]) == want, (t, k)
+        assert start == next(i for i, l in enumerate(ex["labels"]) if l != -100)
+        assert ranks.tolist() == _naive_ranks(model, ex, topk)
 
 
 def _stats(rows, topk=3):
@@ -81,8 +85,15 @@ def test_tables_paths_and_predictions_by_hand():
     counts, total = path_counts(stats)
     assert total == 4  # positions with both targets present
     assert counts == {(0,): 2, (1,): 1, (0, 0): 1, (0, 1): 1}
-    choices = build_empirical_choices(counts, total, t["conditional_accuracy"], 3, 2)
+    choices = build_choices(stats, t, counts, total, 3, "empirical")
     assert choices[0] == (0,) and len(choices) == 2
+    # by frequency, not by the product of accuracies: (0, 0) (seen once) beats (2,) (never seen) although
+    # head 1's rank-2 accuracy makes (2,)'s product larger
+    counts2, acc2 = {(0,): 4, (0, 0): 1}, [[0.5, 0.0, 0.4], [0.1, 0.0, 0.0]]
+    stats2 = _stats([[0, 0]])
+    assert build_choices(stats2, {"accuracy": acc2, "conditional_accuracy": acc2}, counts2, 8, 3) == [(0,), (0, 0)]
+    assert build_choices(stats2, {"accuracy": acc2, "conditional_accuracy": acc2}, counts2, 8, 3,
+                         "conditional") == [(0,), (2,)]
     assert empirical_tokens_per_step([(0,), (0, 0)], counts, total) == pytest.approx(1 + 2 / 4 + 1 / 4)
 
 
@@ -105,7 +116,15 @@ def test_calibrate_record_and_budget():
     assert len(tree) == 10 and tree.depth <= 3 and tree.num_heads == 3
     assert cal["nodes"] == 10 and cal["data"] == "mem" and len(cal["accuracy"]) == 3
     assert all(len(r) == 5 for r in cal["accuracy"]) and cal["top1"] == [r[0] for r in cal["accuracy"]]
-    assert 1.0 <= cal["expected_tokens_per_step"] <= 4.0
+    # the record's figures against an independent replay on naively computed hit ranks
+    ranks = [_naive_ranks(model, ex, 5) for ex in _examples(8)]
+    assert cal["expected_tokens_per_step"] == pytest.approx(_naive_replay(set(tree.choices), ranks, _examples(8)))
+    full = [r for rs in ranks for r in rs if NO_TARGET not in r]  # positions with all 3 targets
+    assert cal["num_positions"] == len(full)
+    assert cal["position_mean_tokens_per_step"] == pytest.approx(
+        1 + sum(_accepted(set(tree.choices), r) for r in full) / len(full))
+    valid = [[r[k] for rs in ranks for r in rs if r[k] != NO_TARGET] for k in range(3)]
+    assert cal["top1"] == pytest.approx([v.count(0) / len(v) for v in valid])
     json.dumps(tree.to_dict())  # serialisable
     shallow = calibrate(model, _examples(8), nodes=10, topk=5, max_depth=1, progress=False)
     assert shallow.depth == 1
@@ -113,12 +132,66 @@ def test_calibrate_record_and_budget():
         calibrate(model, _examples(8), nodes=10, max_depth=4, progress=False)
 
 
-def test_time_tree_steps_runs_each_size():
-    model = _perturbed()
-    trees = {4: [(0,), (1,), (0, 0)], 16: [c for c in MedusaTree.from_choices(
-        [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]).choices]}
-    times = time_tree_steps(model, trees, _examples(1)[0]["input_ids"], new_tokens=8, repeats=2)
-    assert sorted(times) == [4, 16] and all(t > 0 for t in times.values())
+def _accepted(tree, ranks):
+    """How many tree nodes greedy verification accepts at a position with hit ranks ``ranks``."""
+    n = 0
+    while n < len(ranks) and ranks[n] >= 0 and tuple(ranks[:n + 1]) in tree:
+        n += 1
+    return n
+
+
+def _naive_replay(tree, ranks, examples):
+    """Tokens per step of greedy tree decoding replayed on each example from its first labelled token."""
+    tokens = steps = 0
+    for rs, ex in zip(ranks, examples):
+        labels = ex["labels"]
+        pos = next(i for i in range(1, len(labels)) if labels[i] != -100) - 1  # the prefill's hidden position
+        last = len(labels) - 1
+        while pos + 2 <= last:  # a step writes tokens pos + 2 .. pos + 2 + accepted, the last one at most
+            gained = min(1 + _accepted(tree, rs[pos]), last - pos - 1)
+            tokens, steps, pos = tokens + gained, steps + 1, pos + gained
+    return tokens / steps
+
+
+def test_time_tree_steps_takes_the_fastest_step_after_warm_up(monkeypatch):
+    """Each size's time is decode time / steps of its fastest timed run; the warm-up round never counts."""
+    import types
+
+    import medusa.decoding.generate as G
+
+    trees = {4: [(0,), (1,), (0, 0)], 3: [(0,), (0, 0)]}
+    runs = {4: iter([(0.001, 1), (0.8, 4), (0.3, 3), (1.0, 4)]),  # (decode seconds, steps); warm-up first
+            3: iter([(0.0001, 1), (0.3, 2), (0.5, 2), (0.2, 1)])}
+    seen = []
+
+    def fake_generate(model, ids, max_new_tokens, tree, return_dict_in_generate):
+        n = len(tree)
+        seen.append((n, ids.tolist()))
+        seconds, steps = next(runs[n])
+        return types.SimpleNamespace(decode_time_s=seconds, num_steps=steps)
+
+    monkeypatch.setattr(G, "medusa_generate", fake_generate)
+    times = time_tree_steps(types.SimpleNamespace(num_heads=2), trees, [5, 6, 7], new_tokens=8, repeats=3)
+    assert times == {4: pytest.approx(0.1), 3: pytest.approx(0.15)}
+    assert [n for n, _ in seen] == [4, 3] * 4  # sizes interleaved round by round
+    assert all(ids == [[5, 6, 7]] for _, ids in seen)
+    runs[4] = iter([(0.0, 0)] * 4)
+    runs[3] = iter([(0.1, 1)] * 4)
+    with pytest.raises(Exception, match="stopped at the first token"):
+        time_tree_steps(types.SimpleNamespace(num_heads=2), trees, [5], repeats=3)
+
+
+def test_choose_size_maximises_predicted_tokens_per_second(monkeypatch):
+    import types
+
+    import medusa.tree.auto as A
+
+    monkeypatch.setattr(A, "time_tree_steps", lambda model, trees, prompt: {8: 1.0, 16: 1.5, 32: 4.0})
+    record = choose_size(types.SimpleNamespace(device="cpu"), {8: [], 16: [], 32: []},
+                         {8: 1.5, 16: 2.4, 32: 3.0}, [1, 2])
+    assert record["chosen"] == 16  # 1.5, 1.6, 0.75 tokens/s: neither the most tokens/step nor the fastest step
+    assert record["sizes"] == [8, 16, 32] and record["tokens_per_s"] == pytest.approx([1.5, 1.6, 0.75])
+    assert record["step_time_s"] == [1.0, 1.5, 4.0] and record["expected_tokens_per_step"] == [1.5, 2.4, 3.0]
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +233,24 @@ def test_cli_calibrate_auto_nodes(stories_checkpoint, tmp_path, capsys):
     best = max(range(len(auto["sizes"])), key=lambda i: auto["tokens_per_s"][i])
     assert auto["sizes"][best] == auto["chosen"]
     assert cal["nodes"] <= auto["chosen"]
+    assert auto["sizes"] == list(AUTO_SIZES) and max(AUTO_SIZES) <= 64  # the "<= 64 nodes" the CLIs document
+
+
+def test_pipeline_and_cli_auto_share_the_chooser(stories_checkpoint, tmp_path, monkeypatch):
+    """``medusa calibrate --nodes auto`` and the demo/bench pipelines' calibrate stage pick the size alike:
+    with step times that make 24 nodes the fastest by far, both choose 24."""
+    import medusa.tree.auto as A
+    from medusa.pipelines.stages import calibrate_stage
+
+    monkeypatch.setattr(A, "time_tree_steps", lambda model, trees, prompt: {n: 1.0 if n == 24 else 1e6 for n in trees})
+    path, data = stories_checkpoint
+    summary = calibrate_stage(path, tmp_path / "final", data, nodes="auto", progress=False)
+    assert summary["auto"]["chosen"] == 24 and summary["auto"]["sizes"] == list(AUTO_SIZES)
+    assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "auto", "--no-plots",
+                 "--quiet"]) == 0
+    cli = MedusaTree.from_json(path / "tree.json")
+    assert cli.calibration["auto"]["chosen"] == 24
+    assert MedusaTree.from_json(tmp_path / "final" / "tree.json") == cli
 
 
 def test_cli_calibrate_bad_input(stories_checkpoint, tmp_path, capsys):

@@ -1,0 +1,158 @@
+"""The bench report: aggregate per-prompt rows (``summarize``), the markdown table, the PNG plots, the
+files (``write_report``) and the terminal summary (``format_summary``).
+
+Report keys: ``baseline_tokens_per_s``, ``medusa_tokens_per_s`` (total new tokens / total time),
+``speedup`` (median of per-prompt ratios), ``tokens_per_step``, ``overhead`` (MEDUSA verification step
+time / a plain single-token forward with a KV cache), ``greedy_exact_match`` (fraction of prompts whose
+greedy MEDUSA output equals the baseline's; None when sampling), ``rows`` (per prompt), and more.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+
+def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str, Any]) -> dict[str, Any]:
+    """Aggregate per-prompt rows into the report (totals, medians, histogram)."""
+    total = lambda key: sum(r[key] for r in rows)
+    steps = total("steps")
+    gained = sum(k * v for k, v in accept_hist.items())
+    report: dict[str, Any] = {
+        "config": config,
+        "prompts": len(rows),
+        "new_tokens": total("new_tokens"),
+        "baseline_tokens_per_s": total("baseline_new_tokens") / total("baseline_s"),
+        "medusa_tokens_per_s": total("new_tokens") / total("medusa_s"),
+        "speedup": statistics.median(r["speedup"] for r in rows),
+        "speedup_mean": statistics.fmean(r["speedup"] for r in rows),
+        "speedup_min": min(r["speedup"] for r in rows),
+        "speedup_max": max(r["speedup"] for r in rows),
+        "tokens_per_step": gained / steps if steps else 0.0,
+        "medusa_step_ms": statistics.fmean(r["medusa_step_ms"] for r in rows),
+        "plain_step_ms": statistics.fmean(r["plain_step_ms"] for r in rows),
+        "hf_step_ms": statistics.fmean(r["hf_step_ms"] for r in rows),
+        "greedy_exact_match": (sum(r["exact_match"] for r in rows) / len(rows)
+                               if rows[0]["exact_match"] is not None else None),
+        "accept_length_histogram": {str(k): accept_hist[k] for k in sorted(accept_hist)},
+    }
+    report["overhead"] = report["medusa_step_ms"] / report["plain_step_ms"]
+    for extra in ("assisted", "prompt_lookup"):
+        if f"{extra}_s" in rows[0]:
+            report[extra] = {
+                "tokens_per_s": total(f"{extra}_new_tokens") / total(f"{extra}_s"),
+                "speedup": statistics.median(r[f"{extra}_speedup"] for r in rows),
+                "greedy_exact_match": (sum(r[f"{extra}_exact_match"] for r in rows) / len(rows)
+                                       if rows[0][f"{extra}_exact_match"] is not None else None),
+            }
+    report["rows"] = rows
+    return report
+
+
+# ---------------------------------------------------------------------------------------- output
+def markdown_table(report: dict[str, Any]) -> str:
+    """The summary (one row per method) and the per-prompt rows as markdown."""
+    c = report["config"]
+    lines = [
+        (f"MEDUSA vs HF `generate` — {c['base_model'] or 'base'}, {c['num_heads']} heads, tree "
+        f"{c['tree_nodes'] or 'default'} nodes, {report['prompts']} prompts x {c['max_new_tokens']} new tokens, "
+        f"{c['acceptance']}, {c['dtype']} on {c['hardware']} ({c['torch_threads']} threads), {c['date']}"),
+        "",
+        "| method | tokens/s | speedup (median) | tokens/step | step ms | identical output |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| HF generate | {report['baseline_tokens_per_s']:.1f} | 1.00x | 1.00 | {report['hf_step_ms']:.2f} | — |",
+        (f"| MEDUSA | {report['medusa_tokens_per_s']:.1f} | {report['speedup']:.2f}x | "
+        f"{report['tokens_per_step']:.2f} | {report['medusa_step_ms']:.2f} | {_frac(report['greedy_exact_match'])} |"),
+    ]
+    for extra, label in (("assisted", "HF assisted (draft model)"), ("prompt_lookup", "HF prompt lookup")):
+        if report.get(extra):
+            e = report[extra]
+            lines.append(f"| {label} | {e['tokens_per_s']:.1f} | {e['speedup']:.2f}x | — | — | "
+                         f"{_frac(e['greedy_exact_match'])} |")
+    lines += ["", (f"overhead (MEDUSA step / plain 1-token forward {report['plain_step_ms']:.2f} ms): "
+              f"{report['overhead']:.2f}"), "",
+              "| # | prompt tokens | new | baseline tok/s | MEDUSA tok/s | speedup | tokens/step | identical |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, r in enumerate(report["rows"]):
+        lines.append(f"| {i} | {r['prompt_tokens']} | {r['new_tokens']} | {r['baseline_tokens_per_s']:.1f} | "
+                     f"{r['medusa_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['tokens_per_step']:.2f} | "
+                     f"{'—' if r['exact_match'] is None else ('yes' if r['exact_match'] else 'NO')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _frac(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def plot_report(report: dict[str, Any], stem: str | Path) -> list[Path]:
+    """``<stem>_accept_lengths.png`` (histogram of tokens gained per step) and ``<stem>_speedup.png``."""
+    from medusa.tree.plot import pyplot
+
+    plt = pyplot()
+    stem = Path(stem)
+    paths = []
+    hist = {int(k): v for k, v in report["accept_length_histogram"].items()}
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    xs = list(range(1, max(hist, default=1) + 1))
+    ax.bar(xs, [hist.get(x, 0) for x in xs], color="tab:blue")
+    ax.set_xlabel("tokens gained per verification step")
+    ax.set_ylabel("steps")
+    ax.set_title(f"accept lengths (mean {report['tokens_per_step']:.2f} tokens/step)", fontsize=9)
+    fig.tight_layout()
+    paths.append(stem.with_name(stem.name + "_accept_lengths.png"))
+    fig.savefig(paths[-1])
+    plt.close(fig)
+
+    speed = [r["speedup"] for r in report["rows"]]
+    fig, ax = plt.subplots(figsize=(max(4, 0.25 * len(speed) + 2), 3.2), dpi=120)
+    ax.bar(range(len(speed)), speed, color=["tab:green" if s >= 1 else "tab:red" for s in speed])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(report["speedup"], color="tab:blue", lw=1, ls="--", label=f"median {report['speedup']:.2f}x")
+    ax.set_xlabel("prompt")
+    ax.set_ylabel("speedup over HF generate")
+    ax.legend(fontsize=8)
+    ax.set_title("MEDUSA speedup per prompt", fontsize=9)
+    fig.tight_layout()
+    paths.append(stem.with_name(stem.name + "_speedup.png"))
+    fig.savefig(paths[-1])
+    plt.close(fig)
+    return paths
+
+
+def write_report(report: dict[str, Any], out: str | Path, plots: bool = True) -> list[Path]:
+    """Write ``out`` (JSON), ``out`` with ``.md`` (the markdown table) and, with ``plots``, two PNGs."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(out)
+    md = out.with_suffix(".md")
+    md.write_text(markdown_table(report))
+    written = [out, md]
+    if plots:
+        written += plot_report(report, out.with_suffix(""))
+    return written
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """A short plain-text summary for the terminal."""
+    lines = [f"HF generate          {report['baseline_tokens_per_s']:8.1f} tokens/s",
+             f"MEDUSA               {report['medusa_tokens_per_s']:8.1f} tokens/s",
+             (f"speedup (median)     {report['speedup']:8.2f}x   (range {report['speedup_min']:.2f}-"
+             f"{report['speedup_max']:.2f})"),
+             f"tokens/step          {report['tokens_per_step']:8.2f}",
+             (f"overhead             {report['overhead']:8.2f}   (MEDUSA step {report['medusa_step_ms']:.2f} ms / "
+             f"plain forward {report['plain_step_ms']:.2f} ms)")]
+    if report["greedy_exact_match"] is not None:
+        lines.append(f"greedy exact match   {report['greedy_exact_match']:8.2f}")
+    for extra, label in (("assisted", "HF assisted"), ("prompt_lookup", "HF prompt lookup")):
+        if report.get(extra):
+            lines.append(f"{label:<20} {report[extra]['tokens_per_s']:8.1f} tokens/s, "
+                         f"{report[extra]['speedup']:.2f}x")
+    return "\n".join(lines)
+
+
+__all__ = ["format_summary", "markdown_table", "plot_report", "summarize", "write_report"]
