@@ -38,7 +38,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, tree=tree,
                    assistant_model=assistant, assistant_tokenizer=assistant_tok, prompt_lookup=args.prompt_lookup,
                    prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, repeats=args.repeats,
-                   ignore_eos=not args.stop_at_eos, seed=args.seed, progress=not args.quiet)
+                   ignore_eos=not args.stop_at_eos, seed=args.seed, progress=not args.quiet, chat=args.chat)
     report["config"]["heads"] = str(Path(args.heads).resolve())
     report["config"]["prompts_file"] = str(args.prompts)
     print(format_summary(report))
@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=1, help="runs per method and prompt; the fastest counts")
     p.add_argument("--stop-at-eos", action="store_true",
                    help="stop every method at EOS (default: ignore EOS so all write exactly --max-new-tokens)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each prompt in the tokenizer's chat template as a user turn (as medusa generate --chat)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)

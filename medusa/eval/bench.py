@@ -209,17 +209,24 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
           top_p: float | None = None, tree: Any = None, assistant_model: Any = None,
           assistant_tokenizer: Any = None, prompt_lookup: bool = False, prompt_lookup_num_tokens: int = 10,
           repeats: int = 1, ignore_eos: bool = True, seed: int = 0, progress: bool = True,
-          plain_step_samples: int = 32) -> dict[str, Any]:
+          plain_step_samples: int = 32, chat: bool = False,
+          categories: Sequence[str] | None = None) -> dict[str, Any]:
     """Measure ``model`` (a :class:`MedusaModel`) against its own base model on ``prompts``; returns the report.
 
     ``acceptance="greedy"`` compares with ``generate(do_sample=False)``; ``"sample"`` / ``"typical"`` with
     ``generate(do_sample=True, temperature, top_k, top_p)`` (then ``greedy_exact_match`` is None).
     ``assistant_model``: a draft model for HF assisted generation (classic speculative decoding; a
     different tokenizer needs ``assistant_tokenizer``); ``prompt_lookup``: HF prompt-lookup decoding.
+    ``chat``: each prompt is a user turn wrapped in the tokenizer's chat template (as ``medusa generate
+    --chat``); ``categories``: one label per prompt, reported per category (``report["categories"]``).
     """
     from tqdm.auto import tqdm
 
+    from medusa.modeling.loading import encode_prompt
+
     _check_args(acceptance, prompts, max_new_tokens, repeats)
+    if categories is not None and len(categories) != len(prompts):
+        raise MedusaError(f"{len(categories)} categories for {len(prompts)} prompts")
     tree = tree if tree is not None else model.tree
     s = make_setup(model, tokenizer, max_new_tokens, acceptance, temperature, top_k, top_p, tree, ignore_eos,
                    seed, prompt_lookup_num_tokens, assistant_model, assistant_tokenizer)
@@ -228,7 +235,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
         names.append("assisted")
     if prompt_lookup:
         names.append("prompt_lookup")
-    encoded = [tokenizer(p, return_tensors="pt").input_ids.to(model.device) for p in prompts]  # each [1, P]
+    encoded = [encode_prompt(tokenizer, p, chat).to(model.device) for p in prompts]  # each [1, P]
     for name in names:  # warm-up: allocations, lazy imports, first-call paths
         RUNNERS[name](s, encoded[0], 0)
     plain_step_time(model.base_model, encoded[0], steps=4)
@@ -242,11 +249,14 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
                     for _ in range(repeats))
         accept_hist.update(int(a) for a in outputs["medusa"].accept_lengths[0])
         rows.append(prompt_row(prompt, ids.shape[1], best, outputs, plain, acceptance == "greedy"))
+        if categories is not None:
+            rows[-1]["category"] = categories[i]
         bar.update(1)
         bar.set_postfix(speedup=f"{rows[-1]['speedup']:.2f}", tps=f"{rows[-1]['tokens_per_step']:.2f}", refresh=False)
     bar.close()
-    return summarize(rows, accept_hist, bench_config(s, assistant_model, prompt_lookup, prompt_lookup_num_tokens,
-                                                     repeats, ignore_eos))
+    config = bench_config(s, assistant_model, prompt_lookup, prompt_lookup_num_tokens, repeats, ignore_eos)
+    config["chat_template"] = chat
+    return summarize(rows, accept_hist, config)
 
 
 def bench_config(s: BenchSetup, assistant_model: Any, prompt_lookup: bool, lookup_tokens: int, repeats: int,

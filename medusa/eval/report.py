@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 
-def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str, Any]) -> dict[str, Any]:
-    """Aggregate per-prompt rows into the report (totals, medians, histogram)."""
+def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of a set of per-prompt rows: totals, medians, tokens per verification step."""
     total = lambda key: sum(r[key] for r in rows)
     steps = total("steps")
-    gained = sum(k * v for k, v in accept_hist.items())
+    gained = sum(r["tokens_per_step"] * r["steps"] for r in rows)  # tokens gained over all verification steps
     report: dict[str, Any] = {
-        "config": config,
         "prompts": len(rows),
         "new_tokens": total("new_tokens"),
         "baseline_tokens_per_s": total("baseline_new_tokens") / total("baseline_s"),
@@ -37,7 +36,6 @@ def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str
         "hf_step_ms": statistics.fmean(r["hf_step_ms"] for r in rows),
         "greedy_exact_match": (sum(r["exact_match"] for r in rows) / len(rows)
                                if rows[0]["exact_match"] is not None else None),
-        "accept_length_histogram": {str(k): accept_hist[k] for k in sorted(accept_hist)},
     }
     report["overhead"] = report["medusa_step_ms"] / report["plain_step_ms"]
     for extra in ("assisted", "prompt_lookup"):
@@ -48,8 +46,36 @@ def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str
                 "greedy_exact_match": (sum(r[f"{extra}_exact_match"] for r in rows) / len(rows)
                                        if rows[0][f"{extra}_exact_match"] is not None else None),
             }
+    return report
+
+
+def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str, Any]) -> dict[str, Any]:
+    """The report: ``config``, the figures over all rows, the accepted-length histogram, the figures per
+    category when rows carry a ``category`` (Spec-Bench style), and the rows."""
+    report: dict[str, Any] = {"config": config, **aggregate(rows),
+                              "accept_length_histogram": {str(k): accept_hist[k] for k in sorted(accept_hist)}}
+    if "category" in rows[0]:
+        names = list(dict.fromkeys(r["category"] for r in rows))  # first-seen order
+        report["categories"] = {c: aggregate([r for r in rows if r["category"] == c]) for c in names}
     report["rows"] = rows
     return report
+
+
+def category_table(report: dict[str, Any]) -> str:
+    """Spec-Bench-style markdown: a row per category and overall — tokens/step, speedup over HF generate
+    (median of per-prompt ratios), greedy exact match, and HF prompt lookup's speedup when measured."""
+    lookup = "prompt_lookup" in report
+    head = "| category | prompts | tokens/step | speedup | exact match |"
+    lines = [head + (" prompt lookup speedup | lookup exact match |" if lookup else ""),
+             "|---" * (7 if lookup else 5) + "|"]
+    groups = {**report.get("categories", {}), "overall": report}
+    for name, g in groups.items():
+        cells = [name, str(g["prompts"]), f"{g['tokens_per_step']:.2f}", f"{g['speedup']:.2f}x",
+                 _frac(g["greedy_exact_match"])]
+        if lookup:
+            cells += [f"{g['prompt_lookup']['speedup']:.2f}x", _frac(g["prompt_lookup"]["greedy_exact_match"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------- output

@@ -99,6 +99,24 @@ def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_token
                               "tokens_per_s") if k in s}
 
 
+def distill_chat(model_path: str, prompts: str | Path, out: str | Path, max_new_tokens: int,
+                 prompt_format: str = "auto", limit: int | None = None, batch_size: int = 32,
+                 device: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Replay-mode self-distillation, greedy, through the model's chat template: the model answers each
+    conversation's first user turn (``{"conversations": [...]}`` rows); a reply cut at the budget is kept."""
+    from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+
+    cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="replay",
+                            prompt_format=prompt_format, limit=limit, turns=1,
+                            sampling=Sampling(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0),
+                            batch_size=batch_size, device=device, on_length="keep", progress=progress)
+    s = self_distill(cfg)
+    if s["written"] + s["already_done"] == 0:
+        raise MedusaError(f"{out}: self-distillation wrote no rows (see {s['errors_file']})")
+    return {k: s[k] for k in ("out", "prompts", "written", "already_done", "errors", "completion_tokens",
+                              "tokens_per_s") if k in s}
+
+
 def train_recipe(recipe_path: str | Path, overrides: Sequence[str]) -> dict[str, Any]:
     """``medusa train RECIPE key=value...`` in-process; returns the final directory and last metrics."""
     from medusa.config import load_recipe
@@ -162,8 +180,9 @@ def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str 
     files = write_report(report, report_path)
     keys = ("baseline_tokens_per_s", "medusa_tokens_per_s", "speedup", "tokens_per_step", "overhead",
             "greedy_exact_match", "medusa_step_ms", "plain_step_ms", "hf_step_ms", "prompts")
-    return {**{k: report[k] for k in keys}, "files": [str(f) for f in files]}
+    optional = {k: report[k] for k in ("categories", "prompt_lookup", "assisted") if k in report}
+    return {**{k: report[k] for k in keys}, **optional, "files": [str(f) for f in files]}
 
 
 __all__ = ["StageError", "bench_stage", "calibrate_stage", "concat_jsonl",
-           "distill", "export_stage", "marker_path", "run_stage", "train_recipe", "write_jsonl"]
+           "distill", "distill_chat", "export_stage", "marker_path", "run_stage", "train_recipe", "write_jsonl"]

