@@ -249,8 +249,10 @@ def _alpaca(row: dict) -> list[dict[str, str]]:
 def _mtbench(row: dict) -> list[dict[str, str]]:
     """The ``turns`` are the user's turns, in order (MT-bench rows carry no replies)."""
     turns = row.get("turns")
-    if not isinstance(turns, list) or not turns:
-        raise RowError("bad_type", "'turns' must be a non-empty list of strings")
+    if not isinstance(turns, list):
+        raise RowError("bad_type", "'turns' must be a list of strings")
+    if not turns:
+        raise RowError("empty_content", "'turns' is empty")
     for i, turn in enumerate(turns):
         if not isinstance(turn, str):
             raise RowError("bad_type", f"turns[{i}] must be a string, got {type(turn).__name__}")
