@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medusa.data.readers import RowError, conversation, detect_format, str_field
+from medusa.data.readers import RowError, conversation, row_format, str_field
 
 
 def _check_conversation(messages: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -25,12 +25,7 @@ def _check_conversation(messages: list[dict[str, str]]) -> list[dict[str, str]]:
 
 def normalize(row: Any, fmt: str) -> tuple[str, Any]:
     """One row -> a normalised sample; raises :class:`RowError` when the row is malformed."""
-    if isinstance(row, RowError):
-        raise row
-    if not isinstance(row, dict):
-        raise RowError("not_an_object", f"expected a JSON object, got {type(row).__name__}")
-    if fmt == "auto":
-        fmt = detect_format(row)
+    fmt = row_format(row, fmt)
     if fmt in ("prompt_completion", "prompt"):  # a bare prompt has nothing to train on: missing 'completion'
         return "prompt_completion", (str_field(row, "prompt", allow_empty=True), str_field(row, "completion"))
     if fmt == "text":

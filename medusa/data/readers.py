@@ -199,6 +199,16 @@ def detect_format(row: Any) -> str:
                                      "conversations, messages, turns, instruction, prompt, text)")
 
 
+def row_format(row: Any, fmt: str = "auto") -> str:
+    """``fmt``, or the detected format when it is ``auto``; a row that is not a JSON object (or an unreadable
+    line, which :func:`read_rows` yields as a :class:`RowError`) raises :class:`RowError`."""
+    if isinstance(row, RowError):
+        raise row
+    if not isinstance(row, dict):
+        raise RowError("not_an_object", f"expected a JSON object, got {type(row).__name__}")
+    return detect_format(row) if fmt == "auto" else fmt
+
+
 def str_field(row: dict, key: str, allow_empty: bool = False) -> str:
     """``row[key]``, which must be a string (and not blank unless ``allow_empty``)."""
     if key not in row:
@@ -273,12 +283,7 @@ def conversation(row: dict, fmt: str) -> list[dict[str, str]]:
 def user_side(row: Any, fmt: str = "auto") -> list[dict[str, str]]:
     """The system and user turns of a row of any format (a prompt or text row is one user turn); raises
     :class:`RowError` unless every user turn is non-blank and there is at least one."""
-    if isinstance(row, RowError):
-        raise row
-    if not isinstance(row, dict):
-        raise RowError("not_an_object", f"a row must be a JSON object, got {type(row).__name__}")
-    if fmt == "auto":
-        fmt = detect_format(row)
+    fmt = row_format(row, fmt)
     if fmt in ("prompt", "prompt_completion"):
         messages = [{"role": "user", "content": str_field(row, "prompt", allow_empty=True)}]
     elif fmt == "text":

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medusa.data.readers import RowError, check_user_turns, detect_format, read_rows, str_field, user_side
+from medusa.data.readers import RowError, check_user_turns, read_rows, row_format, str_field, user_side
 from medusa.errors import DataError
 
 FORMATS = ("auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text")
@@ -94,9 +94,8 @@ def text_prompt(doc: str, opts: PromptOptions) -> str:
 
 def parse_row(row: Any, fmt: str, opts: PromptOptions) -> tuple[list[dict[str, str]], str]:
     """(system + user messages, completion prompt text) of one row; raises :class:`RowError` when malformed."""
-    if fmt == "auto" and isinstance(row, dict):
-        fmt = detect_format(row)
-    if fmt == "text" and isinstance(row, dict):
+    fmt = row_format(row, fmt)
+    if fmt == "text":
         messages = [{"role": "user", "content": text_prompt(str_field(row, "text", allow_empty=True), opts)}]
         kept = check_user_turns(messages)
     else:
@@ -142,7 +141,7 @@ def load_prompts(
         if seen[rid] > 1:
             rid = f"{rid}#{seen[rid]}"
         try:
-            row_fmt = detect_format(row) if fmt == "auto" and isinstance(row, dict) else fmt
+            row_fmt = row_format(row, fmt)
             messages, text = parse_row(row, row_fmt, opts)
         except RowError as exc:
             if on_invalid is None:
