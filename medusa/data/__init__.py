@@ -1,9 +1,10 @@
-"""Training data: five row formats -> token ids + labels on the assistant / completion tokens only.
+"""Training data: the row formats -> token ids + labels on the assistant / completion tokens only.
 
-``load_tokenized(source, tokenizer, max_length)`` reads a local .json / .jsonl / .parquet / .txt file
-(or a hub dataset id through ``datasets``), detects or takes the format (sharegpt, messages, alpaca,
-prompt_completion, text), tokenises with the chat template and returns :class:`TokenizedData`.
-``labels`` are NOT shifted: ``labels[t]`` is ``input_ids[t]`` where that token is trained on, else -100.
+``load_tokenized(source, tokenizer, max_length)`` reads a local .json / .jsonl / .parquet / .txt file,
+a ``datasets`` directory or a hub dataset id (:mod:`medusa.data.readers`), detects or takes the format
+(sharegpt, messages, alpaca, prompt_completion, text; MT-bench rows have no reply to train on),
+tokenises with the chat template and returns :class:`TokenizedData`. ``labels`` are NOT shifted:
+``labels[t]`` is ``input_ids[t]`` where that token is trained on, else ``IGNORE_INDEX``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import torch
 
-from medusa.data.formats import RowError, normalize, read_rows
+from medusa.data.formats import normalize
+from medusa.data.readers import RowError, read_rows
 from medusa.data.tokenize import (
     IGNORE_INDEX,
     encode_sample,
@@ -86,7 +88,7 @@ def load_tokenized(
 
 
 def collate(examples: list[dict[str, list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of examples: ``input_ids``, ``labels`` (-100 on padding), ``attention_mask``."""
+    """Right-pad a list of examples: ``input_ids``, ``labels`` (``IGNORE_INDEX`` on padding), ``attention_mask``."""
     width = max(len(ex["input_ids"]) for ex in examples)
     batch = len(examples)
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)  # [B, T]

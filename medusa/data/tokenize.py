@@ -1,4 +1,5 @@
-"""Normalised samples -> ``input_ids`` + ``labels`` (labels = the token id on trained tokens, else -100).
+"""Normalised samples -> ``input_ids`` + ``labels`` (labels = the token id on trained tokens,
+else ``IGNORE_INDEX``).
 
 Chat samples are rendered with the chat template; the character span of every assistant turn is
 found by rendering the conversation up to that turn with and without the generation prompt, and the
@@ -11,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from medusa.data.formats import RowError
+from medusa.data.readers import RowError
 from medusa.errors import ConfigError
 
 IGNORE_INDEX = -100

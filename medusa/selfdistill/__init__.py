@@ -3,7 +3,7 @@
 ``self_distill(SelfDistillConfig(...))`` is the library entry point; ``medusa self-distill`` the command.
 """
 
-from medusa.selfdistill.base import EndpointUnreachable, Request, Result, Sampling
+from medusa.selfdistill.backends.base import EndpointUnreachable, Request, Result, Sampling
 from medusa.selfdistill.modes import MODES
 from medusa.selfdistill.prompts import Prompt, PromptOptions, load_prompts
 from medusa.selfdistill.run import SelfDistillConfig, self_distill

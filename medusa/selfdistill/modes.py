@@ -17,7 +17,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from medusa.selfdistill.base import Request, Result
+from medusa.selfdistill.backends.base import Request, Result
 from medusa.selfdistill.prompts import Prompt
 
 MODES = ("replay", "self-talk", "completion")

@@ -12,6 +12,7 @@ counts (and ``ended`` in self-talk).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from medusa.errors import ConfigError, MedusaError
-from medusa.selfdistill.base import Sampling
+from medusa.selfdistill.backends.base import BatchBackend, Sampling, ServerBackend
 from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, MODES, Job, Outcome, make_job, row_seed
 from medusa.selfdistill.prompts import FORMATS, Prompt, PromptOptions, load_prompts
 from medusa.selfdistill.writer import ResumableWriter
@@ -114,7 +115,7 @@ def _row(cfg: SelfDistillConfig, prompt: Prompt, sample: int, outcome: Outcome, 
     return {"id": f"{prompt.id}:{sample}", **(outcome.row or {}), "metadata": meta}
 
 
-def _drive_local(backend: Any, jobs: list[tuple[Prompt, int, Job]], sampling: Sampling,
+def _drive_local(backend: BatchBackend, jobs: list[tuple[Prompt, int, Job]], sampling: Sampling,
                  window: int) -> Iterator[tuple[Prompt, int, Outcome]]:
     """Run conversations ``window`` at a time; each round batches the pending request of every one."""
     for start in range(0, len(jobs), window):
@@ -132,7 +133,7 @@ def _drive_local(backend: Any, jobs: list[tuple[Prompt, int, Job]], sampling: Sa
             pending = next_round
 
 
-def _run_server_job(backend: Any, job: Job, sampling: Sampling) -> Outcome:
+def _run_server_job(backend: ServerBackend, job: Job, sampling: Sampling) -> Outcome:
     request = next(job)
     while True:
         try:
@@ -141,7 +142,7 @@ def _run_server_job(backend: Any, job: Job, sampling: Sampling) -> Outcome:
             return stop.value
 
 
-def _drive_server(backend: Any, jobs: list[tuple[Prompt, int, Job]],
+def _drive_server(backend: ServerBackend, jobs: list[tuple[Prompt, int, Job]],
                   sampling: Sampling) -> Iterator[tuple[Prompt, int, Outcome]]:
     """Each conversation in a worker thread; at most ``backend.concurrency`` in flight."""
     queue = iter(jobs)
@@ -166,18 +167,89 @@ def _drive_server(backend: Any, jobs: list[tuple[Prompt, int, Job]],
                 fut.cancel()
 
 
-def _make_backend(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> Any:
+def _make_backend(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> BatchBackend | ServerBackend:
     if cfg.backend == "openai":
-        from medusa.selfdistill.openai_backend import OpenAIBackend
+        from medusa.selfdistill.backends.openai import OpenAIBackend
 
         return OpenAIBackend(cfg.endpoint, model=cfg.served_model or None, api=cfg.api, api_key=cfg.api_key,
                              timeout_s=cfg.timeout_s, retries=cfg.retries, backoff_s=cfg.retry_backoff_s,
                              concurrency=cfg.concurrency)
-    from medusa.selfdistill.local import LocalBackend
+    from medusa.selfdistill.backends.local import LocalBackend
 
     return LocalBackend(model if model is not None else cfg.model, tokenizer=tokenizer,
                         batch_size=cfg.batch_size, dtype=cfg.dtype, device=cfg.device,
                         load_in_4bit=cfg.load_in_4bit, model_name=cfg.model)
+
+
+def _tokenizers(cfg: SelfDistillConfig, tokenizer: Any) -> tuple[Any, PromptOptions]:
+    """The generation tokenizer (local backend) and the options that cut text documents into prompts."""
+    from medusa.selfdistill.backends.local import load_tokenizer, require_chat_template
+
+    if cfg.backend == "local" and tokenizer is None:
+        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
+    elif tokenizer is not None and cfg.chat_template is not None:
+        tokenizer.chat_template = cfg.chat_template
+    if cfg.backend == "local" and cfg.mode != "completion":
+        require_chat_template(tokenizer, cfg.model)
+    text_tok = tokenizer if tokenizer is not None else (load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None)
+    return tokenizer, PromptOptions(cfg.prompt_sentences, cfg.prompt_chars, cfg.prompt_tokens, text_tok)
+
+
+def _log_invalid(writer: ResumableWriter, invalid: list[str], source_id: str, location: str, reason: str) -> None:
+    """``load_prompts``' ``on_invalid``: count the row and log it once (a re-run does not log it again)."""
+    invalid.append(source_id)
+    if not writer.skip((source_id, -1)):
+        writer.write_error(source_id, -1, f"invalid prompt row: {reason}", location=location)
+
+
+def _stream(cfg: SelfDistillConfig, backend: Any, todo: list[tuple[Prompt, int]]
+            ) -> Iterator[tuple[Prompt, int, Outcome]]:
+    jobs = [(p, s, make_job(cfg.mode, p, row_seed(cfg.sampling.seed, p.id, s), cfg.on_length, cfg.turns,
+                            cfg.user_prompt)) for p, s in todo]
+    if cfg.backend == "local":
+        return _drive_local(backend, jobs, cfg.sampling, window=max(cfg.batch_size * 8, 64))
+    return _drive_server(backend, jobs, cfg.sampling)
+
+
+def _consume(cfg: SelfDistillConfig, stream: Iterator[tuple[Prompt, int, Outcome]], writer: ResumableWriter,
+             model_name: str, total: int, summary: dict[str, Any]) -> None:
+    """Write every finished conversation (or its error) as it arrives; stop when the first rows all fail."""
+    started = time.monotonic()
+    bar = tqdm(total=total, unit="row", desc="self-distill", disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        for prompt, sample, outcome in stream:
+            summary["completion_tokens"] += outcome.completion_tokens
+            if outcome.error is None:
+                writer.write(_row(cfg, prompt, sample, outcome, model_name))
+                summary["written"] += 1
+            else:
+                writer.write_error(prompt.id, sample, outcome.error, finish_reasons=outcome.finish_reasons)
+                summary["errors"] += 1
+                finished = summary["written"] + summary["errors"]
+                if summary["written"] == 0 and finished >= min(FAIL_FAST_ROWS, total):
+                    raise MedusaError(f"the first {finished} rows all failed (see {writer.errors}); "
+                                      f"last: {outcome.error}")
+            bar.update(1)
+            elapsed = max(time.monotonic() - started, 1e-9)
+            bar.set_postfix(tok_s=f"{summary['completion_tokens'] / elapsed:.0f}", err=summary["errors"],
+                            refresh=False)
+    finally:
+        bar.close()
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+    summary["generation_s"] = round(time.monotonic() - started, 3)
+
+
+def _generate(cfg: SelfDistillConfig, writer: ResumableWriter, todo: list[tuple[Prompt, int]], model: Any,
+              tokenizer: Any, summary: dict[str, Any]) -> None:
+    """Check the output can be resumed with this model, start the backend and run the ``todo`` rows."""
+    if cfg.backend == "local":
+        _check_resumable(cfg, writer, cfg.model)
+    backend = _make_backend(cfg, model, tokenizer)
+    model_name = cfg.model if cfg.backend == "local" else backend.model_name
+    _check_resumable(cfg, writer, model_name)
+    _consume(cfg, _stream(cfg, backend, todo), writer, model_name, len(todo), summary)
 
 
 def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
@@ -186,76 +258,23 @@ def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = Non
     ``model``/``tokenizer`` let a caller pass an in-process model to the local backend (``cfg.model`` then
     only names it in the metadata). Everything that can be checked is checked before a model loads.
     """
-    from medusa.selfdistill.local import load_tokenizer, require_chat_template
-
     cfg.validate()
-    if cfg.backend == "local" and tokenizer is None:
-        tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)
-    elif tokenizer is not None and cfg.chat_template is not None:
-        tokenizer.chat_template = cfg.chat_template
-    if cfg.backend == "local" and cfg.mode != "completion":
-        require_chat_template(tokenizer, cfg.model)
-    text_tok = tokenizer if tokenizer is not None else (load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None)
-    opts = PromptOptions(cfg.prompt_sentences, cfg.prompt_chars, cfg.prompt_tokens, text_tok)
-
+    tokenizer, opts = _tokenizers(cfg, tokenizer)
     started = time.monotonic()
     with ResumableWriter(cfg.out, retry_errors=cfg.retry_errors) as writer:
-        invalid = 0
-
-        def on_invalid(source_id: str, location: str, reason: str) -> None:
-            nonlocal invalid
-            invalid += 1
-            if not writer.skip((source_id, -1)):
-                writer.write_error(source_id, -1, f"invalid prompt row: {reason}", location=location)
-
+        invalid: list[str] = []
+        on_invalid = functools.partial(_log_invalid, writer, invalid)
         prompts = load_prompts(cfg.prompts, cfg.prompt_format, opts, cfg.split, cfg.limit, on_invalid)
         keys = [(p, s) for p in prompts for s in range(cfg.num_samples)]
         todo = [(p, s) for p, s in keys if not writer.skip((p.id, s))]
         summary: dict[str, Any] = {
             "out": str(writer.out), "errors_file": str(writer.errors), "prompts": len(prompts),
-            "invalid_prompts": invalid, "already_done": sum((p.id, s) in writer.done for p, s in keys),
+            "invalid_prompts": len(invalid), "already_done": sum((p.id, s) in writer.done for p, s in keys),
             "skipped_failed_before": sum((p.id, s) in writer.failed_before for p, s in keys),
             "written": 0, "errors": 0, "completion_tokens": 0,
         }
         if todo:
-            if cfg.backend == "local":
-                _check_resumable(cfg, writer, cfg.model)
-            backend = _make_backend(cfg, model, tokenizer)
-            model_name = cfg.model if cfg.backend == "local" else backend.model_name
-            _check_resumable(cfg, writer, model_name)
-            jobs = [(p, s, make_job(cfg.mode, p, row_seed(cfg.sampling.seed, p.id, s), cfg.on_length,
-                                    cfg.turns, cfg.user_prompt)) for p, s in todo]
-            if cfg.backend == "local":
-                stream = _drive_local(backend, jobs, cfg.sampling, window=max(cfg.batch_size * 8, 64))
-            else:
-                stream = _drive_server(backend, jobs, cfg.sampling)
-            gen_start = time.monotonic()
-            bar = tqdm(total=len(todo), unit="row", desc="self-distill", disable=not cfg.progress,
-                       dynamic_ncols=True)
-            try:
-                for prompt, sample, outcome in stream:
-                    summary["completion_tokens"] += outcome.completion_tokens
-                    if outcome.error is None:
-                        writer.write(_row(cfg, prompt, sample, outcome, model_name))
-                        summary["written"] += 1
-                    else:
-                        writer.write_error(prompt.id, sample, outcome.error,
-                                           finish_reasons=outcome.finish_reasons)
-                        summary["errors"] += 1
-                        finished = summary["written"] + summary["errors"]
-                        if summary["written"] == 0 and finished >= min(FAIL_FAST_ROWS, len(todo)):
-                            raise MedusaError(f"the first {finished} rows all failed (see {writer.errors}); "
-                                              f"last: {outcome.error}")
-                    bar.update(1)
-                    elapsed = max(time.monotonic() - gen_start, 1e-9)
-                    bar.set_postfix(tok_s=f"{summary['completion_tokens'] / elapsed:.0f}", err=summary["errors"],
-                                    refresh=False)
-            finally:
-                bar.close()
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
-            summary["generation_s"] = round(time.monotonic() - gen_start, 3)
+            _generate(cfg, writer, todo, model, tokenizer, summary)
     summary["elapsed_s"] = round(time.monotonic() - started, 3)
     gen = summary.get("generation_s") or 0.0
     summary["rows_per_s"] = round((summary["written"] + summary["errors"]) / gen, 3) if gen else 0.0

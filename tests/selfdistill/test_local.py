@@ -10,7 +10,7 @@ from selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_cha
 
 from medusa.errors import MedusaError
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
-from medusa.selfdistill.local import LocalBackend
+from medusa.selfdistill.backends.local import LocalBackend
 from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip
 from medusa.selfdistill.prompts import load_prompts
 
@@ -190,7 +190,7 @@ def test_chat_template_option_on_a_completion_model(tmp_path):
 
 def test_output_is_training_data_for_load_tokenized(tmp_path):
     """Both output shapes load with ``medusa.data.load_tokenized`` (format auto-detected)."""
-    from medusa.data import load_tokenized
+    from medusa.data import IGNORE_INDEX, load_tokenized
     _write_prompts(tmp_path, [{"turns": ["Hi there", "And then?"]}, {"prompt": "Tell a story."}])
     tok = chat_tokenizer()
     self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=tok)
@@ -199,12 +199,12 @@ def test_output_is_training_data_for_load_tokenized(tmp_path):
     for name, n in (("out.jsonl", 2), ("c.jsonl", 2)):
         data = load_tokenized(str(tmp_path / name), tok, max_length=256)
         assert len(data.examples) == n and not data.skipped
-        assert all(any(x != -100 for x in ex["labels"]) for ex in data.examples)
+        assert all(any(x != IGNORE_INDEX for x in ex["labels"]) for ex in data.examples)
 
 
 def test_local_backend_in_4bit(tmp_path):
     """bitsandbytes NF4 on CPU (its CPU kernels need layer widths that are multiples of 64)."""
-    from medusa.selfdistill.base import Request
+    from medusa.selfdistill.backends import Request
 
     from tiny_models import tiny_model
 

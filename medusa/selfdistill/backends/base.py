@@ -1,8 +1,10 @@
-"""What the modes ask a backend for, and what they get back."""
+"""What the modes ask a backend for, what they get back, and the two backend shapes the runner drives."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from medusa.errors import MedusaError
 
@@ -41,3 +43,24 @@ class Result:
 
 class EndpointUnreachable(MedusaError):
     """The server cannot be reached at all (after retries): the run stops, written rows are kept."""
+
+
+class Backend(Protocol):
+    name: str  # "local" | "openai"
+    model_name: str  # written into every row's metadata
+
+
+class BatchBackend(Backend, Protocol):
+    """In-process generation: the runner hands it the pending request of many conversations at once."""
+
+    def generate(self, requests: Sequence[Request], sampling: Sampling) -> Iterator[tuple[int, Result]]:
+        """``(index into requests, Result)`` pairs, in any order."""
+        ...
+
+
+class ServerBackend(Backend, Protocol):
+    """A server: one request per call, from at most ``concurrency`` worker threads."""
+
+    concurrency: int
+
+    def complete(self, request: Request, sampling: Sampling) -> Result: ...

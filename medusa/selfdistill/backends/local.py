@@ -11,7 +11,7 @@ import torch
 
 from medusa.errors import ConfigError, MedusaError
 from medusa.modeling.base import load_tokenizer as _load_tokenizer
-from medusa.selfdistill.base import Request, Result, Sampling
+from medusa.selfdistill.backends.base import Request, Result, Sampling
 
 
 class NoChatTemplate(MedusaError):
@@ -97,9 +97,6 @@ class LocalBackend:
                                                       tokenize=False)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(request.prompt)["input_ids"]
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(self, requests: Sequence[Request], sampling: Sampling) -> Iterator[tuple[int, Result]]:
         """Yield ``(index into requests, Result)``, a batch at a time, shortest prompts first."""

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from medusa.errors import ConfigError
-from medusa.selfdistill.base import EndpointUnreachable, Request, Result, Sampling
+from medusa.selfdistill.backends.base import EndpointUnreachable, Request, Result, Sampling
 
 
 def normalize_endpoint(endpoint: str) -> str:
