@@ -198,18 +198,12 @@ def setup_model(recipe: Recipe, device: torch.device,
     return model, trainable, Medusa2State(total_steps=total_steps, reference=reference)
 
 
-def lambda0_for(recipe: Recipe, step: int, state: Medusa2State) -> float:
-    """``lambda_0`` at optimizer step ``step`` (0-based) of the run."""
-    m = recipe.medusa2
-    return lambda0_at(step, state.total_steps, m.lambda0, m.schedule)
-
-
 def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor], recipe: Recipe,
                  step: int, state: Medusa2State) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """``(loss, stats [4, K], metrics)`` of one micro-batch at optimizer step ``step``; metrics: ``lm_loss``
     (the KL to the teacher when self-distilling, then also under ``distill_kl``), ``heads_loss``, ``lambda0``."""
     m = recipe.medusa2
-    lam = lambda0_for(recipe, step, state)
+    lam = lambda0_at(step, state.total_steps, m.lambda0, m.schedule)
     teacher = None
     if m.self_distill:
         teacher = teacher_logits(model, batch["input_ids"], batch["attention_mask"], reference=state.reference)
