@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from medusa.errors import ConfigError
+from medusa.training.schedules import parse_schedule
 
 METHODS = ("medusa1", "medusa2")
 DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
@@ -26,7 +27,6 @@ FORMATS = ("auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text"
 SCHEDULERS = ("cosine", "linear", "constant")
 REPORT_TO = ("none", "wandb", "tensorboard")
 MIXED_PRECISION = ("no", "bf16", "fp16")
-_SCHEDULE_RE = re.compile(r"^(constant|linear|sine|sine_(0(\.\d+)?|1(\.0+)?|\.\d+))$")
 
 
 @dataclass
@@ -222,8 +222,7 @@ def _check_path(key: str, path: str | None, must_exist_if_local: bool = True) ->
         raise ConfigError(f"{key}: {path} does not exist (relative paths resolve against {Path.cwd()})")
 
 
-def validate(recipe: Recipe) -> Recipe:
-    """Range / choice / file checks on a built recipe; returns it unchanged or raises ConfigError."""
+def _validate_top(recipe: Recipe) -> None:
     if not recipe.model:
         raise ConfigError("model: required (a local path or a hub id)")
     _check_path("model", recipe.model)
@@ -234,6 +233,9 @@ def validate(recipe: Recipe) -> Recipe:
     _choice("report_to", recipe.report_to, REPORT_TO)
     if not recipe.output_dir:
         raise ConfigError("output_dir: required")
+
+
+def _validate_heads(recipe: Recipe) -> None:
     h = recipe.heads
     _range("heads.num_heads", h.num_heads, 1, 64)
     _range("heads.num_layers", h.num_layers, 0, 16)
@@ -241,6 +243,9 @@ def validate(recipe: Recipe) -> Recipe:
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
     if h.init_from and not Path(h.init_from).expanduser().exists():
         raise ConfigError(f"heads.init_from: {h.init_from} does not exist")
+
+
+def _validate_data(recipe: Recipe) -> None:
     d = recipe.data
     if not d.train:
         raise ConfigError("data.train: required (a .json/.jsonl/.parquet/.txt file or a hub dataset id)")
@@ -251,6 +256,9 @@ def validate(recipe: Recipe) -> Recipe:
     _range("data.max_length", d.max_length, 2)
     if d.chat_template and d.chat_template.endswith((".jinja", ".j2")):
         _check_path("data.chat_template", d.chat_template)
+
+
+def _validate_train(recipe: Recipe) -> None:
     t = recipe.train
     _range("train.lr", t.lr, 0.0, lo_open=True)
     _range("train.epochs", t.epochs, 0.0, lo_open=True)
@@ -272,19 +280,25 @@ def validate(recipe: Recipe) -> Recipe:
         _check_path("train.resume", t.resume, must_exist_if_local=True)
         if not Path(t.resume).expanduser().is_dir():
             raise ConfigError(f"train.resume: {t.resume} is not a checkpoint directory (or use 'auto')")
+
+
+def _validate_method_keys(recipe: Recipe) -> None:
+    """lora.* and medusa2.* (checked whatever the method, so that an override typo fails early)."""
     lo = recipe.lora
     _range("lora.r", lo.r, 1)
     _range("lora.alpha", lo.alpha, 0.0, lo_open=True)
     _range("lora.dropout", lo.dropout, 0.0, 1.0)
     m = recipe.medusa2
     _range("medusa2.lambda0", m.lambda0, 0.0)
-    if not _SCHEDULE_RE.match(m.schedule):
-        raise ConfigError(f"medusa2.schedule: {m.schedule!r} is not one of constant, linear, sine, "
-                          "sine_<fraction in (0, 1]>")
-    if m.schedule.startswith("sine_") and float(m.schedule[5:]) <= 0:
-        raise ConfigError(f"medusa2.schedule: {m.schedule!r}: the sine fraction must be in (0, 1]")
+    parse_schedule(m.schedule, "medusa2.schedule")
     _range("medusa2.lr_multiplier", m.lr_multiplier, 0.0, lo_open=True)
     _range("medusa2.distill_temperature", m.distill_temperature, 0.0, lo_open=True)
+
+
+def validate(recipe: Recipe) -> Recipe:
+    """Range / choice / file checks on a built recipe; returns it unchanged or raises ConfigError."""
+    for check in (_validate_top, _validate_heads, _validate_data, _validate_train, _validate_method_keys):
+        check(recipe)
     return recipe
 
 

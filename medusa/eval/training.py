@@ -73,14 +73,16 @@ def measure_memory(args: argparse.Namespace) -> list[dict]:
 def measure_throughput(args: argparse.Namespace) -> dict:
     from medusa.config import load_recipe
     from medusa.data import collate
+    from medusa.training import medusa1
     from medusa.training import setup as S
 
     recipe = load_recipe(args.recipe, args.overrides)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = S.load_tokenizer(recipe)
     data = S.load_data(recipe, tokenizer)
-    model, trainable = S.setup_model_medusa1(recipe, device)
-    optimizer = torch.optim.AdamW(S.optimizer_groups(trainable, recipe), lr=recipe.train.lr)
+    model, trainable = medusa1.setup_model(recipe, device)
+    optimizer = torch.optim.AdamW(S.param_groups(trainable, recipe.train.lr, recipe.train.weight_decay, 1.0),
+                                  lr=recipe.train.lr)
     bs = recipe.train.batch_size
     batches = [collate(data.train.examples[i * bs:(i + 1) * bs], data.pad_token_id) for i in range(args.steps + 3)]
     batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
@@ -91,10 +93,10 @@ def measure_throughput(args: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
 
     def forward_only(batch: dict) -> None:
-        S.backbone_hidden(model, batch)
+        medusa1.backbone_hidden(model, batch)
 
     def train_step(batch: dict) -> None:
-        loss, _ = S.compute_loss_medusa1(model, trainable, batch, recipe, 0)
+        loss, _ = medusa1.compute_loss(model, trainable, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -1,47 +1,33 @@
-"""The training loop (MEDUSA-1; MEDUSA-2 plugs in its own model setup, loss and optimizer groups).
+"""The training loop: MEDUSA-1 (:mod:`medusa1`) or MEDUSA-2 (:mod:`medusa2`), dispatched on ``recipe.method``.
 
 ``train(recipe)`` runs under any accelerate launch (single process, DDP, DeepSpeed, FSDP): the trained
 module goes through ``accelerator.prepare``; the frozen backbone stays a plain module on each device.
 Data order is a function of (seed, epoch) and the global step, so a resumed run sees exactly the
 batches the uninterrupted one would have.
+
+``metrics.jsonl`` gets one row every ``train.logging_steps`` optimizer steps (averages over the window
+and over processes: ``loss``, per-head loss / top-1 / top-5, tokens; MEDUSA-2 adds ``lm_loss`` (the KL
+to the teacher when self-distilling, then also under ``distill_kl``), ``heads_loss`` and ``lambda0``, with
+``loss = lm_loss + lambda0 * heads_loss`` when the window is one step) and one ``eval_*`` row per evaluation.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from medusa.config import Recipe
 from medusa.data import collate
-from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.model import MedusaModel
+from medusa.training import medusa1, medusa2
 from medusa.training import setup as S
 from medusa.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
-
-
-@dataclass
-class Method:
-    """What differs between MEDUSA-1 and MEDUSA-2."""
-
-    setup_model: Callable[[Recipe, torch.device], tuple[MedusaModel, nn.Module]]
-    compute_loss: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # (model, trainable, batch, recipe, step)
-    optimizer_groups: Callable[[nn.Module, Recipe], list[dict[str, Any]]]
-    save_final: Callable[..., None] | None = None  # (accelerator, model, trainable, recipe, path)
-    set_plan: Callable[[Any], None] | None = None  # told the step plan (Plan) before the model is built
-
-
-def method_for(recipe: Recipe) -> Method:
-    if recipe.method == "medusa1":
-        return Method(S.setup_model_medusa1, S.compute_loss_medusa1, S.optimizer_groups)
-    from medusa.training import medusa2
-
-    return medusa2.method()
 
 
 @dataclass
@@ -54,6 +40,66 @@ class TrainResult:
     model: MedusaModel | None = None  # the trained model (backbone + heads) of this process
 
 
+@dataclass
+class Run:
+    """What one training session holds, built once by :func:`_build`."""
+
+    recipe: Recipe
+    accelerator: Any
+    data: S.RunData
+    plan: S.Plan
+    model: MedusaModel
+    trainable: nn.Module  # prepared by accelerate
+    optimizer: Any
+    scheduler: Any
+    state: medusa2.Medusa2State | None  # MEDUSA-2's loss state; None for MEDUSA-1
+    out_dir: Path
+    metrics_path: Path
+
+
+@dataclass
+class Window:
+    """Sums over this process's micro-batches since the last metrics row."""
+
+    stats: torch.Tensor  # [4, K]: per-head CE sum, top-1 hits, top-5 hits, count
+    loss: float = 0.0
+    tokens: int = 0
+    micro: int = 0
+    parts: dict[str, float] = field(default_factory=dict)  # MEDUSA-2's loss terms and lambda0
+    t0: float = field(default_factory=time.perf_counter)
+
+
+# ----------------------------------------------------------------------------------------- per method
+def setup_model(recipe: Recipe, device: torch.device,
+                plan: S.Plan) -> tuple[MedusaModel, nn.Module, medusa2.Medusa2State | None]:
+    if recipe.method == "medusa1":
+        return (*medusa1.setup_model(recipe, device), None)
+    return medusa2.setup_model(recipe, device, plan.total_steps)
+
+
+def compute_loss(recipe: Recipe, model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor],
+                 step: int, state: medusa2.Medusa2State | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """``(loss, stats [4, K], metrics)`` of one micro-batch (metrics: MEDUSA-2's loss terms; none for MEDUSA-1)."""
+    if recipe.method == "medusa1":
+        return (*medusa1.compute_loss(model, trainable, batch), {})
+    assert state is not None
+    return medusa2.compute_loss(model, trainable, batch, recipe, step, state)
+
+
+def optimizer_groups(recipe: Recipe, trainable: nn.Module) -> list[dict[str, Any]]:
+    """MEDUSA-1: the heads at ``train.lr``; MEDUSA-2: backbone at ``train.lr``, heads at ``lr * lr_multiplier``."""
+    t = recipe.train
+    if recipe.method == "medusa1":
+        return S.param_groups(trainable, t.lr, t.weight_decay, lr_multiplier=1.0)
+    return S.param_groups(trainable.model, t.lr, t.weight_decay, lr_multiplier=recipe.medusa2.lr_multiplier)
+
+
+def save_final(run: Run, path: Path) -> None:
+    save = medusa1.save_final if run.recipe.method == "medusa1" else medusa2.save_final
+    save(run.accelerator, run.model, run.trainable, run.recipe, path)
+
+
+# ----------------------------------------------------------------------------------------- metrics
 def _summarise(stats: torch.Tensor, prefix: str) -> dict[str, float]:
     """stats ``[4, K]`` (CE sum, top-1 hits, top-5 hits, count) -> per-head loss / top1 / top5."""
     out: dict[str, float] = {}
@@ -65,10 +111,10 @@ def _summarise(stats: torch.Tensor, prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate(accelerator: Any, model: MedusaModel, trainable: nn.Module, method: Method, data: Any,
-             recipe: Recipe, step: int) -> dict[str, float]:
+def evaluate(run: Run, step: int) -> dict[str, float]:
     """Loss and per-head accuracy on the eval set (each process takes every world-th example)."""
-    module = accelerator.unwrap_model(trainable)
+    accelerator, recipe, data = run.accelerator, run.recipe, run.data
+    module = accelerator.unwrap_model(run.trainable)
     module.eval()
     examples = data.eval.examples[accelerator.process_index::accelerator.num_processes]
     stats = torch.zeros(4, recipe.heads.num_heads)
@@ -79,7 +125,7 @@ def evaluate(accelerator: Any, model: MedusaModel, trainable: nn.Module, method:
             batch = collate(examples[i:i + recipe.train.batch_size], data.pad_token_id)
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.autocast():
-                loss, s = method.compute_loss(model, module, batch, recipe, step)
+                loss, s, _ = compute_loss(recipe, run.model, module, batch, step, run.state)
             stats += s.cpu()
             loss_sum += loss.detach().float().cpu()
             batches += 1
@@ -96,142 +142,152 @@ def _write_metrics(path: Path, row: dict[str, Any]) -> None:
         fh.write(json.dumps(row) + "\n")
 
 
-def _save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe, path: Path) -> None:
-    """Gather the heads (also from ZeRO-3 shards) and write our checkpoint format, with the recipe."""
-    state = accelerator.get_state_dict(trainable)  # every process must call this
+def _log_window(run: Run, window: Window, step: int, grad_norm: Any) -> dict[str, Any]:
+    """Average the window over its micro-batches and every process; write and log the row."""
+    names = sorted(window.parts)  # the same on every process
+    packed = torch.cat([window.stats.flatten(), torch.tensor([window.loss, float(window.tokens), float(window.micro)]
+                                                             + [window.parts[n] for n in names])])
+    totals = run.accelerator.reduce(packed.to(run.accelerator.device), reduction="sum").cpu()
+    K = run.recipe.heads.num_heads
+    micro = totals[4 * K + 2]
+    elapsed = time.perf_counter() - window.t0
+    row = {"step": step, "epoch": round(step / run.plan.steps_per_epoch, 4), "lr": run.scheduler.get_last_lr()[0],
+           "loss": float(totals[4 * K] / micro),
+           **{n: float(totals[4 * K + 3 + i] / micro) for i, n in enumerate(names)},
+           **_summarise(totals[: 4 * K].reshape(4, K), ""),
+           "grad_norm": float(grad_norm) if grad_norm is not None else None,
+           "tokens": int(totals[4 * K + 1]), "tokens_per_s": float(totals[4 * K + 1]) / max(elapsed, 1e-9)}
+    if run.accelerator.is_main_process:
+        _write_metrics(run.metrics_path, row)
+    run.accelerator.log({k: v for k, v in row.items() if v is not None}, step=step)
+    return row
+
+
+def _log_eval(run: Run, step: int) -> dict[str, Any]:
+    row = {"step": step, **evaluate(run, step)}
+    if run.accelerator.is_main_process:
+        _write_metrics(run.metrics_path, row)
+    run.accelerator.log(row, step=step)
+    return row
+
+
+# ----------------------------------------------------------------------------------------- the loop
+def _build(recipe: Recipe) -> Run:
+    """Accelerator, data, step plan, model, optimizer and scheduler, prepared by accelerate."""
+    from accelerate.utils import set_seed
+
+    accelerator = S.make_accelerator(recipe)
+    set_seed(recipe.train.seed)
+    data = S.load_data(recipe, S.load_tokenizer(recipe))
+    plan = S.make_plan(recipe, len(data.train.examples), accelerator.num_processes)
+    model, trainable, state = setup_model(recipe, accelerator.device, plan)
+    optimizer = torch.optim.AdamW(optimizer_groups(recipe, trainable), lr=recipe.train.lr)
+    scheduler = S.make_scheduler(optimizer, recipe, plan)
+    trainable, optimizer = accelerator.prepare(trainable, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    out_dir = Path(recipe.output_dir)
+    return Run(recipe, accelerator, data, plan, model, trainable, optimizer, scheduler, state, out_dir,
+               out_dir / "metrics.jsonl")
+
+
+def _open_output(run: Run, step: int, resume_from: Path | None) -> None:
+    """recipe.json, trackers, a fresh metrics log (a resumed run appends), the run's summary line."""
+    accelerator, recipe = run.accelerator, run.recipe
     if accelerator.is_main_process:
-        cfg = model.config
-        heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_layers, cfg.head_type,
-                            shared_lm_head=model.heads.shared_lm_head)
-        heads.load_state_dict({k.removeprefix("heads."): v.detach().float().cpu() for k, v in state.items()})
-        final = MedusaModel(model.base_model, heads, cfg, tree=None)
-        final.config.recipe = recipe.to_dict()
-        final.save_pretrained(path)
-    accelerator.wait_for_everyone()
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        (run.out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
+    if recipe.report_to != "none":
+        accelerator.init_trackers("medusa", config=_flat(recipe.to_dict()))
+    if accelerator.is_main_process and step == 0 and run.metrics_path.exists():
+        run.metrics_path.unlink()
+    if accelerator.is_main_process:
+        train, plan = run.data.train, run.plan
+        accelerator.print(f"train: {len(train)} examples ({train.num_label_tokens:,} trained tokens)"
+                          + (f", skipped {train.skipped}" if train.skipped else "")
+                          + f"; {plan.total_steps} steps, {plan.steps_per_epoch} per epoch"
+                          + (f"; resuming at step {step} from {resume_from}" if resume_from else ""))
+
+
+def _optimizer_step(run: Run, window: Window, order: list[int], step: int, params: list[nn.Parameter]) -> Any:
+    """The ``grad_accum`` micro-batches of optimizer step ``step`` (0-based); returns the clipped grad norm."""
+    accelerator, plan, data, recipe = run.accelerator, run.plan, run.data, run.recipe
+    within = step % plan.steps_per_epoch
+    grad_norm = None
+    for g in range(plan.grad_accum):
+        idx = S.micro_batch_indices(order, within * plan.grad_accum + g, accelerator.process_index, plan)
+        batch = collate([data.train.examples[i] for i in idx], data.pad_token_id)
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        with accelerator.accumulate(run.trainable):
+            loss, stats, parts = compute_loss(recipe, run.model, run.trainable, batch, step, run.state)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and recipe.train.max_grad_norm > 0:
+                grad_norm = accelerator.clip_grad_norm_(params, recipe.train.max_grad_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        window.stats += stats.detach().cpu()
+        window.loss += float(loss.detach())
+        window.tokens += int(batch["attention_mask"].sum())
+        window.micro += 1
+        for name, value in parts.items():
+            window.parts[name] = window.parts.get(name, 0.0) + value
+    if not accelerator.optimizer_step_was_skipped:
+        run.scheduler.step()
+    return grad_norm
+
+
+def _finish(run: Run, step: int) -> tuple[Path | None, dict[str, Any] | None]:
+    """At the last step: a final evaluation and ``final/``. Returns (final_dir, eval row)."""
+    if step < run.plan.total_steps:
+        return None, None
+    eval_row = _log_eval(run, step) if run.data.eval is not None else None
+    final_dir = run.out_dir / "final"
+    save_final(run, final_dir)
+    if run.accelerator.is_main_process:
+        skipped = run.data.train.skipped
+        run.accelerator.print(f"wrote {final_dir}" + (f"; skipped rows: {skipped}" if skipped else ""))
+    return final_dir, eval_row
 
 
 def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
     """Run the recipe. ``stop_at_step`` ends this session after that optimizer step (saving a checkpoint
     there) without writing ``final/``; a later run with ``train.resume: auto`` continues it."""
-    from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    method = method_for(recipe)  # before anything loads: an unsupported method is a config error
-    accelerator = S.make_accelerator(recipe)
-    set_seed(recipe.train.seed)
-    out_dir = Path(recipe.output_dir)
-    resume_from = resolve_resume(recipe.train.resume, out_dir)
-
-    tokenizer = S.load_tokenizer(recipe)
-    data = S.load_data(recipe, tokenizer)
-    plan = S.make_plan(recipe, len(data.train.examples), accelerator.num_processes)
-    if method.set_plan is not None:
-        method.set_plan(plan)  # MEDUSA-2's lambda_0 schedule runs over plan.total_steps
-
-    model, trainable = method.setup_model(recipe, accelerator.device)
-    optimizer = torch.optim.AdamW(method.optimizer_groups(trainable, recipe), lr=recipe.train.lr)
-    scheduler = S.make_scheduler(optimizer, recipe, plan)
-    trainable, optimizer = accelerator.prepare(trainable, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-
-    step = 0
-    if resume_from is not None:
-        step = int(load_checkpoint(accelerator, resume_from)["global_step"])
-    if accelerator.is_main_process:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
-    if recipe.report_to != "none":
-        accelerator.init_trackers("medusa", config=_flat(recipe.to_dict()))
-    metrics_path = out_dir / "metrics.jsonl"
-    if accelerator.is_main_process and step == 0 and metrics_path.exists():
-        metrics_path.unlink()  # a fresh run starts a fresh log; a resumed one appends
-    if accelerator.is_main_process:
-        skipped = data.train.skipped
-        accelerator.print(f"train: {len(data.train)} examples ({data.train.num_label_tokens:,} trained tokens)"
-                          + (f", skipped {skipped}" if skipped else "")
-                          + f"; {plan.total_steps} steps, {plan.steps_per_epoch} per epoch"
-                          + (f"; resuming at step {step} from {resume_from}" if resume_from else ""))
-
-    params = [p for p in trainable.parameters() if p.requires_grad]
+    if recipe.method == "medusa2":
+        medusa2.check_recipe(recipe)  # before anything loads
+    resume_from = resolve_resume(recipe.train.resume, Path(recipe.output_dir))
+    run = _build(recipe)
+    plan, t = run.plan, recipe.train
+    step = int(load_checkpoint(run.accelerator, resume_from)["global_step"]) if resume_from is not None else 0
+    _open_output(run, step, resume_from)
+    params = [p for p in run.trainable.parameters() if p.requires_grad]
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
-    bar = tqdm(total=plan.total_steps, initial=step, disable=not accelerator.is_local_main_process,
+    bar = tqdm(total=plan.total_steps, initial=step, disable=not run.accelerator.is_local_main_process,
                desc="train", dynamic_ncols=True)
-    window = torch.zeros(4, recipe.heads.num_heads)
-    window_loss, window_tokens, window_micro, t0 = 0.0, 0, 0, time.perf_counter()
-    last: dict[str, Any] = {}
-    eval_metrics = None
-    order_epoch, order = -1, []
-    grad_norm = None
+    window, last, eval_metrics, order_epoch, order = Window(torch.zeros(4, recipe.heads.num_heads)), {}, None, -1, []
     while step < end:
-        epoch, within = divmod(step, plan.steps_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = S.epoch_order(len(data.train.examples), recipe.train.seed, epoch), epoch
-        for g in range(plan.grad_accum):
-            idx = S.micro_batch_indices(order, within * plan.grad_accum + g, accelerator.process_index, plan)
-            batch = collate([data.train.examples[i] for i in idx], data.pad_token_id)
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            with accelerator.accumulate(trainable):
-                loss, stats = method.compute_loss(model, trainable, batch, recipe, step)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and recipe.train.max_grad_norm > 0:
-                    grad_norm = accelerator.clip_grad_norm_(params, recipe.train.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            window += stats.detach().cpu()
-            window_loss += float(loss.detach())
-            window_tokens += int(batch["attention_mask"].sum())
-            window_micro += 1
-        if not accelerator.optimizer_step_was_skipped:
-            scheduler.step()
+        if step // plan.steps_per_epoch != order_epoch:
+            order_epoch = step // plan.steps_per_epoch
+            order = S.epoch_order(len(run.data.train.examples), t.seed, order_epoch)
+        grad_norm = _optimizer_step(run, window, order, step, params)
         step += 1
         bar.update(1)
-
-        if step % recipe.train.logging_steps == 0 or step == end:
-            packed = torch.cat([window.flatten(), torch.tensor([window_loss, float(window_tokens),
-                                                                 float(window_micro)])])
-            totals = accelerator.reduce(packed.to(accelerator.device), reduction="sum").cpu()
-            K = recipe.heads.num_heads
-            elapsed = time.perf_counter() - t0
-            last = {"step": step, "epoch": round(step / plan.steps_per_epoch, 4),
-                    "lr": scheduler.get_last_lr()[0],
-                    "loss": float(totals[4 * K] / totals[4 * K + 2]),
-                    **_summarise(totals[: 4 * K].reshape(4, K), ""),
-                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                    "tokens": int(totals[4 * K + 1]), "tokens_per_s": float(totals[4 * K + 1]) / max(elapsed, 1e-9)}
-            if accelerator.is_main_process:
-                _write_metrics(metrics_path, last)
-            accelerator.log({k: v for k, v in last.items() if v is not None}, step=step)
+        if step % t.logging_steps == 0 or step == end:
+            last = _log_window(run, window, step, grad_norm)
             bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last['head1_top1']:.2f}")
-            window.zero_()
-            window_loss, window_tokens, window_micro, t0 = 0.0, 0, 0, time.perf_counter()
-
-        if data.eval is not None and recipe.train.eval_steps and step % recipe.train.eval_steps == 0 \
-                and step < plan.total_steps:
-            eval_metrics = {"step": step, **evaluate(accelerator, model, trainable, method, data, recipe, step)}
-            if accelerator.is_main_process:
-                _write_metrics(metrics_path, eval_metrics)
-            accelerator.log(eval_metrics, step=step)
-        if (recipe.train.save_steps and step % recipe.train.save_steps == 0) or step == end < plan.total_steps:
-            save_checkpoint(accelerator, out_dir, step,
+            window = Window(torch.zeros(4, recipe.heads.num_heads))
+        if run.data.eval is not None and t.eval_steps and step % t.eval_steps == 0 and step < plan.total_steps:
+            eval_metrics = _log_eval(run, step)
+        if (t.save_steps and step % t.save_steps == 0) or step == end < plan.total_steps:
+            save_checkpoint(run.accelerator, run.out_dir, step,
                             {"epoch": step // plan.steps_per_epoch, "step_in_epoch": step % plan.steps_per_epoch,
                              "total_steps": plan.total_steps, "recipe": recipe.to_dict()})
     bar.close()
-
-    final_dir = None
-    if step >= plan.total_steps:
-        if data.eval is not None:
-            eval_metrics = {"step": step, **evaluate(accelerator, model, trainable, method, data, recipe, step)}
-            if accelerator.is_main_process:
-                _write_metrics(metrics_path, eval_metrics)
-            accelerator.log(eval_metrics, step=step)
-        final_dir = out_dir / "final"
-        (method.save_final or _save_final)(accelerator, model, trainable, recipe, final_dir)
-        if accelerator.is_main_process:
-            accelerator.print(f"wrote {final_dir}" + (f"; skipped rows: {data.train.skipped}"
-                                                      if data.train.skipped else ""))
-    accelerator.end_training()
-    model.heads = accelerator.unwrap_model(trainable).heads if recipe.method == "medusa1" else model.heads
-    return TrainResult(out_dir, final_dir, step, last, eval_metrics, model)
+    final_dir, final_eval = _finish(run, step)
+    run.accelerator.end_training()
+    if recipe.method == "medusa1":
+        run.model.heads = run.accelerator.unwrap_model(run.trainable).heads
+    return TrainResult(run.out_dir, final_dir, step, last, final_eval or eval_metrics, run.model)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""MEDUSA head losses as pure functions of tensors.
+"""Every training loss, as pure functions of tensors: MEDUSA heads (MEDUSA-1 and MEDUSA-2's ``L_heads``),
+the backbone's own next-token loss, the self-distillation KL and their MEDUSA-2 combination.
 
 Head k (k = 1..K) reads h_t and predicts token t + k + 1, so its target at position t is
 ``labels[t + k + 1]`` (labels are NOT shifted: ``labels[t]`` is the id of token t, or -100).
@@ -9,6 +10,10 @@ whose target is labelled.
 positions, then runs the head on ``chunk_size`` of them at a time under activation checkpointing,
 so the forward keeps one chunk's logits alive and the backward recomputes one chunk at a time.
 :func:`naive_head_loss` is the reference it is tested against.
+
+MEDUSA-2: ``L = L_LM + lambda_0(step) * L_heads`` (:func:`medusa2_loss`), ``L_LM`` being
+:func:`causal_lm_loss` or, with self-distillation, :func:`self_distill_kl` to the teacher's logits.
+The base logits at position t predict ``labels[:, t + 1]``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-IGNORE_INDEX = -100
+from medusa.data.tokenize import IGNORE_INDEX
+from medusa.errors import ConfigError
+
 HeadFn = Callable[[int, torch.Tensor], torch.Tensor]  # (k 0-based, hidden [N, d]) -> logits [N, V]
 
 
@@ -31,11 +38,6 @@ class HeadLossOutput:
     correct1: torch.Tensor  # [K] top-1 hits per head
     correct5: torch.Tensor  # [K] top-5 hits per head
     count: torch.Tensor  # [K] labelled targets per head
-
-    def per_head(self) -> dict[str, list[float]]:
-        n = self.count.clamp(min=1)
-        return {"loss": (self.ce_sum / n).tolist(), "top1": (self.correct1 / n).tolist(),
-                "top5": (self.correct5 / n).tolist()}
 
 
 def head_weights(num_heads: int, decay: float) -> list[float]:
@@ -139,3 +141,72 @@ def naive_head_loss(
         stats[3, k] = n
         total = total + weights[k] * ce / max(n, 1)
     return HeadLossOutput(total, stats[0], stats[1], stats[2], stats[3])
+
+
+def _next_token_mask(labels: torch.Tensor) -> torch.Tensor:
+    """``labels [B, T]`` -> bool ``[B, T - 1]``: position t predicts an assistant token (labels[t+1])."""
+    return labels[:, 1:] != IGNORE_INDEX
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy on assistant tokens.
+
+    logits ``[B, T, V]`` (position t predicts t+1), labels ``[B, T]`` (unshifted, -100 = ignored) -> scalar.
+    Zero (with a graph) when no position is labelled.
+    """
+    shifted = logits[:, :-1].float()  # [B, T-1, V]
+    target = labels[:, 1:]  # [B, T-1]
+    if not bool((target != IGNORE_INDEX).any()):
+        return shifted.sum() * 0.0
+    return F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def self_distill_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """``KL(p_teacher || p_student)`` averaged over the positions that predict an assistant token.
+
+    student_logits, teacher_logits ``[B, T, V]``; labels ``[B, T]`` (unshifted). With temperature tau,
+    ``p = softmax(logits / tau)`` for both and the KL is multiplied by ``tau**2`` (so its gradient scale
+    does not depend on tau). Exactly 0 when the two logits are equal. Scalar.
+    """
+    if temperature <= 0:
+        raise ConfigError(f"medusa2.distill_temperature: must be > 0, got {temperature}")
+    mask = _next_token_mask(labels)  # [B, T-1]
+    s = student_logits[:, :-1][mask].float() / temperature  # [N, V]
+    t = teacher_logits[:, :-1][mask].detach().float() / temperature  # [N, V]
+    if s.shape[0] == 0:
+        return student_logits.sum() * 0.0
+    log_ps, log_pt = F.log_softmax(s, dim=-1), F.log_softmax(t, dim=-1)
+    kl = (log_pt.exp() * (log_pt - log_ps)).sum(-1)  # [N]
+    return kl.mean() * temperature**2
+
+
+def medusa2_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    heads_loss: torch.Tensor,
+    lambda0: float,
+    teacher_logits: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``L = L_LM + lambda0 * L_heads``.
+
+    logits ``[B, T, V]``: the backbone's own (student) logits; labels ``[B, T]`` unshifted; heads_loss: the
+    MEDUSA-1 heads loss (``sum_k decay^k CE_k``, computed in chunks by ``medusa.training.losses``);
+    lambda0: ``lambda_0(step)`` from :mod:`medusa.training.schedules`. ``L_LM`` is the next-token CE on
+    assistant tokens, or, given ``teacher_logits [B, T, V]``, ``self_distill_kl(logits, teacher_logits)``.
+    Returns the scalar loss and float metrics (``lm_loss``, ``heads_loss``, ``lambda0``).
+    """
+    if teacher_logits is None:
+        lm = causal_lm_loss(logits, labels)
+    else:
+        lm = self_distill_kl(logits, teacher_logits, labels, temperature)
+    loss = lm + lambda0 * heads_loss
+    metrics = {"lm_loss": float(lm.detach()), "heads_loss": float(heads_loss.detach()), "lambda0": float(lambda0)}
+    if teacher_logits is not None:
+        metrics["distill_kl"] = metrics["lm_loss"]
+    return loss, metrics

@@ -1,156 +1,48 @@
-"""MEDUSA-2: train the backbone (LoRA, QLoRA or full fine-tuning) together with the heads.
+"""MEDUSA-2 (``method: medusa2``): the backbone (LoRA, QLoRA or full fine-tuning) trains with the heads.
 
-Pieces, each a free function with explicit state (the training loop in ``train.py`` wires them):
+Plain functions the loop (:mod:`medusa.training.loop`) calls, with an explicit :class:`Medusa2State`:
+:func:`check_recipe` (before anything loads), :func:`setup_model`, :func:`compute_loss`
+(``L_LM (or KL to the teacher) + lambda_0(step) * L_heads`` through one trained module, so DDP /
+DeepSpeed / FSDP see every gradient; the losses live in :mod:`medusa.training.losses`) and
+:func:`save_final` (the merged export). Also the pieces they use:
 
-- backbone setup: :func:`apply_lora` (targets per architecture, overridable), :func:`load_base_4bit`
-  (QLoRA: NF4 + double quantisation), :func:`setup_full_finetune` (+ a frozen reference teacher);
-- losses (pure): :func:`causal_lm_loss`, :func:`self_distill_kl`, :func:`medusa2_loss`
-  (``L = L_LM + lambda_0(step) * L_heads``; ``L_LM`` becomes the KL to the teacher with self-distillation);
 - teacher: :func:`teacher_logits` (peft ``disable_adapter()`` or the reference copy; warns once for 4-bit);
-- optimizer: :func:`param_groups` (heads at ``lr * lr_multiplier``, no weight decay on biases / norms);
 - heads: :func:`medusa_from_base` and :func:`init_heads_from_lm_head` (work with ZeRO-3 partitioned
-  weights), :func:`load_heads_from` (two-stage training from a MEDUSA-1 checkpoint);
-- export: :func:`merge_backbone` / :func:`save_merged` (LoRA merged; QLoRA merged into an unquantised copy).
+  weights), :func:`load_heads_from` (two-stage training from a MEDUSA-1 checkpoint).
 
-Label convention (``medusa.data``): ``labels [B, T]`` are the input ids themselves on assistant tokens and
--100 elsewhere (not shifted); the base logits at position t predict ``labels[:, t + 1]``.
+The backbone setup and merge are in :mod:`medusa.training.backbone`; the optimizer groups (heads at
+``lr * lr_multiplier``) in :func:`medusa.training.setup.param_groups`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import warnings
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from medusa.config import Recipe
 from medusa.errors import CheckpointError, ConfigError, MedusaError
-from medusa.modeling.base import lm_head_of, lm_head_weight, load_base_model, text_config, unwrap
+from medusa.modeling.base import base_logits, decoder_of, lm_head_weight, load_base_model
 from medusa.modeling.config import WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.model import MedusaModel, check_state_keys, read_heads_file
-
-IGNORE_INDEX = -100
-
-_LLAMA_LIKE = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# Every linear layer of attention and MLP (the official MEDUSA-2 recipe adapts all of them); never the LM head.
-LORA_TARGETS: dict[str, list[str]] = {
-    "llama": _LLAMA_LIKE, "mistral": _LLAMA_LIKE, "qwen2": _LLAMA_LIKE, "qwen3": _LLAMA_LIKE,
-    "gemma": _LLAMA_LIKE, "gemma2": _LLAMA_LIKE,
-    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
-    "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
-    "gpt2": ["c_attn", "c_proj", "c_fc"],
-}
-
-
-# ---------------------------------------------------------------------------------------------- backbone
-def lora_target_modules(base: nn.Module, override: list[str] | str | None = None) -> list[str] | str:
-    """LoRA target module names for ``base``: ``override`` if given, else the per-architecture list,
-    else peft's ``"all-linear"`` (every linear layer except the output head)."""
-    if override:
-        return override
-    return LORA_TARGETS.get(text_config(base).model_type, "all-linear")
-
-
-def apply_lora(
-    model: MedusaModel,
-    r: int = 16,
-    alpha: int = 32,
-    dropout: float = 0.05,
-    target_modules: list[str] | str | None = None,
-) -> MedusaModel:
-    """Wrap ``model.base_model`` in a peft LoRA model (in place; returned for chaining).
-
-    Base weights (LM head included) are frozen by peft; LoRA matrices and every head parameter train.
-    LoRA's B matrices start at zero, so the adapted model starts exactly equal to the base.
-    """
-    from peft import LoraConfig, get_peft_model
-
-    base = model.base_model
-    targets = lora_target_modules(base, target_modules)
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none",
-                        task_type="CAUSAL_LM", fan_in_fan_out=text_config(base).model_type == "gpt2")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # peft's notes on fan_in_fan_out / kbit casting
-            model.base_model = get_peft_model(base, config)
-    except ValueError as exc:
-        raise ConfigError(f"lora.target_modules: {targets!r} do not fit {type(unwrap(base)).__name__}: "
-                          f"{str(exc).splitlines()[0]}") from None
-    for p in model.heads.parameters():
-        p.requires_grad_(True)
-    return model
-
-
-def _fix_cpu_4bit_packing(model: nn.Module) -> None:
-    # bitsandbytes 0.50 repacks 4-bit weights in place for its AVX512-bf16 CPU kernel on the first eval +
-    # no-grad forward (e.g. the self-distillation teacher) and fails unless every dimension is a multiple
-    # of its block sizes (stories260K's 172-wide MLP is not). The repacking is an inference-only speed-up;
-    # a model being trained keeps the plain NF4 layout.
-    for module in model.modules():
-        if hasattr(module, "support_avx512bf16_for_cpu"):
-            module.support_avx512bf16_for_cpu = False
-
-
-def load_base_4bit(
-    name_or_path: str,
-    compute_dtype: str | torch.dtype = torch.bfloat16,
-    double_quant: bool = True,
-    device_map: Any = None,
-) -> nn.Module:
-    """QLoRA's backbone: NF4 4-bit weights (double quantisation), prepared for k-bit training."""
-    from peft import prepare_model_for_kbit_training
-    from transformers import BitsAndBytesConfig
-
-    from medusa.modeling.base import resolve_dtype
-
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                               bnb_4bit_use_double_quant=double_quant,
-                               bnb_4bit_compute_dtype=resolve_dtype(compute_dtype))
-    base = load_base_model(name_or_path, device_map=device_map, quantization_config=quant)
-    base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
-    _fix_cpu_4bit_packing(base)
-    return base
-
-
-def is_4bit(base: nn.Module) -> bool:
-    inner = unwrap(base)
-    return bool(getattr(inner, "is_loaded_in_4bit", False)) or any(
-        type(m).__name__ in ("Linear4bit", "LinearNF4", "LinearFP4") for m in inner.modules())
-
-
-def is_peft(base: nn.Module) -> bool:
-    return hasattr(base, "disable_adapter") and hasattr(base, "peft_config")
-
-
-def _is_zero3(params: Iterable[torch.Tensor]) -> bool:
-    return any(hasattr(p, "ds_id") or hasattr(p, "ds_tensor") for p in params)
-
-
-def setup_full_finetune(model: MedusaModel, self_distill: bool = False) -> nn.Module | None:
-    """Make every backbone and head parameter trainable; with ``self_distill`` return a frozen copy of the
-    backbone (the teacher, in eval mode), else None."""
-    base = model.base_model
-    if is_peft(base):
-        raise ConfigError("lora.full_finetune: the backbone already carries LoRA adapters")
-    if is_4bit(base):
-        raise ConfigError("lora.full_finetune: a 4-bit backbone cannot be fully fine-tuned; use QLoRA")
-    reference = None
-    if self_distill:
-        if _is_zero3(base.parameters()):
-            raise ConfigError("medusa2.self_distill with lora.full_finetune is not supported under ZeRO-3 "
-                              "(a partitioned teacher has no forward outside the engine); use LoRA or ZeRO-2")
-        reference = copy.deepcopy(unwrap(base)).eval()
-        for p in reference.parameters():
-            p.requires_grad_(False)
-    for p in list(base.parameters()) + list(model.heads.parameters()):
-        p.requires_grad_(True)
-    return reference
-
+from medusa.training.backbone import (
+    apply_lora,
+    is_4bit,
+    is_peft,
+    is_zero3,
+    prepare_4bit,
+    save_merged,
+    setup_full_finetune,
+)
+from medusa.training.losses import medusa2_loss, medusa_head_loss
+from medusa.training.schedules import lambda0_at
+from medusa.training.setup import load_backbone, load_tokenizer
 
 # ---------------------------------------------------------------------------------------------- teacher
 _WARNED_4BIT_TEACHER = [False]
@@ -183,114 +75,6 @@ def teacher_logits(
     return logits
 
 
-# ---------------------------------------------------------------------------------------------- losses
-def _next_token_mask(labels: torch.Tensor) -> torch.Tensor:
-    """``labels [B, T]`` -> bool ``[B, T - 1]``: position t predicts an assistant token (labels[t+1])."""
-    return labels[:, 1:] != IGNORE_INDEX
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy on assistant tokens.
-
-    logits ``[B, T, V]`` (position t predicts t+1), labels ``[B, T]`` (unshifted, -100 = ignored) -> scalar.
-    Zero (with a graph) when no position is labelled.
-    """
-    shifted = logits[:, :-1].float()  # [B, T-1, V]
-    target = labels[:, 1:]  # [B, T-1]
-    if not bool((target != IGNORE_INDEX).any()):
-        return shifted.sum() * 0.0
-    return F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX)
-
-
-def self_distill_kl(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    labels: torch.Tensor,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """``KL(p_teacher || p_student)`` averaged over the positions that predict an assistant token.
-
-    student_logits, teacher_logits ``[B, T, V]``; labels ``[B, T]`` (unshifted). With temperature tau,
-    ``p = softmax(logits / tau)`` for both and the KL is multiplied by ``tau**2`` (so its gradient scale
-    does not depend on tau). Exactly 0 when the two logits are equal. Scalar.
-    """
-    if temperature <= 0:
-        raise ConfigError(f"medusa2.distill_temperature: must be > 0, got {temperature}")
-    mask = _next_token_mask(labels)  # [B, T-1]
-    s = student_logits[:, :-1][mask].float() / temperature  # [N, V]
-    t = teacher_logits[:, :-1][mask].detach().float() / temperature  # [N, V]
-    if s.shape[0] == 0:
-        return student_logits.sum() * 0.0
-    log_ps, log_pt = F.log_softmax(s, dim=-1), F.log_softmax(t, dim=-1)
-    kl = (log_pt.exp() * (log_pt - log_ps)).sum(-1)  # [N]
-    return kl.mean() * temperature**2
-
-
-def medusa2_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    heads_loss: torch.Tensor,
-    lambda0: float,
-    teacher_logits: torch.Tensor | None = None,
-    temperature: float = 1.0,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``L = L_LM + lambda0 * L_heads``.
-
-    logits ``[B, T, V]``: the backbone's own (student) logits; labels ``[B, T]`` unshifted; heads_loss: the
-    MEDUSA-1 heads loss (``sum_k decay^k CE_k``, computed in chunks by ``medusa.training.losses``);
-    lambda0: ``lambda_0(step)`` from :mod:`medusa.training.schedules`. ``L_LM`` is the next-token CE on
-    assistant tokens, or, given ``teacher_logits [B, T, V]``, ``self_distill_kl(logits, teacher_logits)``.
-    Returns the scalar loss and float metrics (``lm_loss``, ``heads_loss``, ``lambda0``).
-    """
-    if teacher_logits is None:
-        lm = causal_lm_loss(logits, labels)
-    else:
-        lm = self_distill_kl(logits, teacher_logits, labels, temperature)
-    loss = lm + lambda0 * heads_loss
-    metrics = {"lm_loss": float(lm.detach()), "heads_loss": float(heads_loss.detach()), "lambda0": float(lambda0)}
-    if teacher_logits is not None:
-        metrics["distill_kl"] = metrics["lm_loss"]
-    return loss, metrics
-
-
-# ---------------------------------------------------------------------------------------------- optimizer
-def _norm_param_ids(model: nn.Module) -> set[int]:
-    ids = set()
-    for module in model.modules():
-        name = type(module).__name__.lower()
-        if isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or "norm" in name:
-            ids.update(id(p) for p in module.parameters(recurse=False))
-    return ids
-
-
-def param_groups(
-    model: MedusaModel, lr: float, weight_decay: float = 0.0, lr_multiplier: float = 4.0
-) -> list[dict[str, Any]]:
-    """AdamW parameter groups: ``backbone_decay``, ``backbone_no_decay`` at ``lr`` and ``heads_decay``,
-    ``heads_no_decay`` at ``lr * lr_multiplier``. Only trainable parameters; every parameter of
-    ``model.heads`` (weights and biases) is in a heads group; biases, norm weights and other 1-D
-    parameters get no weight decay. Empty groups are left out; each group carries a ``name``."""
-    norm_ids = _norm_param_ids(model)
-    head_ids = {id(p) for p in model.heads.parameters()}
-    buckets: dict[str, list[nn.Parameter]] = {"backbone_decay": [], "backbone_no_decay": [],
-                                              "heads_decay": [], "heads_no_decay": []}
-    seen: set[int] = set()
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        part = "heads" if id(p) in head_ids else "backbone"
-        no_decay = p.dim() < 2 or id(p) in norm_ids or name.endswith("bias")
-        buckets[f"{part}_{'no_decay' if no_decay else 'decay'}"].append(p)
-    groups = []
-    for name, params in buckets.items():
-        if params:
-            groups.append({"name": name, "params": params,
-                           "lr": lr * lr_multiplier if name.startswith("heads") else lr,
-                           "weight_decay": 0.0 if name.endswith("no_decay") else weight_decay})
-    return groups
-
-
 # ---------------------------------------------------------------------------------------------- heads
 @contextlib.contextmanager
 def gathered(params: Iterable[torch.Tensor], modifier_rank: int | None = None) -> Iterator[None]:
@@ -298,7 +82,7 @@ def gathered(params: Iterable[torch.Tensor], modifier_rank: int | None = None) -
 
     ``modifier_rank``: the rank whose in-place changes are kept and broadcast on exit (None: read only).
     """
-    partitioned = [p for p in params if hasattr(p, "ds_id") or hasattr(p, "ds_tensor")]
+    partitioned = [p for p in params if is_zero3([p])]
     if not partitioned:
         yield
         return
@@ -341,60 +125,149 @@ def load_heads_from(model: MedusaModel, path: str | Path) -> None:
             tensor.copy_(state[name].to(tensor.dtype))
 
 
-# ---------------------------------------------------------------------------------------------- export
-def merge_backbone(
-    model: MedusaModel, base_name_or_path: str | None = None, dtype: str | torch.dtype = torch.float32
-) -> MedusaModel:
-    """A MedusaModel whose backbone has the LoRA weights merged in (a plain ``PreTrainedModel``).
+# ---------------------------------------------------------------------------------------------- run
+@dataclass
+class Medusa2State:
+    """What MEDUSA-2's loss needs beyond the model and the batch."""
 
-    LoRA: ``merge_and_unload()`` in place (``model.base_model`` must not be used afterwards).
-    QLoRA: the base is reloaded unquantised in ``dtype`` (bf16 / fp32) from ``base_name_or_path`` (default:
-    the checkpoint's base), the trained adapters are loaded into it and merged. Full fine-tuning: as is.
+    total_steps: int  # lambda_0(step)'s schedule runs over these optimizer steps
+    reference: nn.Module | None = None  # the frozen teacher of full fine-tuning with self-distillation
+
+
+class Medusa2Module(nn.Module):
+    """The trained module of MEDUSA-2: backbone + heads.
+
+    ``forward`` returns ``(loss, stats [4, K], parts [2])``: stats as MEDUSA-1's (per-head CE sum, top-1
+    hits, top-5 hits, count) and parts = ``(L_LM or the KL, L_heads)``, detached, for the metrics log.
     """
-    base = model.base_model
-    if not is_peft(base):
-        return model
-    if is_4bit(base):
-        from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
-        source = base_name_or_path or model.config.base_model_name_or_path
-        if not source:
-            raise CheckpointError("cannot merge QLoRA adapters: the base model's path is unknown; pass base_name_or_path")
-        adapters = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(base).items()}
-        lora_config = copy.deepcopy(base.peft_config["default"])
-        fresh = load_base_model(source, dtype=dtype)
-        wrapped = get_peft_model(fresh, lora_config)
-        result = set_peft_model_state_dict(wrapped, adapters)
-        if getattr(result, "unexpected_keys", None):
-            raise CheckpointError(f"QLoRA merge: adapter tensors {result.unexpected_keys[:3]} do not fit {source}")
-        merged = wrapped.merge_and_unload()
-    else:
-        merged = base.merge_and_unload()
-    if model.heads.lm_heads is None:
-        model.heads.set_shared_lm_head(lm_head_of(merged))
-    merged.eval()
-    return MedusaModel(merged, model.heads, MedusaConfig(**model.config.to_dict()), tree=model.tree)
+    def __init__(self, model: MedusaModel, decay: float, chunk_size: int) -> None:
+        super().__init__()
+        self.model = model
+        self.decay, self.chunk_size = decay, chunk_size
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                lambda0: float, teacher: torch.Tensor | None = None,
+                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        base = self.model.base_model
+        out = decoder_of(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden = out.last_hidden_state  # [B, T, d]; the heads' gradients flow into the backbone
+        logits = base_logits(base, hidden)  # [B, T, V]
+        heads = medusa_head_loss(hidden, labels, self.model.heads.head_logits, self.model.heads.num_heads,
+                                 decay=self.decay, chunk_size=self.chunk_size)
+        loss, metrics = medusa2_loss(logits, labels, heads.loss, lambda0, teacher_logits=teacher,
+                                     temperature=temperature)
+        stats = torch.stack([heads.ce_sum, heads.correct1, heads.correct5, heads.count])  # [4, K]
+        parts = torch.tensor([metrics["lm_loss"], metrics["heads_loss"]])  # [2]
+        return loss, stats, parts
 
 
-def save_merged(
-    model: MedusaModel,
-    out_dir: str,
-    tokenizer: Any = None,
-    recipe: dict[str, Any] | None = None,
-    base_name_or_path: str | None = None,
-    dtype: str | torch.dtype = torch.float32,
-) -> MedusaModel:
-    """Merge (see :func:`merge_backbone`) and write heads + merged backbone (+ tokenizer, recipe) to
-    ``out_dir`` so that ``MedusaModel.from_pretrained(out_dir)`` loads it with no other files."""
-    merged = merge_backbone(model, base_name_or_path=base_name_or_path, dtype=dtype)
-    if recipe is not None:
-        merged.config.recipe = recipe
-    merged.save_pretrained(out_dir, save_base=True, tokenizer=tokenizer)
-    return merged
+def check_recipe(recipe: Recipe) -> None:
+    """MEDUSA-2-specific combinations that cannot work (raised before any model loads)."""
+    if recipe.lora.full_finetune and recipe.quantization is not None:
+        raise ConfigError(f"lora.full_finetune: a {recipe.quantization} backbone cannot be fully fine-tuned "
+                          "(set quantization: null, or lora.full_finetune: false for QLoRA)")
 
 
-def method() -> Any:
-    """The MEDUSA-2 ``Method`` for ``medusa.training.train`` (see :mod:`medusa.training.medusa2_run`)."""
-    from medusa.training.medusa2_run import make_method
+def _build_trained(base: nn.Module, recipe: Recipe) -> tuple[MedusaModel, nn.Module | None]:
+    """Heads on ``base`` (fresh from its LM head or ``heads.init_from``), then LoRA or full fine-tuning.
+    Returns the model and the full fine-tuning reference teacher (None with LoRA / without self-distillation)."""
+    h, lo = recipe.heads, recipe.lora
+    model = medusa_from_base(base, num_heads=h.num_heads, num_layers=h.num_layers, head_type=h.head_type,
+                             heads_dtype=torch.float32)
+    if h.init_from:
+        load_heads_from(model, h.init_from)
+    if lo.full_finetune:
+        return model, setup_full_finetune(model, self_distill=recipe.medusa2.self_distill)
+    apply_lora(model, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules)
+    return model, None
 
-    return make_method()
+
+def setup_model(recipe: Recipe, device: torch.device,
+                total_steps: int) -> tuple[MedusaModel, Medusa2Module, Medusa2State]:
+    """The backbone (4-bit + k-bit training prep with ``quantization``), heads, LoRA or full fine-tuning,
+    in train mode; the trained module; the state :func:`compute_loss` needs."""
+    check_recipe(recipe)
+    base = load_backbone(recipe, device)
+    if recipe.quantization is not None:
+        base = prepare_4bit(base)
+    model, reference = _build_trained(base, recipe)
+    model.heads.to(device=device, dtype=torch.float32)
+    model.train()
+    trainable = Medusa2Module(model, recipe.heads.decay, recipe.train.loss_chunk_size)
+    return model, trainable, Medusa2State(total_steps=total_steps, reference=reference)
+
+
+def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor], recipe: Recipe,
+                 step: int, state: Medusa2State) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """``(loss, stats [4, K], metrics)`` of one micro-batch at optimizer step ``step``; metrics: ``lm_loss``
+    (the KL to the teacher when self-distilling, then also under ``distill_kl``), ``heads_loss``, ``lambda0``."""
+    m = recipe.medusa2
+    lam = lambda0_at(step, state.total_steps, m.lambda0, m.schedule)
+    teacher = None
+    if m.self_distill:
+        teacher = teacher_logits(model, batch["input_ids"], batch["attention_mask"], reference=state.reference)
+    loss, stats, parts = trainable(batch["input_ids"], batch["attention_mask"], batch["labels"], lam, teacher,
+                                   m.distill_temperature)
+    metrics = {"lm_loss": float(parts[0]), "heads_loss": float(parts[1]), "lambda0": lam}
+    if m.self_distill:
+        metrics["distill_kl"] = metrics["lm_loss"]
+    return loss, stats, metrics
+
+
+@contextlib.contextmanager
+def _without_zero3_init() -> Iterator[None]:
+    """Models built in the body load whole (transformers would otherwise build them under zero.Init)."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    ref = hf_ds._hf_deepspeed_config_weak_ref
+    hf_ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = ref
+
+
+def _gather_state(module: nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """The full fp32 state of a ZeRO-3 partitioned module, one parameter gathered at a time (every rank
+    must call this; only ``keep`` ranks get the tensors)."""
+    state: dict[str, torch.Tensor] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):  # tied weights under every name
+        with gathered([p]):
+            if keep:
+                state[name] = p.detach().float().cpu().clone()
+    if keep:
+        for name, t in module.state_dict().items():  # buffers are not partitioned
+            state.setdefault(name, t.detach().cpu())
+    return state
+
+
+def _gathered_module(unwrapped: Medusa2Module, model: MedusaModel, recipe: Recipe,
+                     is_main: bool) -> Medusa2Module | None:
+    """A whole (unpartitioned) copy of a ZeRO-3 trained module on the main process (None elsewhere)."""
+    full = _gather_state(unwrapped, is_main)  # every process takes part
+    if not is_main:
+        return None
+    with _without_zero3_init():
+        base = load_base_model(recipe.model, dtype="float32")
+    fresh = medusa_from_base(base, num_heads=model.num_heads, num_layers=model.config.num_layers,
+                             head_type=model.config.head_type, heads_dtype=torch.float32)
+    if not recipe.lora.full_finetune:
+        lo = recipe.lora
+        apply_lora(fresh, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules)
+    module = Medusa2Module(fresh, 0.0, 1)
+    module.load_state_dict(full, strict=True)
+    return module
+
+
+def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe, path: Path) -> None:
+    """Write the merged export (heads + merged backbone + tokenizer + recipe) to ``path``; on the main
+    process ``model`` then holds the merged backbone and the trained heads."""
+    unwrapped = accelerator.unwrap_model(trainable)
+    if is_zero3(unwrapped.parameters()):
+        unwrapped = _gathered_module(unwrapped, model, recipe, accelerator.is_main_process)
+    if accelerator.is_main_process:
+        merged = save_merged(unwrapped.model, str(path), tokenizer=load_tokenizer(recipe), recipe=recipe.to_dict(),
+                             base_name_or_path=recipe.model, dtype=recipe.dtype)
+        model.base_model, model.heads = merged.base_model, merged.heads
+    accelerator.wait_for_everyone()

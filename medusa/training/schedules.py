@@ -43,7 +43,7 @@ def parse_schedule(schedule: str, key: str = "medusa2.schedule") -> tuple[str, f
         if not (0.0 < fraction <= 1.0):
             raise ConfigError(f"{key}: {schedule!r}: the ramp fraction after 'sine_' must be a number in (0, 1]")
         return "sine", fraction
-    raise ConfigError(f"{key}: unknown schedule {schedule!r}; use one of {' | '.join(SCHEDULES)}")
+    raise ConfigError(f"{key}: {schedule!r} is not one of {' | '.join(SCHEDULES)}")
 
 
 def lambda0_at(step: int, total_steps: int, lambda0: float, schedule: str = "constant") -> float:

@@ -1,7 +1,6 @@
-"""Building blocks of a training run: accelerator, data, model, optimizer groups, schedule.
-
-Each is a free function of the recipe so that MEDUSA-2 (medusa/training/medusa2.py) can reuse them
-and replace only what differs (model setup, loss, optimizer groups).
+"""Building blocks of a training run shared by MEDUSA-1 and MEDUSA-2: accelerator, data, backbone,
+optimizer groups, step plan, schedule and data order. Free functions of the recipe (or of explicit
+arguments); what differs between the methods lives in ``medusa1.py`` and ``medusa2.py``.
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.data import TokenizedData, load_tokenized
 from medusa.errors import ConfigError
+from medusa.modeling.base import load_base_model
 from medusa.modeling.base import load_tokenizer as _load_tokenizer
-from medusa.modeling.model import MedusaModel
-from medusa.training.losses import medusa_head_loss
+from medusa.modeling.quantization import bnb_config, keep_plain_4bit_layout
 
 
 # ----------------------------------------------------------------------------------------- accelerator
@@ -68,109 +67,57 @@ def load_data(recipe: Recipe, tokenizer: Any) -> RunData:
 
 
 # ----------------------------------------------------------------------------------------- model
-def quantization_config(recipe: Recipe) -> Any:
-    if recipe.quantization is None:
-        return None
-    from transformers import BitsAndBytesConfig
-
-    from medusa.modeling.base import resolve_dtype
-
-    if recipe.quantization == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=resolve_dtype(recipe.dtype))
-    return BitsAndBytesConfig(load_in_8bit=True)
-
-
 def load_backbone(recipe: Recipe, device: torch.device) -> nn.Module:
-    """The base model on ``device``, in ``recipe.dtype`` or quantised with bitsandbytes."""
-    from medusa.modeling.base import load_base_model
-
-    qcfg = quantization_config(recipe)
-    if qcfg is not None:
-        index = device.index if device.type == "cuda" else device.type
-        base = load_base_model(recipe.model, dtype=recipe.dtype, quantization_config=qcfg,
-                               device_map={"": index})
-        _avoid_bnb_cpu_repack(base)
-        return base
-    return load_base_model(recipe.model, dtype=recipe.dtype).to(device)
+    """The base model on ``device``, in ``recipe.dtype`` or quantised with bitsandbytes
+    (``recipe.quantization``; 4-bit layers keep the plain NF4 layout on CPU)."""
+    if recipe.quantization is None:
+        return load_base_model(recipe.model, dtype=recipe.dtype).to(device)
+    index = device.index if device.type == "cuda" else device.type
+    base = load_base_model(recipe.model, dtype=recipe.dtype, device_map={"": index},
+                           quantization_config=bnb_config(recipe.quantization, compute_dtype=recipe.dtype))
+    keep_plain_4bit_layout(base)
+    return base
 
 
-def _avoid_bnb_cpu_repack(model: nn.Module) -> None:
-    """bitsandbytes 0.50's CPU inference path for 4-bit layers (eval mode, no grad, AVX512-BF16) repacks
-    the weight in blocks of 32 output rows and asserts on layers whose width is not a multiple of 32
-    or whose input is not a multiple of 64 (stories260K's MLP is 172 wide). Those keep the generic 4-bit matmul."""
-    try:
-        from bitsandbytes.nn import Linear4bit
-    except ImportError:
-        return
+# ----------------------------------------------------------------------------------------- optimizer
+def _norm_param_ids(model: nn.Module) -> set[int]:
+    ids = set()
     for module in model.modules():
-        if isinstance(module, Linear4bit) and (module.out_features % 32 or module.in_features % 64):
-            module.support_avx512bf16_for_cpu = False
+        name = type(module).__name__.lower()
+        if isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or "norm" in name:
+            ids.update(id(p) for p in module.parameters(recurse=False))
+    return ids
 
 
-class HeadsLoss(nn.Module):
-    """The trained module of MEDUSA-1: the heads, whose forward is the chunked head loss.
+def param_groups(
+    model: nn.Module,
+    lr: float,
+    weight_decay: float = 0.0,
+    lr_multiplier: float = 4.0,
+    heads: nn.Module | None = None,
+) -> list[dict[str, Any]]:
+    """AdamW parameter groups of every trainable parameter of ``model``: ``backbone_decay``,
+    ``backbone_no_decay`` at ``lr`` and ``heads_decay``, ``heads_no_decay`` at ``lr * lr_multiplier``.
 
-    Going through ``forward`` is what lets DDP / DeepSpeed / FSDP see (and reduce) the heads' gradients.
-    Returns ``(loss, stats [4, K])`` with stats = per-head CE sum, top-1 hits, top-5 hits, target count.
+    ``heads`` (default ``model.heads``): every one of its parameters (weights and biases) is in a heads
+    group. Biases, norm weights and other 1-D parameters get no weight decay. Empty groups are left out;
+    each group carries a ``name``. MEDUSA-1 (heads only) uses ``lr_multiplier=1``.
     """
-
-    def __init__(self, heads: nn.Module, decay: float, chunk_size: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.decay, self.chunk_size = decay, chunk_size
-
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = medusa_head_loss(hidden, labels, self.heads.head_logits, self.heads.num_heads,
-                               decay=self.decay, chunk_size=self.chunk_size)
-        return out.loss, torch.stack([out.ce_sum, out.correct1, out.correct5, out.count])
-
-
-def setup_model_medusa1(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, nn.Module]:
-    """Frozen backbone (eval mode, no grads) + fp32 heads initialised from the LM head (or ``init_from``)."""
-    base = load_backbone(recipe, device)
-    h = recipe.heads
-    if h.init_from:
-        model = MedusaModel.from_pretrained(h.init_from, base_model=base, heads_dtype=torch.float32)
-        if model.num_heads != h.num_heads:
-            raise ConfigError(f"heads.init_from: {h.init_from} has {model.num_heads} heads, "
-                              f"heads.num_heads is {h.num_heads}")
-    else:
-        model = MedusaModel.from_base(base, num_heads=h.num_heads, num_layers=h.num_layers,
-                                      head_type=h.head_type, heads_dtype=torch.float32)
-    model.freeze_base()
-    model.base_model.eval()
-    model.heads.to(device=device, dtype=torch.float32).train()
-    return model, HeadsLoss(model.heads, h.decay, recipe.train.loss_chunk_size)
-
-
-def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Last hidden state ``[B, T, d]`` of the frozen backbone, computed without autograd."""
-    from medusa.modeling.base import decoder_of
-
-    with torch.no_grad():
-        out = decoder_of(model.base_model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                           use_cache=False)
-    return out.last_hidden_state
-
-
-def compute_loss_medusa1(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor],
-                         recipe: Recipe, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """MEDUSA-1: heads' loss on the frozen backbone's hidden states. Returns ``(loss, stats [4, K])``."""
-    hidden = backbone_hidden(model, batch)  # [B, T, d]
-    return trainable(hidden, batch["labels"])
-
-
-def optimizer_groups(trainable: nn.Module, recipe: Recipe, lr: float | None = None) -> list[dict[str, Any]]:
-    """AdamW groups: weight decay on matrices, none on biases / norms (1-D tensors)."""
-    lr = recipe.train.lr if lr is None else lr
-    decay, no_decay = [], []
-    for _, p in trainable.named_parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": recipe.train.weight_decay, "lr": lr},
-              {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
-    return [g for g in groups if g["params"]]
+    norm_ids = _norm_param_ids(model)
+    head_ids = {id(p) for p in (model.heads if heads is None else heads).parameters()}
+    buckets: dict[str, list[nn.Parameter]] = {"backbone_decay": [], "backbone_no_decay": [],
+                                              "heads_decay": [], "heads_no_decay": []}
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        part = "heads" if id(p) in head_ids else "backbone"
+        no_decay = p.dim() < 2 or id(p) in norm_ids or name.endswith("bias")
+        buckets[f"{part}_{'no_decay' if no_decay else 'decay'}"].append(p)
+    return [{"name": name, "params": params, "lr": lr * lr_multiplier if name.startswith("heads") else lr,
+             "weight_decay": 0.0 if name.endswith("no_decay") else weight_decay}
+            for name, params in buckets.items() if params]
 
 
 # ----------------------------------------------------------------------------------------- schedule

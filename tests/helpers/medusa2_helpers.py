@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from medusa.training.medusa2 import IGNORE_INDEX
+from medusa.data.tokenize import IGNORE_INDEX
 
 
 def naive_heads_loss(head_logits: torch.Tensor, labels: torch.Tensor, decay: float = 0.8) -> torch.Tensor:

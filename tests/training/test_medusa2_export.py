@@ -12,22 +12,28 @@ import torch
 from medusa2_helpers import batch, naive_heads_loss
 
 from medusa import MedusaModel
+from medusa.config import load_recipe
 from medusa.errors import CheckpointError
 from medusa.modeling.base import lm_head_weight
+from medusa.training import backbone as bb
 from medusa.training import medusa2 as m2
+from medusa.training.losses import medusa2_loss
+from medusa.training.setup import param_groups
 
 from tiny_models import STORIES, require_module, require_shared, stories_model, stories_tokenizer, tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _train_lora(model, steps=3, lr=5e-2, vocab=96, self_distill=False):
     ids, labels = batch(vocab)
-    opt = torch.optim.AdamW(m2.param_groups(model, lr=lr, lr_multiplier=4.0))
+    opt = torch.optim.AdamW(param_groups(model, lr=lr, lr_multiplier=4.0))
     model.train()
     for _ in range(steps):
         teacher = m2.teacher_logits(model, ids) if self_distill else None
         out = model(input_ids=ids)
-        loss, _ = m2.medusa2_loss(out.logits, labels, naive_heads_loss(out.head_logits, labels), 0.2,
-                                  teacher_logits=teacher)
+        loss, _ = medusa2_loss(out.logits, labels, naive_heads_loss(out.head_logits, labels), 0.2,
+                               teacher_logits=teacher)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -41,14 +47,14 @@ def _outputs(model, ids):
 
 
 def test_merged_lora_export_loads_alone_and_matches_unmerged(tmp_path):
-    model = m2.apply_lora(MedusaModel.from_base(tiny_model("llama"), num_heads=2, num_layers=1), r=4, alpha=8,
+    model = bb.apply_lora(MedusaModel.from_base(tiny_model("llama"), num_heads=2, num_layers=1), r=4, alpha=8,
                           dropout=0.0)
     _train_lora(model)
     ids, _ = batch(96, seed=1)
     logits, heads = _outputs(model, ids)  # the unmerged peft model
     plain = tiny_model("llama")
     assert not torch.allclose(_outputs(MedusaModel.from_base(plain, num_heads=2), ids)[0], logits, atol=1e-3)
-    m2.save_merged(model, tmp_path / "final", recipe={"method": "medusa2"})
+    bb.save_merged(model, tmp_path / "final", recipe={"method": "medusa2"})
     # tiny_model has no name_or_path: the checkpoint can only load through its own merged backbone
     loaded = MedusaModel.from_pretrained(tmp_path / "final")
     assert not any(hasattr(m, "lora_A") for m in loaded.base_model.modules())
@@ -60,12 +66,12 @@ def test_merged_lora_export_loads_alone_and_matches_unmerged(tmp_path):
 
 
 def test_merged_shared_lm_head_export(tmp_path):
-    model = m2.apply_lora(MedusaModel.from_base(tiny_model("qwen2"), num_heads=2, head_type="shared_lm_head"),
+    model = bb.apply_lora(MedusaModel.from_base(tiny_model("qwen2"), num_heads=2, head_type="shared_lm_head"),
                           r=4, alpha=8, dropout=0.0)
     _train_lora(model, steps=2)
     ids, _ = batch(96, seed=2)
     logits, heads = _outputs(model, ids)
-    m2.save_merged(model, tmp_path / "final")
+    bb.save_merged(model, tmp_path / "final")
     got_logits, got_heads = _outputs(MedusaModel.from_pretrained(tmp_path / "final"), ids)
     torch.testing.assert_close(got_logits, logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_heads, heads, rtol=1e-5, atol=1e-5)
@@ -74,10 +80,10 @@ def test_merged_shared_lm_head_export(tmp_path):
 def test_merged_stories_greedy_decoding_equals_backbone_greedy(tmp_path):
     require_shared(STORIES)
     tok = stories_tokenizer()
-    model = m2.apply_lora(MedusaModel.from_base(stories_model(), num_heads=3, num_layers=1), r=4, alpha=8,
+    model = bb.apply_lora(MedusaModel.from_base(stories_model(), num_heads=3, num_layers=1), r=4, alpha=8,
                           dropout=0.0)
     _train_lora(model, steps=3, lr=1e-2, vocab=512, self_distill=True)
-    m2.save_merged(model, tmp_path / "final", tokenizer=tok)
+    bb.save_merged(model, tmp_path / "final", tokenizer=tok)
     assert (tmp_path / "final" / "base_model" / "tokenizer_config.json").is_file()
     loaded = MedusaModel.from_pretrained(tmp_path / "final")
     tok.pad_token = tok.unk_token  # stories260K's tokenizer has no pad token
@@ -88,14 +94,23 @@ def test_merged_stories_greedy_decoding_equals_backbone_greedy(tmp_path):
                                          pad_token_id=tok.pad_token_id)
         got = loaded.generate(ids["input_ids"], attention_mask=ids["attention_mask"], max_new_tokens=24,
                               acceptance="greedy")
-    assert torch.equal(got[:, : ref.shape[1]], ref)
+    assert got.shape == ref.shape and torch.equal(got, ref)
 
 
-def test_qlora_trains_on_cpu_and_merges_into_an_unquantised_copy(tmp_path):
+def _qlora_model(monkeypatch):
+    """QLoRA through the training path: the tiny LoRA recipe with ``quantization: 4bit`` (fp32 compute)."""
+    require_module("bitsandbytes")
+    monkeypatch.chdir(ROOT)  # the recipe's paths are relative to the repository root
+    recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml",
+                         ["quantization=4bit", "heads.num_heads=2", "lora.r=4", "lora.alpha=8", "lora.dropout=0.0"])
+    model, _, _ = m2.setup_model(recipe, torch.device("cpu"), total_steps=2)
+    return model
+
+
+def test_qlora_trains_on_cpu_and_merges_into_an_unquantised_copy(tmp_path, monkeypatch):
     require_shared(STORIES)
-    base = m2.load_base_4bit(str(STORIES), compute_dtype=torch.float32)
-    assert m2.is_4bit(base)
-    model = m2.apply_lora(MedusaModel.from_base(base, num_heads=2), r=4, alpha=8, dropout=0.0)
+    model = _qlora_model(monkeypatch)
+    assert bb.is_4bit(model.base_model)
     assert next(model.heads.parameters()).dtype == torch.float32
     quantised = {n: p.detach().clone() for n, p in model.base_model.named_parameters() if p.dtype == torch.uint8}
     assert quantised
@@ -110,25 +125,39 @@ def test_qlora_trains_on_cpu_and_merges_into_an_unquantised_copy(tmp_path):
 
     adapters = {k: v.clone() for k, v in get_peft_model_state_dict(model.base_model).items()}
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapters.items())
-    ids, _ = batch(512, seed=3)
-    heads_before = _outputs(model, ids)[1]
-    m2.save_merged(model, tmp_path / "final", dtype="float32")
+    heads_before = {n: p.detach().clone() for n, p in model.heads.state_dict().items()}
+    bb.save_merged(model, tmp_path / "final", dtype="float32")
     base_cfg = json.loads((tmp_path / "final" / "base_model" / "config.json").read_text())
     assert "quantization_config" not in base_cfg
     loaded = MedusaModel.from_pretrained(tmp_path / "final")
-    # reference: the same adapters, unmerged, on the unquantised base
+    # the merged weights are exactly W + (alpha / r) * B @ A on the unquantised base, for every adapted layer
+    plain = stories_model().state_dict()
+    merged = loaded.base_model.state_dict()
+    adapted = [k.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+               for k in adapters if k.endswith(".lora_A.weight")]
+    assert len(adapted) == 7 * stories_model().config.num_hidden_layers
+    for name in adapted:
+        a = adapters[f"base_model.model.{name}.lora_A.weight"]  # [r, in]
+        b = adapters[f"base_model.model.{name}.lora_B.weight"]  # [out, r]
+        torch.testing.assert_close(merged[f"{name}.weight"], plain[f"{name}.weight"] + 2.0 * b @ a,
+                                   rtol=1e-5, atol=1e-6)
+    for name in set(merged) - {f"{n}.weight" for n in adapted}:
+        assert torch.equal(merged[name], plain[name]), name
+    for name, tensor in loaded.heads.state_dict().items():
+        assert torch.equal(tensor, heads_before[name]), name
+    # and the merged model computes what the unmerged adapters on the unquantised base compute
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
     ref = get_peft_model(stories_model(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                                     target_modules=m2.LORA_TARGETS["llama"]))
+                                                     target_modules=bb.LORA_TARGETS["llama"]))
     set_peft_model_state_dict(ref, adapters)
+    ids, _ = batch(512, seed=3)
     with torch.no_grad():
         want = ref.eval()(input_ids=ids).logits
-        plain = stories_model()(input_ids=ids).logits
-    got_logits, got_heads = _outputs(loaded, ids)
+        original = stories_model()(input_ids=ids).logits
+    got_logits, _ = _outputs(loaded, ids)
     torch.testing.assert_close(got_logits, want, rtol=1e-5, atol=1e-5)
-    assert not torch.allclose(got_logits, plain, atol=1e-4)
-    torch.testing.assert_close(got_heads.shape, heads_before.shape)
+    assert not torch.allclose(got_logits, original, atol=1e-4)
 
 
 def test_load_heads_from_medusa1_checkpoint(tmp_path):

@@ -7,14 +7,10 @@ from medusa2_helpers import batch, naive_heads_loss
 from medusa import MedusaModel
 from medusa.errors import ConfigError, MedusaError
 from medusa.modeling.base import unwrap
-from medusa.training.medusa2 import (
-    LORA_TARGETS,
-    apply_lora,
-    medusa2_loss,
-    param_groups,
-    setup_full_finetune,
-    teacher_logits,
-)
+from medusa.training.backbone import LORA_TARGETS, apply_lora, setup_full_finetune
+from medusa.training.losses import medusa2_loss
+from medusa.training.medusa2 import teacher_logits
+from medusa.training.setup import param_groups
 
 from tiny_models import ARCHITECTURES, tiny_model
 

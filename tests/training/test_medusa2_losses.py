@@ -4,8 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import ConfigError
-from medusa.training.medusa2 import IGNORE_INDEX, causal_lm_loss, medusa2_loss, self_distill_kl
+from medusa.training.losses import causal_lm_loss, medusa2_loss, self_distill_kl
 
 
 def _logits(seed, shape=(2, 7, 11)):

@@ -2,6 +2,7 @@
 full fine-tuning under a 2-process accelerate launch."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from medusa.config import load_recipe
 from medusa.errors import ConfigError
 from medusa.modeling.model import MedusaModel
 from medusa.training.loop import train
-from medusa.training.medusa2_run import check_recipe
+from medusa.training.medusa2 import check_recipe
 
 from tiny_models import STORIES, require_module, require_shared, stories_model
 
@@ -71,6 +72,27 @@ def test_tiny_lora_recipe(tmp_path):
     for (name, p), q in zip(loaded.heads.state_dict().items(), fresh.heads.state_dict().values()):
         assert not torch.equal(p, q), f"head tensor {name} did not move"
     assert (result.final_dir / "base_model" / "tokenizer_config.json").is_file()
+
+
+def _rows(result):
+    return [json.loads(r) for r in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name, first_term", [("medusa2_lora", "lm_loss"), ("medusa2_selfdistill", "distill_kl")])
+def test_metrics_log_the_loss_terms_every_step(tmp_path, name, first_term):
+    """Each step's row carries L_LM (or the KL), L_heads and lambda0, and they add up to the logged loss."""
+    recipe = _recipe(name, tmp_path, "train.max_steps=3", "train.logging_steps=1", "train.batch_size=4",
+                     "medusa2.schedule=linear")
+    rows = _rows(train(recipe))
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        for key in ("lm_loss", first_term, "heads_loss", "lambda0", "loss"):
+            assert math.isfinite(r[key]), (key, r)
+        assert r[first_term] == r["lm_loss"]
+        assert r["loss"] == pytest.approx(r["lm_loss"] + r["lambda0"] * r["heads_loss"], rel=1e-5, abs=1e-7)
+        assert r["heads_loss"] > 0
+    # the linear schedule over 3 steps: lambda0 * step / 3 at steps 0, 1, 2
+    assert [r["lambda0"] for r in rows] == pytest.approx([recipe.medusa2.lambda0 * s / 3 for s in range(3)])
 
 
 def test_tiny_selfdistill_recipe_from_medusa1_heads(tmp_path):

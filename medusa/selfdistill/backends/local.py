@@ -53,11 +53,11 @@ class LocalBackend:
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             kwargs: dict[str, Any] = {}
             if load_in_4bit:
-                from transformers import BitsAndBytesConfig
+                from medusa.modeling.quantization import bnb_config
 
-                kwargs["quantization_config"] = BitsAndBytesConfig(
-                    load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                    bnb_4bit_compute_dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+                kwargs["quantization_config"] = bnb_config(
+                    "4bit", compute_dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32,
+                    double_quant=False)
                 kwargs["device_map"] = {"": device}
             dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
             self.model = load_base_model(str(model), dtype=dtype, **kwargs)
