@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= disabled
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench lint layout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa tests
+	$(BIN)/python tests/test_layout.py
+
+# The package's import graph (modules, edges, cycles), the library/CLI boundary and size offenders.
+layout: $(STAMP)
+	$(BIN)/python tests/test_layout.py
 
 clean:
-	rm -rf out .pytest_cache
+	rm -rf out .pytest_cache build

@@ -2,23 +2,28 @@
 
 Fitting reads the frozen base's last hidden states once, then trains only the heads on them with the
 plain (unchunked) MEDUSA loss — a test fixture, independent of the training package it may test.
-Cached in-process and on disk (``$MEDUSA_TEST_CACHE``, default a temp dir), so later calls are free.
+Cached in-process and on disk (``$MEDUSA_TEST_CACHE``, default a temp dir), so later calls are free. The
+disk cache is keyed on everything that makes the heads (:func:`cache_key`): this file's source and the
+``medusa/modeling`` sources, the model directory's files, the training prompts, the fitting arguments and
+the torch version, so a change to any of them refits instead of loading stale heads.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from tiny_models import SHARED, STORIES, require_shared
 
-CACHE_VERSION = "2"
 HELD_OUT = 24  # the last stories of the sample are never used for fitting
 
 
@@ -44,10 +49,39 @@ def _cache_dir() -> Path:
     return root
 
 
+# How the cached heads are made (arguments of _self_outputs and fit_heads): part of the cache key.
+FIT_ARGS: dict[str, Any] = {"new_tokens": 96, "steps": 800, "lr": 1e-2, "seed": 0}
+# The code besides this file that shapes the fitted heads (heads architecture, init, base-model access).
+MODELING = Path(__file__).resolve().parents[2] / "medusa" / "modeling"
+
+
+def code_files() -> list[Path]:
+    """The sources whose change must invalidate the cache: this file and ``medusa/modeling/*.py``."""
+    return [Path(__file__).resolve(), *sorted(MODELING.glob("*.py"))]
+
+
+def cache_key(model_dir: Path, prompts: Sequence[str], args: dict[str, Any], code: Sequence[Path]) -> str:
+    """A digest of everything that makes the heads: the contents of the model directory's files (weights,
+    config, tokenizer) and of the ``code`` files, the prompts, the arguments and the torch version."""
+    h = hashlib.sha256()
+
+    def add(label: str, data: bytes) -> None:
+        h.update(f"{label}:{len(data)}:".encode())
+        h.update(data)
+
+    for path in sorted(p for p in Path(model_dir).iterdir() if p.is_file()):
+        add(f"model/{path.name}", path.read_bytes())
+    for path in code:
+        add(f"code/{Path(path).name}", Path(path).read_bytes())
+    add("prompts", json.dumps(list(prompts)).encode())
+    add("args", json.dumps(args, sort_keys=True).encode())
+    add("torch", torch.__version__.encode())
+    return h.hexdigest()[:16]
+
+
 @torch.no_grad()
-def _self_outputs(base, tokenizer, new_tokens: int) -> torch.Tensor:
-    """Greedy continuations of the training prompts: ``[N, T]`` token ids (right-aligned prompt)."""
-    prompts = _train_prompts()
+def _self_outputs(base, tokenizer, prompts: list[str], new_tokens: int) -> torch.Tensor:
+    """Greedy continuations of ``prompts``: ``[N, T]`` token ids (continuation only)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.unk_token or tokenizer.eos_token
@@ -91,15 +125,17 @@ def _fitted_state(num_heads: int, num_layers: int) -> dict[str, torch.Tensor]:
 
     from tiny_models import stories_model, stories_tokenizer
 
-    key = hashlib.sha1(f"{CACHE_VERSION}-{num_heads}-{num_layers}-{STORIES.resolve()}".encode()).hexdigest()[:12]
+    prompts = _train_prompts()
+    args = {**FIT_ARGS, "num_heads": num_heads, "num_layers": num_layers}
+    key = cache_key(STORIES, prompts, args, code_files())
     path = _cache_dir() / f"stories-heads-{key}.safetensors"
     if path.is_file():
         return load_file(str(path))
     base = stories_model()
     model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers)
     model.freeze_base()
-    sequences = _self_outputs(base, stories_tokenizer(), new_tokens=96)
-    fit_heads(model, sequences)
+    sequences = _self_outputs(base, stories_tokenizer(), prompts, new_tokens=FIT_ARGS["new_tokens"])
+    fit_heads(model, sequences, steps=FIT_ARGS["steps"], lr=FIT_ARGS["lr"], seed=FIT_ARGS["seed"])
     state = {k: v.detach().clone() for k, v in model.heads.state_dict().items()}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     save_file(state, str(tmp))

@@ -1,0 +1,113 @@
+"""The command layer: the explicit subcommand list is what ``medusa --help`` shows, every (nested) subcommand
+has a working ``--help``, and the one error handler turns user errors into one ``error:`` line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from medusa.cli import COMMANDS, build_parser, main, run_command
+from medusa.errors import CheckpointError, ConfigError, DataError, MedusaError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200", HF_HUB_OFFLINE="1")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name: p for a in actions for name, p in a.choices.items()}
+
+
+def _command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every subcommand path, nested ones included: ``("heads",), ("heads", "init"), ...``."""
+    paths = []
+    for name, sub in _subparsers(parser).items():
+        paths.append(prefix + (name,))
+        paths.extend(_command_paths(sub, prefix + (name,)))
+    return paths
+
+
+def test_commands_list_is_what_help_lists():
+    proc = subprocess.run([sys.executable, "-m", "medusa", "--help"], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    listed = re.findall(r"^ {4}(\S+)", proc.stdout.split("positional arguments:")[1].split("options:")[0],
+                        flags=re.M)
+    registered = list(_subparsers(build_parser()))
+    assert listed == registered  # same names, same order
+    assert registered == [name.rstrip("_").replace("_", "-") for name in COMMANDS]  # one per module, in order
+    modules = sorted(p.stem for p in (ROOT / "medusa" / "cli").glob("*.py") if p.stem != "__init__")
+    assert modules == sorted(COMMANDS), "a medusa/cli/ module that is not a registered command (or the reverse)"
+
+
+def test_every_subcommand_help_exits_zero(capsys):
+    paths = _command_paths(build_parser())
+    assert len(paths) > len(COMMANDS)  # the nested ones (heads init, export vllm, ...) are walked too
+    for path in paths:
+        with pytest.raises(SystemExit) as exc:
+            main([*path, "--help"])
+        assert exc.value.code == 0, path
+        assert capsys.readouterr().out.startswith(f"usage: medusa {' '.join(path)}"), path
+
+
+@pytest.mark.parametrize("error", [MedusaError("bad.yaml: no such key 'x'"), ConfigError("r.yaml: train.lr < 0"),
+                                   DataError("d.jsonl:3: not JSON"), CheckpointError("ckpt: no config.json")])
+def test_user_error_is_one_line_and_exit_2(error, capsys):
+    def fail() -> int:
+        raise error
+
+    assert run_command(fail, debug=False) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {error}\n" and captured.out == ""
+    with pytest.raises(type(error)):
+        run_command(fail, debug=True)
+
+
+def test_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+
+    def fail() -> int:
+        missing.read_text()
+        return 0
+
+    assert run_command(fail, debug=False) == 2
+    assert capsys.readouterr().err == f"error: {missing}: file not found\n"
+    with pytest.raises(FileNotFoundError):
+        run_command(fail, debug=True)
+
+
+def test_bugs_are_not_swallowed_and_status_passes_through():
+    def bug() -> int:
+        raise ValueError("a bug, not a user error")
+
+    with pytest.raises(ValueError):
+        run_command(bug, debug=False)
+    assert run_command(lambda: 3, debug=False) == 3
+    assert run_command(lambda: None, debug=False) == 0
+
+
+def test_debug_flag_reraises_through_main(tmp_path, capsys):
+    missing = str(tmp_path / "missing.yaml")
+    assert main(["train", missing]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and missing in err and err.count("\n") == 1
+    with pytest.raises(MedusaError, match="missing.yaml"):
+        main(["--debug", "train", missing])
+
+
+def test_python_m_medusa_train_missing_recipe(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "medusa.train", "missing.yaml"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.yaml" in lines[0], proc.stderr

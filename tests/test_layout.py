@@ -1,0 +1,283 @@
+"""The package's shape, checked from its source: every module imports alone, the import graph has no
+cycle, the library never imports the command layer (medusa/cli/), and modules and functions stay small.
+
+Run it directly for a summary a newcomer can check::
+
+    python tests/test_layout.py      # modules, import edges, cycles, size offenders
+
+The import graph is read with :mod:`ast`: absolute ``medusa.`` imports and relative imports, at any depth
+(function-level imports included, since they run too). ``from P import n`` is an edge to ``P.n`` when that
+is a module, else to ``P``. Parent packages are not added as edges: Python initialises them first, which
+cannot close a cycle by itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "medusa"
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+# The `python -m` shims: entry points that may import the command layer.
+CLI_SHIMS = {"medusa.__main__", "medusa.train"}
+# Functions over MAX_FUNCTION_LINES today, with their current length (def line to last line). Being split
+# by the restructuring; the test fails if one of them grows or if any other function passes the limit.
+# Remove an entry once its function is split (the test says so when an entry is stale).
+LONG_FUNCTIONS: dict[str, int] = {
+    "medusa.config:validate": 64,
+    "medusa.decoding.generate:medusa_generate": 112,
+    "medusa.eval.bench:bench": 127,
+    "medusa.pipelines.stories260k:run": 73,
+    "medusa.selfdistill.run:self_distill": 82,
+    "medusa.training.loop:train": 122,
+    "medusa.training.medusa2_run:make_method": 70,
+}
+# Modules over MAX_MODULE_LINES today, with their current line count (same rules).
+LONG_MODULES: dict[str, int] = {}
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> source file, for every ``.py`` file of the package."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module name that ``from <node.module> import ...`` names, inside ``module``."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]  # a module's relative imports are relative to its package
+    base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules that ``module`` imports (at any depth of its source)."""
+    is_package = path.name == "__init__.py"
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            src = _absolute(module, is_package, node)
+            names = [f"{src}.{a.name}" if f"{src}.{a.name}" in known else src for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:  # `import medusa.x.attr`: the nearest module
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                targets.add(name)
+    return targets
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    files = module_files(package)
+    known = set(files)
+    return {m: imports_of(m, p, known) for m, p in files.items()}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component that has one, each as ``[a, b, ..., a]``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                components.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_cycle_in(sorted(c), graph) for c in components]
+
+
+def _cycle_in(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A concrete cycle through the first module of a strongly connected component (breadth-first)."""
+    members = set(component)
+    start = component[0]
+    parent: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & members):
+                if w == start:  # back at the start: walk the parents from v
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    return path[::-1] + [start]
+                if w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle in component {component}")
+
+
+def long_functions(package: Path = PACKAGE, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``module:qualname`` -> lines (``def`` to last line, decorators excluded) for functions over ``limit``."""
+    out = {}
+    for module, path in module_files(package).items():
+        tree = ast.parse(path.read_text(), str(path))
+        todo: list[tuple[str, ast.AST]] = [("", tree)]
+        while todo:
+            prefix, node = todo.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    name = f"{prefix}{child.name}"
+                    if not isinstance(child, ast.ClassDef):
+                        lines = child.end_lineno - child.lineno + 1
+                        if lines > limit:
+                            out[f"{module}:{name}"] = lines
+                    todo.append((f"{name}.", child))
+                else:
+                    todo.append((prefix, child))
+    return out
+
+
+def long_modules(package: Path = PACKAGE, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    out = {}
+    for module, path in module_files(package).items():
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            out[module] = lines
+    return out
+
+
+def _check_allowlist(found: dict[str, int], allowed: dict[str, int], what: str, limit: int) -> None:
+    grown = {k: (v, allowed[k]) for k, v in found.items() if k in allowed and v > allowed[k]}
+    new = {k: v for k, v in found.items() if k not in allowed}
+    stale = sorted(k for k in allowed if k not in found)
+    assert not new, f"{what} over {limit} lines: {new} (split them)"
+    assert not grown, f"allow-listed {what} grew (now, allowed): {grown}"
+    assert not stale, f"allow-listed {what} now within {limit} lines: {stale} (remove them from the list)"
+
+
+# --- tests ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", sorted(module_files()))
+def test_module_imports_alone_in_a_fresh_interpreter(module):
+    code = f"import {module}"
+    if module == "medusa.__main__":  # it runs the CLI on import: give it `--help` (exits 0)
+        code = f"import sys; sys.argv = ['medusa', '--help']; {code}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"import {module} failed:\n{proc.stderr[-3000:]}"
+
+
+def test_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 10 and sum(map(len, graph.values())) > 10  # the scan really saw the package
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_planted_cycle(tmp_path):
+    pkg = tmp_path / "medusa"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import f\n")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from medusa.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from . import c\n")
+    (pkg / "sub" / "c.py").write_text("import medusa.sub.a\nfrom .. import sub\n")
+    graph = import_graph(pkg)
+    assert graph["medusa.sub.a"] == {"medusa.sub.b"}  # a function-level import counts
+    assert graph["medusa.sub.b"] == {"medusa.sub.c"}  # `from . import c` is the module c
+    assert graph["medusa.sub.c"] == {"medusa.sub.a", "medusa.sub"}
+    assert find_cycles(graph) == [["medusa.sub", "medusa.sub.a", "medusa.sub.b", "medusa.sub.c", "medusa.sub"]]
+    (pkg / "sub" / "c.py").write_text("import medusa\n")
+    assert find_cycles(import_graph(pkg)) == []
+
+
+def test_library_never_imports_the_command_layer():
+    offenders = cli_importers(import_graph())
+    assert not offenders, f"library modules importing medusa.cli: {offenders}"
+    graph = import_graph()
+    for shim in CLI_SHIMS:  # the shims exist and are the only importers outside medusa/cli/
+        assert any(_in_cli(t) for t in graph[shim]), shim
+
+
+def test_cli_importers_finds_a_planted_one(tmp_path):
+    pkg = tmp_path / "medusa"
+    (pkg / "cli").mkdir(parents=True)
+    for rel in ("__init__.py", "cli/__init__.py", "cli/train.py"):
+        (pkg / rel).write_text("")
+    (pkg / "train.py").write_text("from medusa.cli.train import main\n")
+    (pkg / "lib.py").write_text("def f():\n    from .cli import train\n")
+    assert cli_importers(import_graph(pkg)) == ["medusa.lib"]
+
+
+def test_no_module_over_400_lines():
+    _check_allowlist(long_modules(), LONG_MODULES, "modules", MAX_MODULE_LINES)
+
+
+def test_no_function_over_60_lines():
+    _check_allowlist(long_functions(), LONG_FUNCTIONS, "functions", MAX_FUNCTION_LINES)
+
+
+def cli_importers(graph: dict[str, set[str]]) -> list[str]:
+    """Modules outside medusa/cli/ (the shims aside) that import the command layer."""
+    return sorted(m for m, targets in graph.items()
+                  if not _in_cli(m) and m not in CLI_SHIMS and any(_in_cli(t) for t in targets))
+
+
+def _in_cli(module: str) -> bool:
+    return module == "medusa.cli" or module.startswith("medusa.cli.")
+
+
+def main() -> int:
+    """Print the summary; exit status 1 on a cycle or a library module importing medusa.cli."""
+    graph = import_graph()
+    cycles = find_cycles(graph)
+    offenders = cli_importers(graph)
+    print(f"modules: {len(graph)}")
+    print(f"import edges: {sum(map(len, graph.values()))}")
+    print("cycles: " + ("none" if not cycles else "\n  " + "\n  ".join(" -> ".join(c) for c in cycles)))
+    print(f"library modules importing medusa.cli: {', '.join(offenders) or 'none'}"
+          f" (the shims {', '.join(sorted(CLI_SHIMS))} may)")
+    for what, found, limit in (("modules", long_modules(), MAX_MODULE_LINES),
+                               ("functions", long_functions(), MAX_FUNCTION_LINES)):
+        listed = ", ".join(f"{k} ({v})" for k, v in sorted(found.items()))
+        print(f"{what} over {limit} lines: {listed or 'none'}")
+    return 1 if cycles or offenders else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
