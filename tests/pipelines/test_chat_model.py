@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from decoding_helpers import memorise_heads, real_rows
-from tiny_models import SHARED, require_shared
 
 from medusa import MedusaModel
 from medusa.errors import MedusaError
 from medusa.pipelines import chat_model
 from medusa.pipelines.smollm2 import spec_bench
+
+from tiny_models import SHARED, require_shared
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that reverses a string."]
 
