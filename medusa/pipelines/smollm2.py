@@ -39,9 +39,9 @@ class Settings:
     out: str = "out/bench/smollm2"
     shared: str = os.environ.get("MEDUSA_SHARED", "../shared")
     cache: str | None = None  # converted model cache (default ~/.cache/medusa/models)
-    sharegpt_prompts: int | None = 240  # ShareGPT conversations (first turn; None: all 500)
-    alpaca_prompts: int = 240  # Alpaca rows for training (the first ones)
-    calib_prompts: int = 48  # Alpaca rows for calibration (the last ones, never trained on)
+    sharegpt_prompts: int | None = 96  # ShareGPT conversations (first turn; None: all 500, mostly identity chat)
+    alpaca_prompts: int = 192  # Alpaca rows for training (the first ones)
+    calib_prompts: int = 32  # Alpaca rows for calibration (the last ones, never trained on)
     distill_tokens: int = 192
     distill_batch: int = 32
     recipe: str = str(RECIPES / "smollm2_medusa1.yaml")
