@@ -77,9 +77,9 @@ class _Run:
     done: list[bool] = field(default_factory=list)
 
 
-def _check_arguments(model: Any, input_ids: torch.Tensor, acceptance: str, max_new_tokens: int,
-                     tree: Any, streamer: Any) -> Any:
-    """Validate the call; returns the tree to decode with."""
+def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, acceptance: str,
+                     max_new_tokens: int, tree: Any, streamer: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Validate the call; returns the tree, the prompt ``[B, P]`` and its mask ``[B, P]`` on the model's device."""
     if acceptance not in ACCEPTANCE:
         raise MedusaError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -91,7 +91,11 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, acceptance: str, max_n
         raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
     if streamer is not None and input_ids.shape[0] != 1:
         raise MedusaError(f"streamers need batch size 1, got {input_ids.shape[0]}")
-    return tree
+    input_ids = input_ids.to(model.device)
+    mask2d = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(model.device)).long()
+    if input_ids.shape[0] > 1 and bool((mask2d[:, -1] == 0).any()):
+        raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
+    return tree, input_ids, mask2d
 
 
 def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any, acceptance: str,
@@ -193,12 +197,9 @@ def medusa_generate(
     first EOS). ``streamer`` (HF ``TextStreamer`` & co.) for batch 1. Returns ``[B, P + new]`` like HF
     ``generate``, or a :class:`MedusaGenerateOutput` with ``return_dict_in_generate=True``.
     """
-    tree = _check_arguments(model, input_ids, acceptance, max_new_tokens, tree, streamer)
+    tree, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens, tree,
+                                               streamer)
     device = model.device
-    input_ids = input_ids.to(device)
-    mask2d = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)).long()
-    if input_ids.shape[0] > 1 and bool((mask2d[:, -1] == 0).any()):
-        raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
     hf = dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p)
     run = _start(model, input_ids, mask2d, tree, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, hf=hf, generator=generator,
@@ -218,9 +219,8 @@ def medusa_generate(
     if streamer is not None:
         streamer.end()
     sequences = _assemble(input_ids, run.generated, run.gen.pad_id)
-    if not return_dict_in_generate:
-        return sequences
-    return MedusaGenerateOutput(sequences, run.accept_lengths, steps, prefill_time, decode_time)
+    return (MedusaGenerateOutput(sequences, run.accept_lengths, steps, prefill_time, decode_time)
+            if return_dict_in_generate else sequences)
 
 
 def _decode_loop(model: Any, state: DecodeState, run: _Run, first: list[int], streamer: Any) -> int:
