@@ -62,9 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
                    help="greedy and sample are lossless; typical is faster at high temperature but lossy")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="as HF generate (unset: the model's generation_config, then 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="as HF generate (unset: generation_config, then 50)")
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-p", type=float, default=None, help="as HF generate (unset: generation_config, then 1.0)")
     p.add_argument("--posterior-threshold", type=float, default=0.09, help="typical acceptance epsilon")
     p.add_argument("--posterior-alpha", type=float, default=0.3, help="typical acceptance delta")
     p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")

@@ -79,7 +79,11 @@ def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree
     return path, n, nxt
 
 
-def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp,
+def _identity(scores: torch.Tensor) -> torch.Tensor:
+    return scores
+
+
+def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp | None = None,
                    temperature: float = 1.0, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MEDUSA's typical acceptance (lossy: the output is *not* distributed as the base model's samples).
@@ -87,8 +91,9 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, w
     Node i is accepted iff ``p(x_i) > min(epsilon, delta * exp(-H(p)))`` where p is the base distribution at
     its parent (``softmax(logits / temperature)``), epsilon = ``posterior_threshold``, delta =
     ``posterior_alpha``. The longest accepted path wins, ties going to the higher likelihood; the next token
-    is sampled from the warped distribution at the last accepted node.
+    is sampled from the warped distribution at the last accepted node (``warp=None``: no warping).
     """
+    warp = warp or _identity
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, N, V]
     probs = logp.exp()
     entropy = -(probs * logp).nan_to_num().sum(dim=-1)  # [B, N]
@@ -104,7 +109,7 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, w
     return path, n, nxt
 
 
-def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp,
+def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp | None = None,
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless recursive rejection sampling over siblings (proposals are the heads' deterministic top-k).
 
@@ -113,10 +118,11 @@ def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, wa
     ``p_res(x) = 0`` and try the next sibling. When a child is accepted, move to it; when all are rejected
     (or the node has no children) the next token is sampled from ``p_res``. Each emitted token is therefore
     distributed exactly as ``p``: the output equals the base model's ``generate(do_sample=True)`` in law.
+    ``logits`` are the (already processed) scores at each node; ``warp`` maps them to sampling scores.
     """
     b = logits.shape[0]
     device = logits.device
-    probs = torch.softmax(warp(logits), dim=-1)  # [B, N, V]
+    probs = torch.softmax((warp or _identity)(logits.float()), dim=-1)  # [B, N, V]
     rows = torch.arange(b, device=device)
     cur = torch.zeros(b, dtype=torch.long, device=device)  # current node per row
     n = torch.zeros(b, dtype=torch.long, device=device)

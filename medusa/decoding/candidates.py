@@ -23,6 +23,8 @@ class DecodeTree:
     retrieve_valid: torch.Tensor  # [L, D] bool: retrieve[:, 1:] is a real node
     topk_index: torch.Tensor  # [N-1] long: index of node i>=1 in the flattened [K * kmax] top-k table
     float_mask: torch.Tensor  # [N, N] 0 where node j is i or an ancestor of i, dtype-min elsewhere
+    ancestors: torch.Tensor  # [N, D+1] long: node index of node i's ancestor at each depth (i at its own), 0 past
+    depth_list: list[int]  # node depths on the host (logits processing groups nodes by depth)
 
 
 def decode_tree(tree: MedusaTree, device: torch.device, dtype: torch.dtype) -> DecodeTree:
@@ -40,6 +42,11 @@ def decode_tree(tree: MedusaTree, device: torch.device, dtype: torch.dtype) -> D
     retrieve = buf["retrieve_indices"]  # [L, D+1]
     ranks = buf["ranks"][1:]  # [N-1]
     depths = buf["depths"]
+    ancestors = torch.zeros(n, depth + 1, dtype=torch.long)  # [N, D+1]
+    index = {path: i for i, path in enumerate(tree.paths)}
+    for i, path in enumerate(tree.paths):
+        for d in range(1, len(path) + 1):
+            ancestors[i, d] = index[tuple(path[:d])]
     float_mask = torch.zeros(n, n, dtype=dtype, device=device)  # [N, N]
     float_mask.masked_fill_(~buf["attention_mask"], torch.finfo(dtype).min)
     result = DecodeTree(
@@ -50,6 +57,8 @@ def decode_tree(tree: MedusaTree, device: torch.device, dtype: torch.dtype) -> D
         retrieve_valid=retrieve[:, 1:] >= 0,
         topk_index=(depths[1:] - 1) * kmax + ranks,
         float_mask=float_mask,
+        ancestors=ancestors.to(device),
+        depth_list=[len(path) for path in tree.paths],
     )
     cache[key] = result
     return result

@@ -4,16 +4,25 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
+from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
 from medusa.decoding.candidates import DecodeTree, decode_tree, propose
 from medusa.decoding.kv_cache import check_supported, compact_cache, new_cache
+from medusa.decoding.processors import (
+    Generation,
+    apply_processors,
+    merged_config,
+    process_tree,
+    resolve_generation,
+    warp_scores,
+)
 from medusa.errors import MedusaError
 from medusa.modeling.base import unwrap
 
@@ -22,7 +31,7 @@ ACCEPTANCE = ("greedy", "sample", "typical")
 
 @dataclass
 class MedusaGenerateOutput:
-    sequences: torch.Tensor  # [B, prompt + new], rows that stopped early padded with pad_token_id
+    sequences: torch.Tensor  # [B, prompt + new], rows that stopped early padded as HF pads them
     accept_lengths: list[list[int]] = field(default_factory=list)  # per row: tokens gained at each step
     num_steps: int = 0  # verification passes (the prefill is not counted)
     prefill_time_s: float = 0.0
@@ -47,32 +56,106 @@ def _default_tree(model: Any) -> Any:
 def sampling_defaults(model: Any, top_k: int | None, top_p: float | None) -> tuple[int | None, float | None]:
     """Unset top_k / top_p resolve as HF ``generate`` resolves them: the model's generation_config, then HF's
     global defaults (top_k 50, top_p 1.0). Pass ``top_k=0`` to turn top-k filtering off."""
-    gen = getattr(unwrap(model.base_model), "generation_config", None)
-    if top_k is None:
-        top_k = getattr(gen, "top_k", None)
-        top_k = 50 if top_k is None else top_k
-    if top_p is None:
-        top_p = getattr(gen, "top_p", None)
-    return top_k, top_p
+    cfg = merged_config(model.base_model, None, {"top_k": top_k, "top_p": top_p})
+    return cfg.top_k, cfg.top_p
 
 
-def _eos_list(model: Any, eos_token_id: int | Sequence[int] | None) -> list[int]:
-    if eos_token_id is None:
-        gen = getattr(unwrap(model.base_model), "generation_config", None)
-        eos_token_id = getattr(gen, "eos_token_id", None)
-    if eos_token_id is None:
-        return []
-    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+@dataclass
+class _Run:
+    """One ``medusa_generate`` call's settings and per-row progress (host lists, one entry per row)."""
+
+    dt: DecodeTree
+    gen: Generation
+    acceptance: str
+    max_new_tokens: int
+    typical: tuple[float, float]  # posterior_threshold, posterior_alpha
+    generator: torch.Generator | None
+    history: torch.Tensor | None  # [B, P + max_new_tokens]: padded prompt + emitted tokens (processors only)
+    prompt_len: int
+    generated: list[list[int]] = field(default_factory=list)
+    accept_lengths: list[list[int]] = field(default_factory=list)
+    done: list[bool] = field(default_factory=list)
 
 
-def _pad_id(model: Any, eos: list[int]) -> int:
-    gen = getattr(unwrap(model.base_model), "generation_config", None)
-    pad = getattr(gen, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(unwrap(model.base_model).config, "pad_token_id", None)
-    if isinstance(pad, (list, tuple)):
-        pad = pad[0] if pad else None
-    return int(pad) if pad is not None else (eos[0] if eos else 0)
+def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, acceptance: str,
+                     max_new_tokens: int, tree: Any, streamer: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Validate the call; returns the tree, the prompt ``[B, P]`` and its mask ``[B, P]`` on the model's device."""
+    if acceptance not in ACCEPTANCE:
+        raise MedusaError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
+    if max_new_tokens < 1:
+        raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    tree = tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model))
+    if tree.depth > model.num_heads:
+        raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
+    if streamer is not None and input_ids.shape[0] != 1:
+        raise MedusaError(f"streamers need batch size 1, got {input_ids.shape[0]}")
+    input_ids = input_ids.to(model.device)
+    mask2d = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(model.device)).long()
+    if input_ids.shape[0] > 1 and bool((mask2d[:, -1] == 0).any()):
+        raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
+    return tree, input_ids, mask2d
+
+
+def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any, acceptance: str,
+           max_new_tokens: int, settings: dict[str, Any]) -> _Run:
+    """Resolve the generation settings and the tree buffers; an empty run (no token emitted yet)."""
+    b, p = input_ids.shape
+    gen = resolve_generation(model.base_model, acceptance != "greedy", input_ids, mask2d,
+                             settings.pop("eos_token_id"), settings.pop("generation_config"), **settings.pop("hf"))
+    check_supported(model.base_model, p + max_new_tokens + tree.depth + 1)
+    dtype = getattr(unwrap(model.base_model), "dtype", None)  # compute dtype (first floating parameter)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        dtype = torch.float32
+    history = None
+    if gen.needs_ids:
+        history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)  # [B, P + new]
+        history[:, :p] = input_ids
+    return _Run(decode_tree(tree, input_ids.device, dtype), gen, acceptance, max_new_tokens,
+                (settings.pop("posterior_threshold"), settings.pop("posterior_alpha")), settings.pop("generator"),
+                history, p, [[] for _ in range(b)], [[] for _ in range(b)], [False] * b)
+
+
+def _choose_root(run: _Run, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The first new token from the prompt's last logits ``[B, V]``, as HF's first generate step."""
+    scores = logits.float()
+    if run.gen.needs_ids:
+        scores = apply_processors(run.gen, input_ids, scores, torch.arange(logits.shape[0], device=logits.device))
+    if run.acceptance == "greedy":
+        return scores.argmax(dim=-1)
+    probs = torch.softmax(warp_scores(run.gen, scores), dim=-1)
+    return torch.multinomial(probs, 1, generator=run.generator).view(-1)
+
+
+def _accept(run: _Run, logits: torch.Tensor, tokens: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Process every tree node's logits with its own prefix, then apply the acceptance rule."""
+    dt, gen = run.dt, run.gen
+    scores = logits
+    if gen.needs_ids:
+        lengths = [run.prompt_len + len(g) for g in run.generated]
+        active = [not d for d in run.done]
+        scores = process_tree(gen, run.history, lengths, active, tokens, logits, dt.ancestors, dt.depth_list)
+    if run.acceptance == "greedy":
+        return greedy_accept(scores, tokens, dt)
+    warp = functools.partial(warp_scores, gen)
+    if run.acceptance == "sample":
+        return sample_accept(scores.float(), tokens, dt, warp, generator=run.generator)
+    threshold, alpha = run.typical
+    return typical_accept(scores.float(), tokens, dt, warp, gen.temperature, threshold, alpha,
+                          generator=run.generator)
+
+
+def _record(run: _Run, row: int, new: list[int], eos: list[int]) -> int:
+    """Emit ``new`` tokens for ``row`` (up to max_new_tokens / EOS); returns how many were kept."""
+    out = run.generated[row]
+    before = len(out)
+    run.done[row] = _emit(out, new, eos, run.max_new_tokens)
+    if run.history is not None and not run.done[row]:
+        start = run.prompt_len + before
+        run.history[row, start:start + len(out) - before] = torch.tensor(out[before:], dtype=torch.long)
+    return len(out) - before
 
 
 @torch.no_grad()
@@ -82,7 +165,7 @@ def medusa_generate(
     attention_mask: torch.Tensor | None = None,
     max_new_tokens: int = 64,
     acceptance: str = "greedy",
-    temperature: float = 1.0,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     posterior_threshold: float = 0.09,
@@ -92,102 +175,85 @@ def medusa_generate(
     return_dict_in_generate: bool = False,
     streamer: Any = None,
     generator: torch.Generator | None = None,
+    generation_config: Any = None,
+    **generation_kwargs: Any,
 ) -> torch.Tensor | MedusaGenerateOutput:
     """Decode with MEDUSA heads: several tokens per forward pass of the base model.
 
     ``acceptance="greedy"`` returns exactly ``base_model.generate(do_sample=False)``'s tokens;
-    ``"sample"`` is lossless: tokens are distributed exactly as ``generate(do_sample=True, temperature=...,
-    top_k=..., top_p=...)`` (unset top_k / top_p resolve like HF: generation_config, then top_k=50);
+    ``"sample"`` is lossless: tokens are distributed exactly as ``generate(do_sample=True)``'s;
     ``"typical"`` is MEDUSA's typical acceptance (``posterior_threshold`` epsilon, ``posterior_alpha``
     delta): faster at high temperature but lossy, its samples are NOT distributed as the base model's.
 
+    Settings resolve as in HF: arguments (``temperature`` / ``top_k`` / ``top_p``, other GenerationConfig
+    fields as ``generation_kwargs``, e.g. ``repetition_penalty=1.1``; None means unset), then
+    ``generation_config`` or the base model's, then HF's defaults. Every logits processor (repetition
+    penalty, no_repeat_ngram_size, min_new_tokens, suppress / bad words...) sees each tree node's own prefix;
+    a setting MEDUSA does not reproduce raises :class:`MedusaError` naming it.
+
     ``input_ids [B, P]`` with an optional left-padding ``attention_mask [B, P]``; rows finish independently
-    (``max_new_tokens`` exactly, or at an EOS token: ``eos_token_id`` int or list, default the model's).
-    ``streamer`` (HF ``TextStreamer`` & co.) for batch 1. Returns ``[B, P + new]`` like HF ``generate``, or
-    a :class:`MedusaGenerateOutput` with ``return_dict_in_generate=True``.
+    (``max_new_tokens`` exactly, or at an EOS token: ``eos_token_id`` int or list, default the
+    generation_config's) and finished rows are padded like HF (generation_config.pad_token_id, else the
+    first EOS). ``streamer`` (HF ``TextStreamer`` & co.) for batch 1. Returns ``[B, P + new]`` like HF
+    ``generate``, or a :class:`MedusaGenerateOutput` with ``return_dict_in_generate=True``.
     """
-    if acceptance not in ACCEPTANCE:
-        raise MedusaError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
-    if max_new_tokens < 1:
-        raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if acceptance != "greedy" and not temperature > 0:
-        raise MedusaError(f"temperature must be > 0 for acceptance={acceptance!r}, got {temperature}")
-    tree = tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model))
-    if tree.depth > model.num_heads:
-        raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
-    b, p = input_ids.shape
-    if streamer is not None and b != 1:
-        raise MedusaError(f"streamers need batch size 1, got {b}")
+    tree, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens, tree,
+                                               streamer)
     device = model.device
-    input_ids = input_ids.to(device)
-    mask2d = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)).long()
-    if b > 1 and bool((mask2d[:, -1] == 0).any()):
-        raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
-    check_supported(model.base_model, p + max_new_tokens + tree.depth + 1)
-    dtype = getattr(unwrap(model.base_model), "dtype", None)  # compute dtype (first floating parameter)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        dtype = torch.float32
-    dt = decode_tree(tree, device, dtype)
-    eos = _eos_list(model, eos_token_id)
-    pad_id = _pad_id(model, eos)
-    warp = None
-    if acceptance != "greedy":
-        top_k, top_p = sampling_defaults(model, top_k, top_p)
-        warp = warp_logits(temperature, top_k, top_p)
-
-    def accept(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if acceptance == "greedy":
-            return greedy_accept(logits, tokens, dt)
-        if acceptance == "sample":
-            return sample_accept(logits, tokens, dt, warp, generator=generator)
-        return typical_accept(logits, tokens, dt, warp, temperature, posterior_threshold, posterior_alpha,
-                              generator=generator)
-
+    hf = dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p)
+    run = _start(model, input_ids, mask2d, tree, acceptance, max_new_tokens, dict(
+        eos_token_id=eos_token_id, generation_config=generation_config, hf=hf, generator=generator,
+        posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha))
     t0 = time.perf_counter()
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    state = prefill(model, input_ids, mask2d, dt, None if acceptance == "greedy" else warp,
-                    capacity=p + 2 * max_new_tokens + dt.num_nodes, generator=generator)
+    state = prefill(model, input_ids, mask2d, run.dt, functools.partial(_choose_root, run, input_ids),
+                    capacity=input_ids.shape[1] + 2 * max_new_tokens + run.dt.num_nodes)
     first = state.root.cpu().tolist()
     _sync(device)
     prefill_time = time.perf_counter() - t0
-
     t1 = time.perf_counter()
-    generated: list[list[int]] = [[] for _ in range(b)]
-    accept_lengths: list[list[int]] = [[] for _ in range(b)]
-    done = [False] * b
-    for row in range(b):
-        done[row] = _emit(generated[row], [first[row]], eos, max_new_tokens)
-    if streamer is not None:
-        streamer.put(torch.tensor(generated[0]))
-    steps = 0
-    while not all(done):
-        host = decode_step(model, state, accept)
-        steps += 1
-        for row in range(b):
-            if done[row]:
-                continue
-            k = int(host[row, -2])
-            new = host[row, 1:k].tolist() + [int(host[row, -1])]
-            before = len(generated[row])
-            done[row] = _emit(generated[row], new, eos, max_new_tokens)
-            accept_lengths[row].append(len(generated[row]) - before)
-            if streamer is not None:
-                streamer.put(torch.tensor(generated[row][before:]))
+    steps = _decode_loop(model, state, run, first, streamer)
     _sync(device)
     decode_time = time.perf_counter() - t1
     if streamer is not None:
         streamer.end()
+    sequences = _assemble(input_ids, run.generated, run.gen.pad_id)
+    return (MedusaGenerateOutput(sequences, run.accept_lengths, steps, prefill_time, decode_time)
+            if return_dict_in_generate else sequences)
+
+
+def _decode_loop(model: Any, state: DecodeState, run: _Run, first: list[int], streamer: Any) -> int:
+    """Verification steps until every row is done; returns the number of steps."""
+    eos = run.gen.eos
+    for row, tok in enumerate(first):
+        _record(run, row, [tok], eos)
+    if streamer is not None:
+        streamer.put(torch.tensor(run.generated[0]))
+    accept = functools.partial(_accept, run)
+    steps = 0
+    while not all(run.done):
+        host = decode_step(model, state, accept)
+        steps += 1
+        for row in range(len(run.done)):
+            if run.done[row]:
+                continue
+            k = int(host[row, -2])
+            gained = _record(run, row, host[row, 1:k].tolist() + [int(host[row, -1])], eos)
+            run.accept_lengths[row].append(gained)
+            if streamer is not None:
+                streamer.put(torch.tensor(run.generated[row][-gained:]))
+    return steps
+
+
+def _assemble(input_ids: torch.Tensor, generated: list[list[int]], pad_id: int) -> torch.Tensor:
+    """``[B, P + width]``: prompt then each row's new tokens, padded with ``pad_id`` as HF pads finished rows."""
+    b = input_ids.shape[0]
     width = max(len(g) for g in generated)
-    new_tokens = torch.full((b, width), pad_id, dtype=input_ids.dtype)
+    new_tokens = torch.full((b, width), pad_id, dtype=input_ids.dtype)  # [B, width]
     for row, g in enumerate(generated):
         new_tokens[row, :len(g)] = torch.tensor(g, dtype=input_ids.dtype)
-    sequences = torch.cat([input_ids, new_tokens.to(device)], dim=1)
-    if not return_dict_in_generate:
-        return sequences
-    return MedusaGenerateOutput(sequences, accept_lengths, steps, prefill_time, decode_time)
+    return torch.cat([input_ids, new_tokens.to(input_ids.device)], dim=1)
 
 
 @dataclass
@@ -208,10 +274,11 @@ class DecodeState:
         return self.mask[:, 0, 0, :self.past_len] == 0
 
 
-def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: DecodeTree, warp: Any = None,
-            capacity: int | None = None, generator: torch.Generator | None = None) -> DecodeState:
-    """Run the prompt (left-padded ``[B, P]``) like HF generate does; pick the root (argmax, or a sample of
-    the warped distribution when ``warp`` is given) and the heads' top-k at the last position."""
+def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: DecodeTree,
+            choose_root: Callable[[torch.Tensor], torch.Tensor] | None = None,
+            capacity: int | None = None) -> DecodeState:
+    """Run the prompt (left-padded ``[B, P]``) like HF generate does; pick the root with ``choose_root``
+    (last logits ``[B, V]`` -> ``[B]``; default argmax) and the heads' top-k at the last position."""
     b, p = input_ids.shape
     device = input_ids.device
     dtype = dt.float_mask.dtype
@@ -221,10 +288,7 @@ def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: Decod
     out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=position_ids, past_key_values=cache,
                 use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=True)
     last = out.logits[:, -1]  # [B, V]
-    if warp is None:
-        root = last.argmax(dim=-1)
-    else:
-        root = torch.multinomial(torch.softmax(warp(last), dim=-1), 1, generator=generator).view(b)
+    root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
     head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
     neg = torch.finfo(dtype).min
     capacity = max(capacity or 0, p + 2 * dt.num_nodes)

@@ -152,11 +152,19 @@ class MedusaModel(nn.Module):
         head_logits = self.heads(picked) if compute_heads else None  # [K, B, P, V]
         return MedusaOutput(logits, head_logits, hidden, getattr(out, "past_key_values", None))
 
-    def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
-        """MEDUSA decoding; see :func:`medusa.decoding.generate.medusa_generate` for the arguments."""
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 max_new_tokens: int = 64, acceptance: str = "greedy", temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, **kwargs: Any) -> Any:
+        """MEDUSA decoding; see :func:`medusa.decoding.generate.medusa_generate` for all the arguments.
+
+        Unset ``temperature`` / ``top_k`` / ``top_p`` (and any other GenerationConfig field passed in
+        ``kwargs``, e.g. ``repetition_penalty``) resolve as in HF ``generate``: the base model's
+        generation_config, then HF's defaults; its logits processors apply to every tree node.
+        """
         from medusa.decoding.generate import medusa_generate
 
-        return medusa_generate(self, input_ids, **kwargs)
+        return medusa_generate(self, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                               acceptance=acceptance, temperature=temperature, top_k=top_k, top_p=top_p, **kwargs)
 
     # ------------------------------------------------------------------ save / load
     def save_pretrained(self, path: str | Path, save_base: bool = False, tokenizer: Any = None) -> None:

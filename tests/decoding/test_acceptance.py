@@ -76,12 +76,15 @@ def _chi2_sf(stat: float, dof: int) -> float:
                                          torch.tensor(stat / 2.0, dtype=torch.float64)))
 
 
-def _chi2_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
-    """Pearson chi-square; cells expected < 5 are pooled into one."""
+def _chi2_pvalue(counts: torch.Tensor, expected: torch.Tensor, strict: bool = True) -> float:
+    """Pearson chi-square; cells expected < 5 are pooled into one. A sample in a zero-probability cell fails
+    (``strict``) or gives p-value 0."""
     small = expected < 5
     obs = torch.cat([counts[~small], counts[small].sum().view(1)])
     exp = torch.cat([expected[~small], expected[small].sum().view(1)])
     keep = exp > 0
+    if not strict and not torch.all(obs[~keep] == 0):
+        return 0.0
     assert torch.all(obs[~keep] == 0), "a token with zero probability was sampled"
     obs, exp = obs[keep], exp[keep]
     stat = float(((obs - exp) ** 2 / exp).sum())
@@ -161,3 +164,53 @@ def test_sample_accept_recursive_rejection_single_node():
     torch.testing.assert_close(freq, p.double(), atol=0.015, rtol=0)
     accepted_2 = ((n == 1) & (path[:, 1] == 2)).double().mean()
     assert abs(float(accepted_2) - 0.7 * 0.2 / 0.7) < 0.015
+
+
+def _hf_next_probs(base, prefixes):
+    """HF's own sampling distribution after each row of ``prefixes [R, T]``: the processed, warped scores that
+    ``generate(do_sample=True)`` samples from (its ``output_scores``), read from the model's generation_config."""
+    with torch.no_grad():
+        out = base.generate(prefixes, attention_mask=torch.ones_like(prefixes), do_sample=True, max_new_tokens=1,
+                            output_scores=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+    return torch.softmax(out.scores[0].double(), dim=-1)  # [R, V]
+
+
+def _exact_joint3(base, prompt):
+    """p(x1, x2, x3 | prompt) from HF's sampling distributions: [V, V, V]."""
+    p1 = _hf_next_probs(base, prompt)[0]  # [V]
+    x1 = torch.arange(V).view(V, 1)
+    p2 = _hf_next_probs(base, torch.cat([prompt.repeat(V, 1), x1], dim=1))  # [V, V]
+    x12 = torch.stack(torch.meshgrid(torch.arange(V), torch.arange(V), indexing="ij"), -1).view(V * V, 2)
+    p3 = _hf_next_probs(base, torch.cat([prompt.repeat(V * V, 1), x12], dim=1)).view(V, V, V)
+    return p1.view(V, 1, 1) * p2.view(V, V, 1) * p3
+
+
+# Depth 2 covers the vocabulary under the 3 likeliest depth-1 proposals, 3 siblings (then the residual) elsewhere.
+DEEP_TREE = [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V) if a < 3 or b < 3]
+DEEP_SETTINGS = [{"temperature": 0.7, "top_k": 4}, {"repetition_penalty": 0.5, "top_p": 0.9, "top_k": 0}]
+
+
+@pytest.mark.parametrize("setting", DEEP_SETTINGS, ids=["t0.7-topk4", "rep0.5-topp0.9"])
+def test_sample_deep_decisions_chi_square(setting):
+    """The law of the first three new tokens, the 3rd being (often) the depth-2 decision of the first step's
+    tree. Sampling settings come from the model's generation_config only (none passed as arguments)."""
+    base, model = _sampler_model(seed=3)
+    base.generation_config.top_k = None  # let HF's default (50) or the setting below decide
+    for key, value in setting.items():
+        setattr(base.generation_config, key, value)
+    prompt = torch.tensor([[3, 5, 4, 6]])
+    n = 20000
+    g = torch.Generator().manual_seed(99)
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=4, acceptance="sample", eos_token_id=[],
+                         tree=MedusaTree.from_choices(DEEP_TREE), generator=g, return_dict_in_generate=True)
+    first_step = torch.tensor([a[0] for a in out.accept_lengths])
+    assert (first_step == 3).float().mean() > 0.5  # depth-1 and depth-2 nodes accepted (+ bonus token) often
+    x = out.sequences[:, 4:7]  # [n, 3]
+    cells = (x[:, 0] * V + x[:, 1]) * V + x[:, 2]
+    counts = torch.zeros(V ** 3, dtype=torch.float64).index_add_(0, cells, torch.ones(n, dtype=torch.float64))
+    expected = _exact_joint3(base, prompt).reshape(-1) * n
+    assert _chi2_pvalue(counts, expected) > 1e-3
+    # Control: the same statistic rejects the law without the repetition penalty (it has teeth).
+    if "repetition_penalty" in setting:
+        base.generation_config.repetition_penalty = 1.0
+        assert _chi2_pvalue(counts, _exact_joint3(base, prompt).reshape(-1) * n, strict=False) < 1e-6

@@ -83,3 +83,31 @@ def test_cli_generate_user_errors(fitted, tmp_path, capsys):
     assert main(["generate", "--heads", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
     assert "missing" in capsys.readouterr().err
     assert STORIES.exists()
+
+
+def test_fitted_heads_with_generation_config_processors(fitted):
+    """Qwen-style repetition_penalty plus no_repeat_ngram_size in the generation_config: still HF's exact output
+    (whole tensors, padding of finished rows included) with long accepted runs."""
+    tok = _tokenizer()
+    base = fitted.base_model
+    enc = tok(stories_prompts(3), return_tensors="pt", padding=True)
+    saved = {k: getattr(base.generation_config, k) for k in ("repetition_penalty", "no_repeat_ngram_size",
+                                                               "pad_token_id")}
+    base.generation_config.repetition_penalty = 1.05
+    base.generation_config.no_repeat_ngram_size = 4
+    base.generation_config.pad_token_id = None  # HF then pads finished rows with the EOS id
+    try:
+        plain_ref = base.generate(**enc, do_sample=False, max_new_tokens=96, repetition_penalty=1.0,
+                                  no_repeat_ngram_size=0)
+        ref = base.generate(**enc, do_sample=False, max_new_tokens=96)
+        assert not torch.equal(ref, plain_ref)  # the processors change this model's output
+        out = fitted.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=96,
+                              return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        one = fitted.generate(enc["input_ids"][2:], max_new_tokens=96, return_dict_in_generate=True)
+        assert torch.equal(one.sequences, base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=96))
+        assert max(max(a) for a in out.accept_lengths) >= 4
+        assert out.tokens_per_step > 1.5, out.tokens_per_step
+    finally:
+        for key, value in saved.items():
+            setattr(base.generation_config, key, value)

@@ -1,0 +1,245 @@
+"""The model's generation_config as HF ``generate`` applies it, per tree node.
+
+:func:`resolve_generation` merges the decoding arguments over the base model's ``generation_config`` over
+HF's global defaults (HF's priority), refuses every setting that would change the output and that MEDUSA
+does not reproduce (:class:`MedusaError` naming it), and builds transformers' own ``LogitsProcessor``
+objects in the order ``GenerationMixin._get_logits_processor`` builds them.
+
+Processors see token ids (repetition penalty, n-gram bans, min length, bad words...): :func:`process_tree`
+gives each tree node its own prefix (padded prompt + the row's emitted tokens + the node's path), so the
+scores at a node are exactly those HF computes after that prefix. Warpers (temperature, top-k...) only
+see scores, so they run on all nodes at once (:func:`warp_scores`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from medusa.errors import MedusaError
+from medusa.modeling.base import unwrap
+
+# Settings that change HF's output and that MEDUSA does not reproduce: (name, "is it active?").
+_UNSUPPORTED = (
+    ("num_beams", lambda v: v is not None and v > 1),
+    ("num_beam_groups", lambda v: v is not None and v > 1),
+    ("penalty_alpha", lambda v: v is not None and v > 0),
+    ("guidance_scale", lambda v: v is not None and v != 1),
+    ("sequence_bias", lambda v: v is not None),
+    ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
+    ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
+    ("forced_bos_token_id", lambda v: v is not None),
+    ("forced_eos_token_id", lambda v: v is not None),
+    ("exponential_decay_length_penalty", lambda v: v is not None),
+    ("watermarking_config", lambda v: v is not None),
+    ("constraints", lambda v: v is not None),
+    ("force_words_ids", lambda v: v is not None),
+    ("dola_layers", lambda v: v is not None),
+    ("stop_strings", lambda v: v is not None),
+    ("max_time", lambda v: v is not None),
+    ("num_return_sequences", lambda v: v is not None and v > 1),
+    ("token_healing", lambda v: bool(v)),
+)
+
+
+@dataclass
+class Generation:
+    """The resolved decoding settings of one ``medusa_generate`` call."""
+
+    config: Any  # the merged GenerationConfig
+    eos: list[int]  # stop tokens
+    pad_id: int  # fills finished rows, as HF: generation_config.pad_token_id, else the first EOS
+    temperature: float
+    processors: list = field(default_factory=list)  # need token ids (HF's order); repetition penalty unbound
+    warpers: list = field(default_factory=list)  # sampling only; scores only
+    pad_lengths: torch.Tensor | None = None  # [B] left padding per row (repetition penalty ignores it)
+
+    @property
+    def needs_ids(self) -> bool:
+        return bool(self.processors)
+
+
+def merged_config(base: Any, generation_config: Any, overrides: dict[str, Any]) -> Any:
+    """User config (or the model's), then the model's for unset values, then HF's defaults, then overrides."""
+    from transformers import GenerationConfig
+
+    model_cfg = getattr(unwrap(base), "generation_config", None) or GenerationConfig()
+    cfg = copy.deepcopy(generation_config if generation_config is not None else model_cfg)
+    cfg.update(**model_cfg.to_dict(), defaults_only=True, allow_custom_entries=True)
+    cfg.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+    unknown = sorted(k for k in overrides if not hasattr(cfg, k))
+    if unknown:
+        raise MedusaError(f"unknown generation setting(s): {', '.join(unknown)}")
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(cfg, key, value)
+    return cfg
+
+
+def _eos_list(cfg: Any, eos_token_id: int | Sequence[int] | None) -> list[int]:
+    eos = cfg.eos_token_id if eos_token_id is None else eos_token_id
+    if eos is None:
+        return []
+    if isinstance(eos, torch.Tensor):
+        eos = eos.tolist()
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+def _pad_id(cfg: Any, eos: list[int]) -> int:
+    pad = cfg.pad_token_id
+    if isinstance(pad, (list, tuple)):
+        pad = pad[0] if pad else None
+    return int(pad) if pad is not None else (eos[0] if eos else 0)
+
+
+def check_supported_settings(cfg: Any) -> None:
+    """Raise :class:`MedusaError` naming the first setting that changes HF's output and is not reproduced."""
+    for name, active in _UNSUPPORTED:
+        value = getattr(cfg, name, None)
+        if active(value):
+            raise MedusaError(f"generation setting {name}={value!r} (from the arguments or the model's "
+                              "generation_config) is not supported by MEDUSA decoding; unset it")
+
+
+def _build_processors(cfg: Any, eos: list[int], prompt_len: int, device: torch.device) -> list:
+    """HF's id-dependent processors for ``cfg``, in ``_get_logits_processor``'s order."""
+    from transformers.generation import logits_process as lp
+
+    procs: list = []
+    eos_t = torch.tensor(eos, dtype=torch.long, device=device) if eos else None
+    if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1.0:
+        procs.append(lp.RepetitionPenaltyLogitsProcessor(float(cfg.repetition_penalty)))
+    if cfg.no_repeat_ngram_size is not None and cfg.no_repeat_ngram_size > 0:
+        procs.append(lp.NoRepeatNGramLogitsProcessor(cfg.no_repeat_ngram_size))
+    if cfg.bad_words_ids is not None:
+        procs.append(lp.NoBadWordsLogitsProcessor(cfg.bad_words_ids, eos_t))
+    min_length = cfg.min_length
+    if cfg.min_new_tokens is not None:  # HF's _prepare_generated_length: min_new_tokens takes precedence
+        min_length = cfg.min_new_tokens + prompt_len
+    if min_length is not None and eos_t is not None and min_length > 0:
+        procs.append(lp.MinLengthLogitsProcessor(min_length, eos_t, device=device))
+    if cfg.min_new_tokens is not None and eos_t is not None and cfg.min_new_tokens > 0:
+        procs.append(lp.MinNewTokensLengthLogitsProcessor(prompt_len, cfg.min_new_tokens, eos_t, device=device))
+    if cfg.remove_invalid_values is True:
+        procs.append(lp.InfNanRemoveLogitsProcessor())
+    if cfg.suppress_tokens is not None:
+        procs.append(lp.SuppressTokensLogitsProcessor(cfg.suppress_tokens, device=device))
+    if cfg.begin_suppress_tokens is not None:
+        procs.append(lp.SuppressTokensAtBeginLogitsProcessor(cfg.begin_suppress_tokens, prompt_len, device=device))
+    return procs
+
+
+def build_warpers(cfg: Any, device: torch.device | str = "cpu") -> list:
+    """HF's sampling warpers for ``cfg`` in HF's order (``do_sample=True``, one sequence per row)."""
+    from transformers.generation import logits_process as lp
+
+    w: list = []
+    if cfg.temperature is not None and cfg.temperature != 1.0:
+        w.append(lp.TemperatureLogitsWarper(cfg.temperature))
+    if getattr(cfg, "top_h", None) is not None:
+        w.append(lp.TopHLogitsWarper(top_h=cfg.top_h))
+    if cfg.top_k is not None and cfg.top_k != 0:
+        w.append(lp.TopKLogitsWarper(top_k=cfg.top_k, min_tokens_to_keep=1))
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        w.append(lp.TopPLogitsWarper(top_p=cfg.top_p, min_tokens_to_keep=1))
+    if getattr(cfg, "min_p", None) is not None:
+        w.append(lp.MinPLogitsWarper(min_p=cfg.min_p, min_tokens_to_keep=1))
+    if cfg.typical_p is not None and cfg.typical_p < 1.0:
+        w.append(lp.TypicalLogitsWarper(mass=cfg.typical_p, min_tokens_to_keep=1))
+    if cfg.epsilon_cutoff is not None and 0.0 < cfg.epsilon_cutoff < 1.0:
+        w.append(lp.EpsilonLogitsWarper(epsilon=cfg.epsilon_cutoff, min_tokens_to_keep=1))
+    if cfg.eta_cutoff is not None and 0.0 < cfg.eta_cutoff < 1.0:
+        w.append(lp.EtaLogitsWarper(epsilon=cfg.eta_cutoff, min_tokens_to_keep=1, device=device))
+    return w
+
+
+def resolve_generation(base: Any, sampling: bool, input_ids: torch.Tensor, mask2d: torch.Tensor,
+                       eos_token_id: int | Sequence[int] | None = None, generation_config: Any = None,
+                       **overrides: Any) -> Generation:
+    """Decoding settings as HF ``generate`` resolves them (arguments > generation_config > HF defaults).
+
+    ``overrides`` are GenerationConfig fields (``temperature=None`` means the generation_config's).
+    ``input_ids [B, P]`` / ``mask2d [B, P]``: the left-padded prompt. ``sampling`` adds the warpers.
+    """
+    cfg = merged_config(base, generation_config, overrides)
+    check_supported_settings(cfg)
+    eos = _eos_list(cfg, eos_token_id)
+    device = input_ids.device
+    temperature = float(cfg.temperature) if cfg.temperature is not None else 1.0
+    if sampling and not temperature > 0:
+        raise MedusaError(f"temperature must be > 0 when sampling, got {temperature}")
+    cfg.temperature = temperature
+    gen = Generation(cfg, eos, _pad_id(cfg, eos), temperature,
+                     _build_processors(cfg, eos, input_ids.shape[1], device),
+                     build_warpers(cfg, device) if sampling else [])
+    if cfg.renormalize_logits is True:
+        from transformers.generation.logits_process import LogitNormalization
+
+        (gen.warpers if sampling else gen.processors).append(LogitNormalization())
+    gen.pad_lengths = (mask2d != 0).int().argmax(dim=1)  # [B], as HF computes prompt_ignore_length
+    return gen
+
+
+def apply_processors(gen: Generation, ids: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``scores [R, V]`` (fp32) after ``ids [R, T]``, whose batch rows are ``rows [R]``: HF's processors."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    for proc in gen.processors:
+        if isinstance(proc, RepetitionPenaltyLogitsProcessor):  # bind the rows' own left padding
+            proc = RepetitionPenaltyLogitsProcessor(proc.penalty, prompt_ignore_length=gen.pad_lengths[rows])
+        scores = proc(ids, scores)
+    return scores
+
+
+def warp_scores(gen: Generation, scores: torch.Tensor) -> torch.Tensor:
+    """The sampling warpers on ``scores [..., V]`` (they read no token ids)."""
+    if not gen.warpers:
+        return scores
+    shape = scores.shape
+    flat = scores.reshape(-1, shape[-1])  # [R, V]
+    for w in gen.warpers:
+        flat = w(None, flat)
+    return flat.view(shape)
+
+
+def process_tree(gen: Generation, history: torch.Tensor, lengths: list[int], active: list[bool],
+                 tokens: torch.Tensor, logits: torch.Tensor, ancestors: torch.Tensor, depths: list[int]
+                 ) -> torch.Tensor:
+    """Each node's scores after its own prefix, for the rows in ``active`` (others keep raw logits).
+
+    ``history [B, H]``: padded prompt + emitted tokens, the tree root last, ``lengths[b]`` of them real.
+    ``tokens [B, N]`` tree tokens, ``logits [B, N, V]``, ``ancestors [N, D+1]``: node index of each node's
+    ancestor at each depth (``ancestors[i, d_i] = i``), ``depths``: each node's depth (host list).
+    Rows of equal length and nodes of equal depth share one call: their prefixes have one length.
+    """
+    out = logits.float().clone()  # [B, N, V]
+    v = out.shape[-1]
+    device = logits.device
+    by_len: dict[int, list[int]] = {}
+    for row, (n, on) in enumerate(zip(lengths, active)):
+        if on:
+            by_len.setdefault(n, []).append(row)
+    by_depth: dict[int, list[int]] = {}
+    for node, d in enumerate(depths):
+        by_depth.setdefault(d, []).append(node)
+    for length, row_list in by_len.items():
+        rows = torch.tensor(row_list, device=device)  # [r]
+        prefix = history.index_select(0, rows)[:, :length]  # [r, L]
+        for d, node_list in by_depth.items():
+            nodes = torch.tensor(node_list, device=device)  # [n_d]
+            path = ancestors.index_select(0, nodes)[:, 1:d + 1]  # [n_d, d] nodes below the root
+            path_tok = tokens.index_select(0, rows)[:, path]  # [r, n_d, d]
+            r, n_d = len(row_list), len(node_list)
+            ids = torch.cat([prefix.unsqueeze(1).expand(r, n_d, length), path_tok], dim=2).reshape(r * n_d, -1)
+            sel = out[rows.view(r, 1), nodes.view(1, n_d)].reshape(r * n_d, v)  # [r * n_d, V]
+            done = apply_processors(gen, ids, sel, rows.repeat_interleave(n_d))
+            out[rows.view(r, 1), nodes.view(1, n_d)] = done.view(r, n_d, v)
+    return out
+
+
+__all__ = ["Generation", "apply_processors", "merged_config", "build_warpers", "check_supported_settings", "process_tree",
+           "resolve_generation", "warp_scores"]
