@@ -32,7 +32,6 @@ CLI_SHIMS = {"medusa.__main__", "medusa.train"}
 # by the restructuring; the test fails if one of them grows or if any other function passes the limit.
 # Remove an entry once its function is split (the test says so when an entry is stale).
 LONG_FUNCTIONS: dict[str, int] = {
-    "medusa.decoding.generate:medusa_generate": 112,
 }
 # Modules over MAX_MODULE_LINES today, with their current line count (same rules).
 LONG_MODULES: dict[str, int] = {}

@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens every method writes per prompt")
     p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
                    help="greedy compares with generate(do_sample=False); the others with do_sample=True")
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None, help="unset: the generation_config's (as HF)")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")

@@ -191,11 +191,9 @@ def medusa_generate(
     penalty, no_repeat_ngram_size, min_new_tokens, suppress / bad words...) sees each tree node's own prefix;
     a setting MEDUSA does not reproduce raises :class:`MedusaError` naming it.
 
-    ``input_ids [B, P]`` with an optional left-padding ``attention_mask [B, P]``; rows finish independently
-    (``max_new_tokens`` exactly, or at an EOS token: ``eos_token_id`` int or list, default the
-    generation_config's) and finished rows are padded like HF (generation_config.pad_token_id, else the
-    first EOS). ``streamer`` (HF ``TextStreamer`` & co.) for batch 1. Returns ``[B, P + new]`` like HF
-    ``generate``, or a :class:`MedusaGenerateOutput` with ``return_dict_in_generate=True``.
+    ``input_ids [B, P]``, optional left-padding ``attention_mask [B, P]``; rows stop independently (at
+    ``max_new_tokens`` or an EOS of ``eos_token_id`` / the generation_config's), padded like HF. ``streamer``
+    for batch 1. Returns ``[B, P + new]``, or a :class:`MedusaGenerateOutput` (return_dict_in_generate).
     """
     tree, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens, tree,
                                                streamer)

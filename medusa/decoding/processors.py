@@ -5,7 +5,7 @@ HF's global defaults (HF's priority), refuses every setting that would change th
 does not reproduce (:class:`MedusaError` naming it), and builds transformers' own ``LogitsProcessor``
 objects in the order ``GenerationMixin._get_logits_processor`` builds them.
 
-Processors see token ids (repetition penalty, n-gram bans, min length, bad words...): :func:`process_tree`
+Processors see token ids (sequence bias, repetition penalty, n-gram bans, min length, bad words...): :func:`process_tree`
 gives each tree node its own prefix (padded prompt + the row's emitted tokens + the node's path), so the
 scores at a node are exactly those HF computes after that prefix. Warpers (temperature, top-k...) only
 see scores, so they run on all nodes at once (:func:`warp_scores`).
@@ -29,7 +29,6 @@ _UNSUPPORTED = (
     ("num_beam_groups", lambda v: v is not None and v > 1),
     ("penalty_alpha", lambda v: v is not None and v > 0),
     ("guidance_scale", lambda v: v is not None and v != 1),
-    ("sequence_bias", lambda v: v is not None),
     ("encoder_repetition_penalty", lambda v: v is not None and v != 1.0),
     ("encoder_no_repeat_ngram_size", lambda v: v is not None and v > 0),
     ("forced_bos_token_id", lambda v: v is not None),
@@ -111,6 +110,8 @@ def _build_processors(cfg: Any, eos: list[int], prompt_len: int, device: torch.d
 
     procs: list = []
     eos_t = torch.tensor(eos, dtype=torch.long, device=device) if eos else None
+    if cfg.sequence_bias is not None:
+        procs.append(lp.SequenceBiasLogitsProcessor(sequence_bias=cfg.sequence_bias))
     if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1.0:
         procs.append(lp.RepetitionPenaltyLogitsProcessor(float(cfg.repetition_penalty)))
     if cfg.no_repeat_ngram_size is not None and cfg.no_repeat_ngram_size > 0:

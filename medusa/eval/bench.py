@@ -69,7 +69,7 @@ class BenchSetup:
     tokenizer: Any
     max_new_tokens: int
     acceptance: str
-    temperature: float
+    temperature: float | None
     top_k: int | None
     top_p: float | None
     tree: Any
@@ -82,7 +82,7 @@ class BenchSetup:
     assistant_tokenizer: Any = None
 
 
-def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str, temperature: float,
+def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str, temperature: float | None,
                top_k: int | None, top_p: float | None, tree: Any, ignore_eos: bool, seed: int,
                prompt_lookup_num_tokens: int, assistant_model: Any = None,
                assistant_tokenizer: Any = None) -> BenchSetup:
@@ -94,6 +94,8 @@ def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str,
     pad = _pad_id(base, tokenizer)
     hf_sampling: dict[str, Any] = {}
     if acceptance != "greedy":
+        if temperature is None:  # unset: the model's generation_config, as HF resolves it
+            temperature = getattr(getattr(base, "generation_config", None), "temperature", None) or 1.0
         k, p = sampling_defaults(model, top_k, top_p)
         hf_sampling = {"temperature": temperature, "top_k": k, "top_p": 1.0 if p is None else p}
     return BenchSetup(
@@ -205,7 +207,7 @@ def _check_args(acceptance: str, prompts: Sequence[str], max_new_tokens: int, re
 
 @torch.no_grad()
 def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 128,
-          acceptance: str = "greedy", temperature: float = 1.0, top_k: int | None = None,
+          acceptance: str = "greedy", temperature: float | None = None, top_k: int | None = None,
           top_p: float | None = None, tree: Any = None, assistant_model: Any = None,
           assistant_tokenizer: Any = None, prompt_lookup: bool = False, prompt_lookup_num_tokens: int = 10,
           repeats: int = 1, ignore_eos: bool = True, seed: int = 0, progress: bool = True,

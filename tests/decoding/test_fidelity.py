@@ -33,11 +33,13 @@ def _setting(name, plain):
         return {"begin_suppress_tokens": [row[0]]}
     if name == "bad_words_ids":
         return {"bad_words_ids": [[row[1], row[2]], [row[5]]]}
+    if name == "sequence_bias":  # a bias on a 2-token sequence depends on each node's own last token
+        return {"sequence_bias": {(row[1], row[2]): -50.0, (row[4],): -50.0, (row[0], row[6]): 30.0}}
     raise ValueError(name)
 
 
 SETTINGS = ["repetition_penalty", "no_repeat_ngram_size", "min_new_tokens", "suppress_tokens",
-            "begin_suppress_tokens", "bad_words_ids"]
+            "begin_suppress_tokens", "bad_words_ids", "sequence_bias"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -96,7 +98,7 @@ def test_finished_rows_padded_like_hf():
     assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=NEW), ref)
 
 
-@pytest.mark.parametrize("key,value", [("forced_eos_token_id", 5), ("sequence_bias", {(5,): -1.0}),
+@pytest.mark.parametrize("key,value", [("forced_eos_token_id", 5),
                                        ("num_beams", 2), ("exponential_decay_length_penalty", (4, 1.5)),
                                        ("encoder_repetition_penalty", 1.2), ("guidance_scale", 2.0)])
 def test_unsupported_setting_is_named(key, value):
