@@ -53,4 +53,32 @@ def plain_step_time(base: Any, input_ids: torch.Tensor, steps: int = 32) -> floa
     return seconds / steps
 
 
-__all__ = ["plain_step_time", "sync", "timed"]
+@torch.no_grad()
+def forward_cost_curve(base: Any, sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64), cache_len: int = 200,
+                       repeats: int = 5, seed: int = 0) -> dict[int, float]:
+    """Seconds of one forward of ``n`` new tokens over a ``cache_len``-token KV cache, for each ``n``
+    (the fastest of ``repeats``): what a tree of ``n`` nodes costs per verification step, which
+    ``--nodes auto`` trades against the tokens it gains. The cache is cropped back after each call."""
+    from transformers import DynamicCache
+
+    device = next(base.parameters()).device
+    vocab = base.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (1, cache_len), generator=g).to(device)  # [1, cache_len]
+    cache = DynamicCache()
+    base(input_ids=prompt, past_key_values=cache, use_cache=True)
+    curve: dict[int, float] = {}
+    for n in sizes:
+        ids = torch.randint(0, vocab, (1, n), generator=g).to(device)  # [1, n]
+        positions = torch.arange(cache_len, cache_len + n, device=device).view(1, n)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first call warms up this shape
+            _, seconds = timed(lambda: base(input_ids=ids, past_key_values=cache, use_cache=True,
+                                            position_ids=positions), device)
+            cache.crop(-n)  # drop the n tokens just written (transformers 5: a negative count)
+            best = min(best, seconds)
+        curve[n] = best
+    return curve
+
+
+__all__ = ["forward_cost_curve", "plain_step_time", "sync", "timed"]

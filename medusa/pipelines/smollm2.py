@@ -111,6 +111,20 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
             "calib_rows": parts[2]["written"] + parts[2]["already_done"], "parts": parts}
 
 
+def cost_curve_stage(model_path: str) -> dict[str, Any]:
+    """One forward of 1..64 tokens over a 200-token cache, in milliseconds, and relative to 1 token."""
+    import torch
+
+    from medusa.eval.timing import forward_cost_curve
+    from medusa.modeling.base import load_base_model
+
+    base = load_base_model(model_path, dtype=torch.float32).eval()
+    curve = forward_cost_curve(base)
+    return {"cache_len": 200, "torch_threads": torch.get_num_threads(),
+            "ms": {str(n): 1e3 * s for n, s in curve.items()},
+            "relative": {str(n): s / curve[1] for n, s in curve.items()}}
+
+
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path) -> dict[str, Any]:
     """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, summarised per category."""
     from medusa.eval.report import category_table
@@ -132,6 +146,7 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
     rows = spec_bench(s.shared, s.per_category)  # before anything runs: a missing file fails fast
     with S.torch_threads(s.threads):
         model = S.run_stage(out, "model", lambda: {"path": str(fetch_smollm2(s.cache))}, log)["path"]
+        curve = S.run_stage(out, "cost_curve", lambda: cost_curve_stage(model), log)
         distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data), log)
         m1 = out / "medusa1"
         overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m1}", *s.recipe_overrides]
@@ -141,7 +156,7 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         S.run_stage(out, "export", lambda: S.export_stage(m1 / "final", out / "exported" / "vllm", "vllm"), log)
         benched = S.run_stage(out, "bench", lambda: bench_by_category(s, m1 / "final", rows, m1 / "report.json"),
                               log)
-        summary: dict[str, Any] = {"settings": asdict(s), "model": model,
+        summary: dict[str, Any] = {"settings": asdict(s), "model": model, "cost_curve": curve,
                                    "distill": {k: v for k, v in distilled.items() if k != "parts"},
                                    "train": trained, "calibrate": calibrated, "bench": benched}
         if s.medusa2:
@@ -177,7 +192,9 @@ def targets(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
+    c = summary["cost_curve"]
+    lines = ["one forward over a 200-token cache: " + ", ".join(
+        f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items()),f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
     if "medusa2" in summary:
         lines += [f"MEDUSA-2 ({summary['medusa2']['calibrate']['nodes']}-node tree):",
                   summary["medusa2"]["bench"]["table"]]
