@@ -1,9 +1,10 @@
 """forward_cost_curve: one forward of n tokens over a fixed cache, per n; the cache is restored each time."""
 
 import torch
-from tiny_models import tiny_model
 
 from medusa.eval.timing import forward_cost_curve
+
+from tiny_models import tiny_model
 
 
 def test_cost_curve_times_each_size_over_the_same_cache(monkeypatch):
