@@ -28,6 +28,9 @@ class MedusaConfig:
     num_heads: int = 5
     num_layers: int = 1
     head_type: str = "linear"
+    # > 0: the heads predict only this many target tokens; the map (draft id -> target id) is the
+    # int64 tensor ``token_map`` in medusa_heads.safetensors (vLLM's truncated_vocab_size / token_map).
+    draft_vocab: int = 0
     dtype: str = "float32"
     format_version: int = FORMAT_VERSION
     # Set when the (merged) backbone is stored inside the checkpoint, e.g. after MEDUSA-2.

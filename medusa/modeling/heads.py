@@ -2,11 +2,18 @@
 
 Head k (k = 1..K) reads the base model's last hidden state h_t and predicts token t+k+1
 (the base LM head predicts t+1).
+
+Draft vocabulary (``draft_vocab = N > 0``): the heads predict only N target tokens; ``token_map [N]``
+(int64, a buffer saved with the heads) gives the target id of each draft id. ``head_logits`` is then
+``[..., N]`` (draft ids: what the loss and calibration score), while ``forward`` and :meth:`topk` speak
+target ids (``forward`` scatters the N logits into ``[..., V]`` with -inf elsewhere, as vLLM does), so
+the decoding candidates, verification and output are those of full-vocabulary heads.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 HEAD_TYPES = ("linear", "shared_lm_head")
@@ -31,9 +38,11 @@ class MedusaHeads(nn.Module):
 
     ``head_type="linear"``: every head owns a W2 ``[V, d]`` (initialised from the base LM head).
     ``head_type="shared_lm_head"``: every head reuses the base LM head (not saved with the heads).
+    ``draft_vocab=N > 0``: W2 is ``[N, d]`` (linear) or the N rows ``token_map`` selects from the base LM
+    head (shared); ``token_map`` must then be set (:meth:`set_token_map`, or loaded with the state dict).
 
-    Parameter names (``blocks.{k}.{l}.linear.weight|bias``, ``lm_heads.{k}.weight``) are the
-    checkpoint's tensor names.
+    Parameter names (``blocks.{k}.{l}.linear.weight|bias``, ``lm_heads.{k}.weight``, ``token_map``) are
+    the checkpoint's tensor names.
     """
 
     def __init__(
@@ -44,13 +53,18 @@ class MedusaHeads(nn.Module):
         num_layers: int = 1,
         head_type: str = "linear",
         shared_lm_head: nn.Module | None = None,
+        draft_vocab: int = 0,
     ) -> None:
         super().__init__()
         if head_type not in HEAD_TYPES:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {head_type!r}")
         if num_heads < 1 or num_layers < 0:
             raise ValueError(f"need num_heads >= 1 and num_layers >= 0, got {num_heads}, {num_layers}")
+        if not 0 <= draft_vocab <= vocab_size:
+            raise ValueError(f"draft_vocab must be in [0, vocab_size={vocab_size}], got {draft_vocab}")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.draft_vocab = draft_vocab
+        out_size = draft_vocab or vocab_size
         self.num_heads, self.num_layers, self.head_type = num_heads, num_layers, head_type
         # A fresh ResBlock per (head, layer): never `[ResBlock(d)] * n`, which would share weights.
         self.blocks = nn.ModuleList(
@@ -58,12 +72,16 @@ class MedusaHeads(nn.Module):
         )
         if head_type == "linear":
             self.lm_heads = nn.ModuleList(
-                nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads)
+                nn.Linear(hidden_size, out_size, bias=False) for _ in range(num_heads)
             )
         else:
             if shared_lm_head is None:
                 raise ValueError("head_type='shared_lm_head' needs the base model's LM head")
             self.lm_heads = None
+        if draft_vocab:  # token_map [N]: draft id -> target id (a placeholder until set or loaded)
+            self.register_buffer("token_map", torch.arange(draft_vocab, dtype=torch.long))
+        else:
+            self.token_map = None
         # Held outside the module tree: the base LM head belongs to the base model, not to the heads.
         self._shared = [shared_lm_head]
 
@@ -75,16 +93,70 @@ class MedusaHeads(nn.Module):
         self._shared[0] = lm_head
 
     def init_from_lm_head(self, weight: torch.Tensor) -> None:
-        """Copy the base LM head weight ``[V, d]`` into every head's W2 (no-op for shared heads)."""
+        """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
+        every head's W2 (no-op for shared heads)."""
         if self.lm_heads is None:
             return
+        if self.token_map is not None:
+            weight = weight.index_select(0, self.token_map.to(weight.device))  # [N, d]
         with torch.no_grad():
             for head in self.lm_heads:
                 head.weight.copy_(weight.to(head.weight.dtype))
 
-    def head_projection(self, k: int) -> nn.Module:
-        """The W2 of head k (0-based): its own Linear, or the base LM head."""
-        return self.lm_heads[k] if self.lm_heads is not None else self.shared_lm_head
+    def set_token_map(self, token_map: torch.Tensor) -> None:
+        """Set the draft vocabulary's ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
+        if self.token_map is None:
+            raise ValueError("these heads have the full vocabulary (draft_vocab=0)")
+        check_token_map(token_map, self.draft_vocab, self.vocab_size)
+        with torch.no_grad():
+            self.token_map.copy_(token_map.to(self.token_map.device, torch.long))
+
+    def target_to_draft(self) -> torch.Tensor | None:
+        """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
+        if self.token_map is None:
+            return None
+        tm = self.token_map
+        key = (tm.data_ptr(), tm._version, tm.device)
+        cached = self.__dict__.get("_t2d_cache")
+        if cached is None or cached[0] != key:
+            t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=tm.device)  # [V]
+            t2d[tm] = torch.arange(tm.shape[0], device=tm.device)
+            cached = (key, t2d)
+            self.__dict__["_t2d_cache"] = cached
+        return cached[1]
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (any shape) -> target ids (identity with the full vocabulary)."""
+        return draft_ids if self.token_map is None else self.token_map[draft_ids]
+
+    def _shared_rows(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The base LM head's ``token_map`` rows: ``(W [N, d], bias [N] or None)``."""
+        proj = self.shared_lm_head
+        weight, bias = proj.weight, getattr(proj, "bias", None)
+        if not weight.is_floating_point():
+            raise ValueError("a draft vocabulary on shared_lm_head heads needs a floating-point base LM head, "
+                             f"got {weight.dtype}")
+        tm = self.token_map.to(weight.device)
+        if torch.is_grad_enabled():  # MEDUSA-2 trains the LM head: gather inside the graph
+            return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)
+        key = (weight.data_ptr(), weight._version, tm.data_ptr(), self.token_map._version)
+        cached = self.__dict__.get("_rows_cache")
+        if cached is None or cached[0] != key:
+            rows = weight.detach().index_select(0, tm)  # [N, d]
+            cached = (key, rows, None if bias is None else bias.detach().index_select(0, tm))
+            self.__dict__["_rows_cache"] = cached
+        return cached[1], cached[2]
+
+    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocabulary)."""
+        if self.lm_heads is not None:
+            head = self.lm_heads[k]
+            return head(x.to(head.weight.dtype))
+        proj = self.shared_lm_head
+        if self.token_map is None:
+            return proj(x.to(proj.weight.dtype) if proj.weight.is_floating_point() else x)
+        weight, bias = self._shared_rows()
+        return F.linear(x.to(weight.dtype), weight, bias)
 
     def transform(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
         """Head k's ResBlocks: ``[..., d] -> [..., d]`` (cast to the heads' dtype)."""
@@ -94,13 +166,30 @@ class MedusaHeads(nn.Module):
         return block(hidden.to(block[0].linear.weight.dtype))
 
     def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of head k (0-based): ``[..., d] -> [..., V]``."""
-        x = self.transform(k, hidden)
-        proj = self.head_projection(k)
-        return proj(x.to(proj.weight.dtype))
+        """Logits of head k (0-based) over its own vocabulary: ``[..., d] -> [..., N]`` (N = V when full)."""
+        return self.project(k, self.transform(k, hidden))
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``hidden_states [B, T, d] -> logits [K, B, T, V]``.
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocabulary (identity when full)."""
+        if self.token_map is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))  # [..., V]
+        full[..., self.token_map] = logits
+        return full
+
+    @torch.no_grad()
+    def topk(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """Each head's top-``k`` TARGET token ids at ``hidden [..., d]`` -> ``[K, ..., k]``.
+
+        With a draft vocabulary the top-k is taken over the N draft logits and mapped through
+        ``token_map`` (no ``[..., V]`` tensor is built); k > N falls back to the -inf-filled target logits.
+        """
+        if self.token_map is None or k > self.draft_vocab:
+            return self(hidden).topk(k, dim=-1).indices
+        return self.token_map[self.draft_logits(hidden).topk(k, dim=-1).indices]
+
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``hidden_states [..., d] -> [K, ..., N]``: every head's logits over its own vocabulary.
 
         With autograd on, every head runs through its own modules. Under ``torch.no_grad()`` (decoding,
         calibration, evaluation) the K heads' ResBlocks run batched, one ``baddbmm`` per layer, on stacked
@@ -110,6 +199,10 @@ class MedusaHeads(nn.Module):
         if torch.is_grad_enabled() or self.num_layers == 0:
             return torch.stack([self.head_logits(k, hidden_states) for k in range(self.num_heads)], dim=0)
         return self._forward_batched(hidden_states)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``hidden_states [B, T, d] -> logits [K, B, T, V]`` over TARGET ids (see :meth:`to_target_logits`)."""
+        return self.to_target_logits(self.draft_logits(hidden_states))
 
     def _stacked_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w1t [L, K, d, d], b1 [L, K, 1, d])``: the ResBlocks stacked for ``baddbmm``, cached."""
@@ -132,9 +225,20 @@ class MedusaHeads(nn.Module):
         for layer in range(self.num_layers):
             x = x + torch.nn.functional.silu(torch.baddbmm(b1[layer], x, w1t[layer]))  # [K, M, d]
         if self.lm_heads is None:  # one projection through the shared LM head reads its weight once
-            proj = self.shared_lm_head
-            flat = x.reshape(-1, self.hidden_size)  # [K * M, d]
-            out = proj(flat.to(proj.weight.dtype) if proj.weight.is_floating_point() else flat)
-            return out.view(self.num_heads, *lead, -1)  # [K, B, T, V]
-        logits = [head(x[k].to(head.weight.dtype)) for k, head in enumerate(self.lm_heads)]
-        return torch.stack(logits, dim=0).view(self.num_heads, *lead, -1)  # [K, B, T, V]
+            out = self.project(0, x.reshape(-1, self.hidden_size))  # [K * M, N]
+            return out.view(self.num_heads, *lead, -1)  # [K, ..., N]
+        logits = [self.project(k, x[k]) for k in range(self.num_heads)]
+        return torch.stack(logits, dim=0).view(self.num_heads, *lead, -1)  # [K, ..., N]
+
+
+def check_token_map(token_map: torch.Tensor, draft_vocab: int, vocab_size: int, source: str = "token_map") -> None:
+    """Raise ``ValueError`` unless ``token_map`` is ``[draft_vocab]`` distinct integer ids in ``[0, vocab_size)``."""
+    if token_map.dtype.is_floating_point or token_map.dtype == torch.bool or token_map.dim() != 1:
+        raise ValueError(f"{source}: expected a 1-D integer tensor, got {token_map.dtype} {tuple(token_map.shape)}")
+    if token_map.shape[0] != draft_vocab:
+        raise ValueError(f"{source}: has {token_map.shape[0]} ids, draft_vocab is {draft_vocab}")
+    if draft_vocab and (int(token_map.min()) < 0 or int(token_map.max()) >= vocab_size):
+        raise ValueError(f"{source}: ids must lie in [0, {vocab_size}), got [{int(token_map.min())}, "
+                         f"{int(token_map.max())}]")
+    if torch.unique(token_map).numel() != draft_vocab:
+        raise ValueError(f"{source}: ids are not distinct")

@@ -33,7 +33,7 @@ from medusa.modeling.config import (
     MedusaConfig,
     base_location,
 )
-from medusa.modeling.heads import MedusaHeads
+from medusa.modeling.heads import MedusaHeads, check_token_map
 
 
 @dataclass
@@ -76,13 +76,15 @@ class MedusaModel(nn.Module):
         dtype: str | torch.dtype | None = None,
         device_map: Any = None,
         quantization_config: Any = None,
+        token_map: torch.Tensor | None = None,
         **load_kwargs: Any,
     ) -> "MedusaModel":
         """New heads on ``base`` (a loaded model, a local path or a hub id).
 
         Every head starts as the base LM head: ResBlocks are the identity, W2 is copied from the LM head
         (for tied embeddings, the input embedding matrix). ``heads_dtype`` defaults to the LM head's
-        dtype (fp32 when the base is quantised).
+        dtype (fp32 when the base is quantised). ``token_map [N]`` (draft id -> target id): heads with a
+        draft vocabulary of N tokens, W2 starting as those rows of the LM head.
         """
         if isinstance(base, (str, Path)):
             base = load_base_model(str(base), dtype=dtype, device_map=device_map,
@@ -93,8 +95,11 @@ class MedusaModel(nn.Module):
         if heads_dtype is None:
             heads_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         heads_dtype = resolve_dtype(heads_dtype)
+        draft_vocab = 0 if token_map is None else int(token_map.shape[0])
         heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
-                            shared_lm_head=head if head_type == "shared_lm_head" else None)
+                            shared_lm_head=head if head_type == "shared_lm_head" else None, draft_vocab=draft_vocab)
+        if token_map is not None:
+            heads.set_token_map(token_map)
         heads.to(device=weight.device, dtype=heads_dtype)
         heads.init_from_lm_head(weight.detach())
         name = str(getattr(unwrap(base), "name_or_path", "") or "")
@@ -108,9 +113,33 @@ class MedusaModel(nn.Module):
             num_heads=num_heads,
             num_layers=num_layers,
             head_type=head_type,
+            draft_vocab=draft_vocab,
             dtype=dtype_name(heads_dtype),
         )
         return cls(base, heads, config)
+
+    def use_draft_vocab(self, token_map: torch.Tensor) -> None:
+        """Restrict full-vocabulary heads to a draft vocabulary ``token_map [N]`` (draft id -> target id).
+
+        The ResBlocks are kept; a ``linear`` head's W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``).
+        Replaces ``self.heads`` (build optimizers afterwards) and sets ``config.draft_vocab``.
+        """
+        old = self.heads
+        if old.draft_vocab:
+            raise ValueError(f"the heads already have a draft vocabulary of {old.draft_vocab} tokens")
+        heads = MedusaHeads(old.hidden_size, old.vocab_size, old.num_heads, old.num_layers, old.head_type,
+                            shared_lm_head=old.shared_lm_head, draft_vocab=int(token_map.shape[0]))
+        heads.set_token_map(token_map)
+        ref = next(old.parameters())
+        heads.to(device=ref.device, dtype=ref.dtype)
+        with torch.no_grad():
+            heads.blocks.load_state_dict(old.blocks.state_dict())
+            if old.lm_heads is not None:
+                for new_head, old_head in zip(heads.lm_heads, old.lm_heads):
+                    new_head.weight.copy_(old_head.weight.index_select(0, heads.token_map.to(ref.device)))
+        heads.train(old.training)
+        self.heads = heads
+        self.config.draft_vocab = heads.draft_vocab
 
     # ------------------------------------------------------------------ properties
     @property
@@ -176,8 +205,9 @@ class MedusaModel(nn.Module):
         state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
         with atomic_directory(path) as tmp:
             config = MedusaConfig(**self.config.to_dict())
-            if state:
-                config.dtype = dtype_name(next(iter(state.values())).dtype)
+            floats = [v for v in state.values() if v.is_floating_point()]
+            if floats:
+                config.dtype = dtype_name(floats[0].dtype)
             if save_base:
                 unwrap(self.base_model).save_pretrained(tmp / BASE_SUBDIR)
                 if tokenizer is not None:
@@ -217,11 +247,19 @@ class MedusaModel(nn.Module):
         state = read_heads_file(weights_path)
         heads = MedusaHeads(config.hidden_size, config.vocab_size, config.num_heads, config.num_layers,
                             config.head_type,
-                            shared_lm_head=lm_head_of(base_model) if config.head_type == "shared_lm_head" else None)
+                            shared_lm_head=lm_head_of(base_model) if config.head_type == "shared_lm_head" else None,
+                            draft_vocab=config.draft_vocab)
         check_state_keys(heads, state, source=str(weights_path))
-        target_dtype = resolve_dtype(heads_dtype) if heads_dtype is not None else next(iter(state.values())).dtype
+        if "token_map" in state:
+            try:
+                check_token_map(state["token_map"], config.draft_vocab, config.vocab_size)
+            except ValueError as exc:
+                raise CheckpointError(f"{weights_path}: {exc}") from None
+        floats = [v.dtype for v in state.values() if v.is_floating_point()]
+        target_dtype = resolve_dtype(heads_dtype) if heads_dtype is not None else (floats[0] if floats else torch.float32)
         heads.to(dtype=target_dtype)
-        heads.load_state_dict({k: v.to(target_dtype) for k, v in state.items()}, strict=True)
+        heads.load_state_dict({k: v.to(target_dtype) if v.is_floating_point() else v for k, v in state.items()},
+                              strict=True)
         heads.to(device=lm_head_weight(base_model).device)
         tree = None
         if (path / TREE_NAME).is_file():
@@ -289,8 +327,9 @@ def summarize(path: str | Path) -> dict[str, Any]:
         "num_heads": config.num_heads,
         "num_layers": config.num_layers,
         "head_type": config.head_type,
+        "draft_vocab": config.draft_vocab,
         "dtype": config.dtype,
-        "parameters": int(sum(t.numel() for t in state.values())),
+        "parameters": int(sum(t.numel() for k, t in state.items() if k != "token_map")),
         "merged_backbone": bool(config.base_model_subdir),
         "trained_with": (config.recipe or {}).get("method"),
         "tree": None,

@@ -1,0 +1,159 @@
+"""Draft vocabulary: the map, heads over N target tokens, save / load, and greedy decoding unchanged."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from medusa import CheckpointError, MedusaModel, MedusaTree
+from medusa.errors import ConfigError
+from medusa.modeling.base import decoder_of, lm_head_of
+from medusa.modeling.draft_vocab import build_token_map, coverage, label_counts, most_frequent
+
+from tiny_models import tiny_model
+
+V = 96
+
+
+def _map(n=24, seed=0):
+    return torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:n]
+
+
+def test_token_map_most_frequent_labels_ties_and_fill():
+    examples = [{"input_ids": [0] * 6, "labels": [-100, 7, 7, 5, 9, 9]}, {"input_ids": [0] * 3, "labels": [9, 3, -100]}]
+    counts = label_counts(examples, 12)
+    assert counts.tolist() == [0, 0, 0, 1, 0, 1, 0, 2, 0, 3, 0, 0]
+    assert build_token_map(examples, 12, 3).tolist() == [9, 7, 3]  # 3 and 5 tie: lower id first
+    # more slots than labelled ids: the lowest unlabelled ids fill the map, N stays exact
+    assert most_frequent(counts, 6).tolist() == [9, 7, 3, 5, 0, 1]
+    assert build_token_map(examples, 12, 6).dtype == torch.long
+    with pytest.raises(ConfigError, match="heads.draft_vocab"):
+        most_frequent(counts, 13)
+    with pytest.raises(ConfigError, match="heads.draft_vocab"):
+        label_counts([{"labels": [12]}], 12)
+
+
+def test_coverage():
+    tm = torch.tensor([4, 2])
+    assert coverage(tm, torch.tensor([[2, 4, 5, -100], [1, 2, -100, -100]])) == pytest.approx(3 / 5)
+    assert coverage(None, torch.tensor([1, 2])) == 1.0
+
+
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_draft_heads_start_as_lm_head_rows_and_map_back(head_type):
+    base = tiny_model("llama")
+    tm = _map()
+    model = MedusaModel.from_base(base, num_heads=3, num_layers=1, head_type=head_type, token_map=tm)
+    assert model.config.draft_vocab == 24 and torch.equal(model.heads.token_map, tm)
+    if head_type == "linear":
+        assert model.heads.lm_heads[0].weight.shape == (24, base.config.hidden_size)
+    hidden = torch.randn(2, 5, base.config.hidden_size)
+    ref = lm_head_of(base)(hidden)  # [B, T, V]
+    for grad in (True, False):  # per-head path (training) and the batched no-grad path (decoding)
+        with torch.set_grad_enabled(grad):
+            draft = model.heads.draft_logits(hidden)  # [K, B, T, N]
+            full = model.heads(hidden)  # [K, B, T, V]
+        assert draft.shape == (3, 2, 5, 24) and full.shape == (3, 2, 5, V)
+        for k in range(3):
+            torch.testing.assert_close(draft[k], ref[..., tm], rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(full[k][..., tm], ref[..., tm], rtol=1e-6, atol=1e-6)
+            outside = torch.ones(V, dtype=torch.bool)
+            outside[tm] = False
+            assert torch.isneginf(full[k][..., outside]).all()
+    top = model.heads.topk(hidden, 4)  # [K, B, T, 4] target ids
+    assert torch.equal(top, full.topk(4, dim=-1).indices)
+    assert torch.isin(top, tm).all()
+    t2d = model.heads.target_to_draft()
+    assert torch.equal(model.heads.to_target(t2d[tm]), tm) and int((t2d >= 0).sum()) == 24
+
+
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_draft_vocab_round_trip(tmp_path, head_type):
+    base = tiny_model("qwen2")
+    tm = _map(30, seed=1)
+    model = MedusaModel.from_base(base, num_heads=2, num_layers=1, head_type=head_type, token_map=tm)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path / "ck")
+    state = load_file(tmp_path / "ck" / "medusa_heads.safetensors")
+    assert state["token_map"].dtype == torch.int64 and torch.equal(state["token_map"], tm)
+    cfg = json.loads((tmp_path / "ck" / "medusa_config.json").read_text())
+    assert cfg["draft_vocab"] == 30 and cfg["dtype"] == "float32"
+    loaded = MedusaModel.from_pretrained(tmp_path / "ck", base_model=base)
+    assert torch.equal(loaded.heads.token_map, tm) and loaded.heads.draft_vocab == 30
+    hidden = torch.randn(1, 4, base.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.heads(hidden), model.heads(hidden), rtol=0, atol=0)
+    # a map with a repeated id, or one out of range, is refused naming the file
+    for bad in (torch.cat([tm[:-1], tm[:1]]), torch.cat([tm[:-1], torch.tensor([V])])):
+        state["token_map"] = bad
+        save_file(state, str(tmp_path / "ck" / "medusa_heads.safetensors"))
+        with pytest.raises(CheckpointError, match="medusa_heads.safetensors: token_map"):
+            MedusaModel.from_pretrained(tmp_path / "ck", base_model=base)
+
+
+def test_use_draft_vocab_keeps_blocks_and_selects_rows():
+    base = tiny_model("llama")
+    model = MedusaModel.from_base(base, num_heads=2, num_layers=2)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    hidden = torch.randn(3, base.config.hidden_size)
+    before = model.heads(hidden)  # [K, 3, V]
+    tm = _map(40, seed=2)
+    model.use_draft_vocab(tm)
+    assert model.config.draft_vocab == 40
+    with torch.no_grad():
+        torch.testing.assert_close(model.heads.draft_logits(hidden), before[..., tm], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="already"):
+        model.use_draft_vocab(tm)
+
+
+def _fit_draft_heads(model, sequences, steps=300):
+    """Fit head k at t to token t+k+2 where that token is in the draft vocabulary (others: no target)."""
+    t2d = model.heads.target_to_draft()
+    xs, ys = [[] for _ in range(model.num_heads)], [[] for _ in range(model.num_heads)]
+    with torch.no_grad():
+        for seq in sequences:
+            hidden = decoder_of(model.base_model)(input_ids=seq.view(1, -1)).last_hidden_state[0]  # [T, d]
+            for k in range(model.num_heads):
+                y = t2d[seq[k + 2:]]
+                keep = y >= 0
+                xs[k].append(hidden[: seq.numel() - k - 2][keep])
+                ys[k].append(y[keep])
+    xs, ys = [torch.cat(x) for x in xs], [torch.cat(y) for y in ys]
+    opt = torch.optim.Adam(model.heads.parameters(), lr=3e-2)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        loss = sum(F.cross_entropy(model.heads.head_logits(k, xs[k]), ys[k]) for k in range(model.num_heads))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.heads.eval()
+
+
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_greedy_with_draft_vocab_equals_hf(head_type):
+    base = tiny_model("llama")
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, V, (2, 6), generator=g)
+    ref = base.generate(ids, do_sample=False, max_new_tokens=60)
+    new = ref[:, 6:]
+    counts = torch.bincount(new.reshape(-1), minlength=V)
+    n = max(4, int((counts > 0).sum()) // 2)  # about half of the generated ids: many outputs are outside
+    tm = most_frequent(counts, n)
+    model = MedusaModel.from_base(base, num_heads=3, head_type=head_type, token_map=tm)
+    _fit_draft_heads(model, list(ref))
+    outside = ~torch.isin(new, tm)
+    assert outside.any()  # the output needs tokens the heads cannot propose
+    tree = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    out = model.generate(ids, max_new_tokens=60, tree=tree, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    for row in range(2):
+        one = model.generate(ids[row:row + 1], max_new_tokens=60, tree=tree, return_dict_in_generate=True)
+        assert torch.equal(one.sequences, ref[row:row + 1])
+    assert out.tokens_per_step > 1.5, out.accept_lengths  # mapped candidates really were accepted
