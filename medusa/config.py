@@ -36,6 +36,7 @@ class HeadsConfig:
     head_type: str = "linear"
     decay: float = 0.8
     init_from: str | None = None  # a MEDUSA heads checkpoint to start from (MEDUSA-2 stage 2)
+    draft_vocab: int = 0  # > 0: heads predict only the N target tokens most frequent in the training labels
 
 
 @dataclass
@@ -241,6 +242,7 @@ def _validate_heads(recipe: Recipe) -> None:
     _range("heads.num_layers", h.num_layers, 0, 16)
     _choice("heads.head_type", h.head_type, HEAD_TYPES)
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
+    _range("heads.draft_vocab", h.draft_vocab, 0)
     if h.init_from and not Path(h.init_from).expanduser().exists():
         raise ConfigError(f"heads.init_from: {h.init_from} does not exist")
 

@@ -15,6 +15,9 @@
 - ``vllm`` / ``medusa-v1`` / ``tensorrt-llm``: W2 materialised from the base LM head into every head.
 
 Importing an official v2 file (ResBlocks only) gives a ``shared_lm_head`` checkpoint.
+
+Heads with a draft vocabulary (``heads.draft_vocab``) export only to ``vllm`` (``truncated_vocab_size`` +
+``token_map``); medusa-v1, TensorRT-LLM and TGI have no way to express one, so they are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 
 from medusa.errors import CheckpointError, MedusaError, first_line
@@ -59,6 +63,9 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     src, out = Path(src), Path(out)
     _check_paths(src, out)
     pre = MedusaConfig.load(src)
+    if pre.draft_vocab and format != "vllm":
+        raise MedusaError(f"{src}: --format {format} cannot express a draft vocabulary (heads.draft_vocab: "
+                          f"{pre.draft_vocab}); export it with --format vllm, or train with heads.draft_vocab: 0")
     keep_shared = format == "tgi" and pre.head_type == "shared_lm_head" and pre.num_layers == 1
     config, heads = read_our_checkpoint(src, base=base, materialise=not keep_shared)
     choices = None
@@ -129,9 +136,10 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
     if heads.shared_lm_head and hidden != heads.hidden_size:
         raise CheckpointError(f"base model {base_name!r} has hidden_size {hidden} but the heads in {src} "
                               f"have {heads.hidden_size}")
-    if not heads.shared_lm_head and (hidden != heads.hidden_size or vocab != heads.vocab_size):
+    heads_vocab = heads.full_vocab_size if heads.token_map is not None else heads.vocab_size
+    if not heads.shared_lm_head and (hidden != heads.hidden_size or vocab != heads_vocab):
         raise CheckpointError(f"base model {base_name!r} has hidden_size {hidden} / vocab_size {vocab} but the "
-                              f"heads in {src} have {heads.hidden_size} / {heads.vocab_size}")
+                              f"heads in {src} have {heads.hidden_size} / {heads_vocab}")
     if heads.shared_lm_head:
         fmt = "medusa-v2" if fmt == "medusa-v1" else fmt
     if base_name and Path(base_name).is_dir():
@@ -139,6 +147,7 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
     config = MedusaConfig(base_model_name_or_path=base_name, base_model_type=model_type, hidden_size=hidden,
                           vocab_size=vocab, num_heads=heads.num_heads, num_layers=heads.num_layers,
                           head_type="shared_lm_head" if heads.shared_lm_head else "linear",
+                          draft_vocab=0 if heads.token_map is None else int(heads.token_map.shape[0]),
                           dtype=dtype_name(heads.dtype),
                           extra={"imported_from": str(src), "import_format": fmt})
     tree = None
@@ -158,7 +167,10 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
 def our_tensors(heads: HeadsState) -> dict:
     """Canonical heads -> the tensor names of ``medusa_heads.safetensors`` (``linear`` heads, or
     ``shared_lm_head`` heads without ``lm_heads.*``)."""
-    return named_tensors(heads, "blocks.{k}.{l}.linear", None if heads.shared_lm_head else "lm_heads.{k}.weight")
+    out = named_tensors(heads, "blocks.{k}.{l}.linear", None if heads.shared_lm_head else "lm_heads.{k}.weight")
+    if heads.token_map is not None:
+        out["token_map"] = heads.token_map.to(torch.int64).contiguous()
+    return out
 
 
 def _base_fingerprint(name: str) -> tuple[str, int, int]:

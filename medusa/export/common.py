@@ -28,6 +28,8 @@ class HeadsState:
     """K heads x L ResBlocks in plain tensors: ``w1[k][l] [d, d]``, ``b1[k][l] [d]``, ``w2[k] [V, d]``.
 
     ``w2 is None``: the heads have no W2 of their own and reuse the base model's LM head.
+    ``token_map [N]`` (int64, draft id -> target id): a draft vocabulary; W2 is then ``[N, d]`` and
+    ``full_vocab_size`` the target vocabulary.
     """
 
     w1: list[list[torch.Tensor]]
@@ -36,6 +38,8 @@ class HeadsState:
     base_model_name_or_path: str = ""
     choices: list[list[int]] | None = None  # the calibrated tree, when the source carries one
     extra: dict[str, Any] = field(default_factory=dict)
+    token_map: torch.Tensor | None = None
+    full_vocab_size: int | None = None
 
     @property
     def shared_lm_head(self) -> bool:
@@ -66,6 +70,18 @@ class HeadsState:
         """Every head has the same layer count; every tensor has the shape its role needs."""
         if self.num_heads == 0:
             raise CheckpointError(f"{source}: holds no heads")
+        if self.token_map is not None:
+            from medusa.modeling.heads import check_token_map
+
+            if self.full_vocab_size is None:
+                raise CheckpointError(f"{source}: a token_map needs the full vocabulary size")
+            try:
+                check_token_map(self.token_map, int(self.token_map.shape[0]), self.full_vocab_size)
+            except ValueError as exc:
+                raise CheckpointError(f"{source}: {exc}") from None
+            if self.w2 is not None and self.vocab_size != self.token_map.shape[0]:
+                raise CheckpointError(f"{source}: W2 has {self.vocab_size} rows but token_map "
+                                      f"{self.token_map.shape[0]} ids")
         if self.w2 is None and self.num_layers == 0:
             raise CheckpointError(f"{source}: heads without ResBlocks or a W2 of their own would all be "
                                   "the base LM head")
@@ -107,14 +123,17 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
     w1 = [[get(f"blocks.{k}.{l}.linear.weight") for l in range(n_layers)] for k in range(k_heads)]
     b1 = [[get(f"blocks.{k}.{l}.linear.bias") for l in range(n_layers)] for k in range(k_heads)]
     w2: list[torch.Tensor] | None = None
+    token_map = get("token_map") if config.draft_vocab else None
     if config.head_type == "linear":
         w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
     elif materialise:
-        dtype = next(iter(state.values())).dtype
+        dtype = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
         shared = base_lm_head_weight(base_location(path, config, base, hint="shared_lm_head heads need the base model, pass --base"), dtype)
         if tuple(shared.shape) != (config.vocab_size, config.hidden_size):
             raise CheckpointError(f"base LM head has shape {tuple(shared.shape)} but {path / CONFIG_NAME} "
                                   f"says vocab {config.vocab_size} x hidden {config.hidden_size}")
+        if token_map is not None:
+            shared = shared.index_select(0, token_map)  # [N, d]: the draft vocabulary's rows
         w2 = [shared.clone() for _ in range(k_heads)]  # materialised: every target needs its own W2
     choices = None
     if (path / TREE_NAME).is_file():
@@ -122,7 +141,8 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
 
         tree = MedusaTree.from_json(path / TREE_NAME)
         choices = [list(c) for c in tree.choices]
-    heads = HeadsState(w1, b1, w2, base_model_name_or_path=config.base_model_name_or_path, choices=choices)
+    heads = HeadsState(w1, b1, w2, base_model_name_or_path=config.base_model_name_or_path, choices=choices,
+                       token_map=token_map, full_vocab_size=config.vocab_size if token_map is not None else None)
     heads.check(src)
     return config, heads
 

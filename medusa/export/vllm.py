@@ -3,6 +3,11 @@
 vLLM builds ``blocks[i] = ResidualBlock(num_hidden_layers linear layers, bias=medusa_fc_bias)`` and
 ``lm_heads[i] = ParallelLMHead(truncated_vocab_size, hidden_size)`` from ``config.json`` and loads
 ``blocks.{i}.layers.{j}.weight|bias`` and ``lm_heads.{i}.weight`` (a ``medusa_heads.`` prefix is stripped).
+
+Draft vocabulary: with ``truncated_vocab_size < vocab_size`` vLLM also loads the tensor ``token_map``
+(``[truncated_vocab_size]`` target ids, used as an index: int64), takes ``lm_heads.{i}.weight`` as
+``[truncated_vocab_size, hidden_size]`` rows in token_map order (a full ``[vocab_size, d]`` one it slices
+with the map) and scatters the draft logits into ``[..., vocab_size]`` (-inf elsewhere).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ CONFIG = "config.json"
 
 
 def vllm_tensors(heads: HeadsState) -> dict[str, torch.Tensor]:
-    return named_tensors(heads, "blocks.{k}.layers.{l}", "lm_heads.{k}.weight")
+    out = named_tensors(heads, "blocks.{k}.layers.{l}", "lm_heads.{k}.weight")
+    if heads.token_map is not None:
+        out["token_map"] = heads.token_map.to(torch.int64).contiguous()
+    return out
 
 
 def vllm_config(heads: HeadsState) -> dict[str, Any]:
@@ -33,7 +41,7 @@ def vllm_config(heads: HeadsState) -> dict[str, Any]:
         "num_heads": heads.num_heads,
         "num_hidden_layers": heads.num_layers,
         "hidden_size": heads.hidden_size,
-        "vocab_size": heads.vocab_size,
+        "vocab_size": heads.full_vocab_size if heads.token_map is not None else heads.vocab_size,
         "truncated_vocab_size": heads.vocab_size,
         "medusa_fc_bias": True,  # we always write the biases; vLLM silently drops them without this
         "original_lm_head": False,  # one lm_heads.{i}.weight per head (shared heads are materialised)
@@ -66,8 +74,7 @@ def read_vllm(path: Path) -> HeadsState:
         if not isinstance(cfg.get(key), int):
             raise CheckpointError(f"{path / CONFIG}: missing integer key {key!r}")
     k_heads, n_layers = cfg["num_heads"], cfg["num_hidden_layers"]
-    if cfg.get("truncated_vocab_size", cfg.get("vocab_size")) != cfg.get("vocab_size") or "token_map" in state:
-        raise CheckpointError(f"{path / CONFIG}: truncated vocabularies (token_map) cannot be imported")
+    token_map, vocab = _token_map(cfg, state, path)
 
     def get(key: str) -> torch.Tensor:
         if key not in state:
@@ -85,8 +92,27 @@ def read_vllm(path: Path) -> HeadsState:
         w2 = [shared.clone() for _ in range(k_heads)]
     else:
         w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
+    if token_map is not None:  # vLLM slices a full-vocabulary W2 with the map
+        w2 = [w.index_select(0, token_map) if w.shape[0] == vocab else w for w in w2]
     if state:
         raise CheckpointError(f"{src}: unexpected tensor(s) {', '.join(sorted(state)[:5])}")
-    heads = HeadsState(w1, b1, w2, base_model_name_or_path=str(cfg.get("base_model_name_or_path") or ""))
+    heads = HeadsState(w1, b1, w2, base_model_name_or_path=str(cfg.get("base_model_name_or_path") or ""),
+                       token_map=token_map, full_vocab_size=vocab if token_map is not None else None)
     heads.check(src)
     return heads
+
+
+def _token_map(cfg: dict[str, Any], state: dict[str, torch.Tensor], path: Path) -> tuple[torch.Tensor | None, Any]:
+    """vLLM's rule: ``token_map`` is used only when ``truncated_vocab_size < vocab_size`` (then required)."""
+    vocab = cfg.get("vocab_size")
+    truncated = cfg.get("truncated_vocab_size", vocab)
+    token_map = state.pop("token_map", None)
+    if truncated == vocab:
+        return None, vocab
+    if not isinstance(vocab, int) or not isinstance(truncated, int) or token_map is None:
+        raise CheckpointError(f"{path / CONFIG}: truncated_vocab_size {truncated!r} < vocab_size {vocab!r} needs "
+                              f"integer sizes and a token_map tensor in {path / WEIGHTS}")
+    if tuple(token_map.shape) != (truncated,):
+        raise CheckpointError(f"{path / WEIGHTS}: token_map has shape {tuple(token_map.shape)}, expected "
+                              f"({truncated},) (truncated_vocab_size)")
+    return token_map.to(torch.int64), vocab

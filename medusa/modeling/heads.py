@@ -111,6 +111,27 @@ class MedusaHeads(nn.Module):
         with torch.no_grad():
             self.token_map.copy_(token_map.to(self.token_map.device, torch.long))
 
+    def restrict_vocab(self, token_map: torch.Tensor) -> None:
+        """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the ResBlocks are kept and a
+        ``linear`` head's W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
+        if self.draft_vocab:
+            raise ValueError(f"the heads already have a draft vocabulary of {self.draft_vocab} tokens")
+        n = int(token_map.shape[0])
+        check_token_map(token_map, n, self.vocab_size)
+        ref = next(iter(self.parameters()), None)
+        device = ref.device if ref is not None else token_map.device
+        tm = token_map.to(device=device, dtype=torch.long)
+        if self.lm_heads is not None:
+            new = nn.ModuleList(nn.Linear(self.hidden_size, n, bias=False) for _ in range(self.num_heads))
+            new.to(device=device, dtype=self.lm_heads[0].weight.dtype)
+            with torch.no_grad():
+                for head, old in zip(new, self.lm_heads):
+                    head.weight.copy_(old.weight.index_select(0, tm))
+            self.lm_heads = new
+        del self.token_map
+        self.register_buffer("token_map", tm.clone())
+        self.draft_vocab = n
+
     def target_to_draft(self) -> torch.Tensor | None:
         """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
         if self.token_map is None:

@@ -119,27 +119,11 @@ class MedusaModel(nn.Module):
         return cls(base, heads, config)
 
     def use_draft_vocab(self, token_map: torch.Tensor) -> None:
-        """Restrict full-vocabulary heads to a draft vocabulary ``token_map [N]`` (draft id -> target id).
-
-        The ResBlocks are kept; a ``linear`` head's W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``).
-        Replaces ``self.heads`` (build optimizers afterwards) and sets ``config.draft_vocab``.
-        """
-        old = self.heads
-        if old.draft_vocab:
-            raise ValueError(f"the heads already have a draft vocabulary of {old.draft_vocab} tokens")
-        heads = MedusaHeads(old.hidden_size, old.vocab_size, old.num_heads, old.num_layers, old.head_type,
-                            shared_lm_head=old.shared_lm_head, draft_vocab=int(token_map.shape[0]))
-        heads.set_token_map(token_map)
-        ref = next(old.parameters())
-        heads.to(device=ref.device, dtype=ref.dtype)
-        with torch.no_grad():
-            heads.blocks.load_state_dict(old.blocks.state_dict())
-            if old.lm_heads is not None:
-                for new_head, old_head in zip(heads.lm_heads, old.lm_heads):
-                    new_head.weight.copy_(old_head.weight.index_select(0, heads.token_map.to(ref.device)))
-        heads.train(old.training)
-        self.heads = heads
-        self.config.draft_vocab = heads.draft_vocab
+        """Restrict full-vocabulary heads, in place, to a draft vocabulary ``token_map [N]`` (draft id ->
+        target id): see :meth:`MedusaHeads.restrict_vocab`. Sets ``config.draft_vocab``; build optimizers
+        afterwards (a ``linear`` head's W2 is a new parameter)."""
+        self.heads.restrict_vocab(token_map)
+        self.config.draft_vocab = self.heads.draft_vocab
 
     # ------------------------------------------------------------------ properties
     @property

@@ -24,10 +24,13 @@ from torch import nn
 
 from medusa.config import Recipe
 from medusa.data import collate
+from medusa.errors import ConfigError
+from medusa.modeling.draft_vocab import build_token_map, coverage
 from medusa.modeling.model import MedusaModel
 from medusa.training import medusa1, medusa2
 from medusa.training import setup as S
 from medusa.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from medusa.training.losses import STATS_ROWS, summarise_stats
 
 
 @dataclass
@@ -61,7 +64,7 @@ class Run:
 class Window:
     """Sums over this process's micro-batches since the last metrics row."""
 
-    stats: torch.Tensor  # [4, K]: per-head CE sum, top-1 hits, top-5 hits, count
+    stats: torch.Tensor  # [STATS_ROWS, K]: per-head CE sum, top-1 hits, top-5 hits, count, draft misses
     loss: float = 0.0
     tokens: int = 0
     micro: int = 0
@@ -79,7 +82,7 @@ def setup_model(recipe: Recipe, device: torch.device,
 
 def compute_loss(recipe: Recipe, model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor],
                  step: int, state: medusa2.Medusa2State | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """``(loss, stats [4, K], metrics)`` of one micro-batch (metrics: MEDUSA-2's loss terms; none for MEDUSA-1)."""
+    """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch (metrics: MEDUSA-2's loss terms; none for MEDUSA-1)."""
     if recipe.method == "medusa1":
         return (*medusa1.compute_loss(model, trainable, batch), {})
     assert state is not None
@@ -101,14 +104,8 @@ def save_final(run: Run, path: Path) -> None:
 
 # ----------------------------------------------------------------------------------------- metrics
 def _summarise(stats: torch.Tensor, prefix: str) -> dict[str, float]:
-    """stats ``[4, K]`` (CE sum, top-1 hits, top-5 hits, count) -> per-head loss / top1 / top5."""
-    out: dict[str, float] = {}
-    n = stats[3].clamp(min=1)
-    for k in range(stats.shape[1]):
-        out[f"{prefix}head{k + 1}_loss"] = float(stats[0, k] / n[k])
-        out[f"{prefix}head{k + 1}_top1"] = float(stats[1, k] / n[k])
-        out[f"{prefix}head{k + 1}_top5"] = float(stats[2, k] / n[k])
-    return out
+    """stats ``[STATS_ROWS, K]`` -> per-head loss / top1 / top5 (/ draft_miss); see ``summarise_stats``."""
+    return summarise_stats(stats, prefix)
 
 
 def evaluate(run: Run, step: int) -> dict[str, float]:
@@ -117,7 +114,7 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
     module = accelerator.unwrap_model(run.trainable)
     module.eval()
     examples = data.eval.examples[accelerator.process_index::accelerator.num_processes]
-    stats = torch.zeros(4, recipe.heads.num_heads)
+    stats = torch.zeros(STATS_ROWS, recipe.heads.num_heads)
     loss_sum = torch.zeros(())
     batches = 0
     with torch.no_grad():
@@ -132,9 +129,9 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
     module.train()
     totals = accelerator.reduce(torch.cat([stats.flatten(), loss_sum[None], torch.tensor([float(batches)])])
                                 .to(accelerator.device), reduction="sum").cpu()
-    K = recipe.heads.num_heads
-    stats = totals[: 4 * K].reshape(4, K)
-    return {"eval_loss": float(totals[4 * K] / totals[4 * K + 1].clamp(min=1)), **_summarise(stats, "eval_")}
+    K, R = recipe.heads.num_heads, STATS_ROWS
+    stats = totals[: R * K].reshape(R, K)
+    return {"eval_loss": float(totals[R * K] / totals[R * K + 1].clamp(min=1)), **_summarise(stats, "eval_")}
 
 
 def _write_metrics(path: Path, row: dict[str, Any]) -> None:
@@ -148,15 +145,15 @@ def _log_window(run: Run, window: Window, step: int, grad_norm: Any) -> dict[str
     packed = torch.cat([window.stats.flatten(), torch.tensor([window.loss, float(window.tokens), float(window.micro)]
                                                              + [window.parts[n] for n in names])])
     totals = run.accelerator.reduce(packed.to(run.accelerator.device), reduction="sum").cpu()
-    K = run.recipe.heads.num_heads
-    micro = totals[4 * K + 2]
+    K, R = run.recipe.heads.num_heads, STATS_ROWS
+    micro = totals[R * K + 2]
     elapsed = time.perf_counter() - window.t0
     row = {"step": step, "epoch": round(step / run.plan.steps_per_epoch, 4), "lr": run.scheduler.get_last_lr()[0],
-           "loss": float(totals[4 * K] / micro),
-           **{n: float(totals[4 * K + 3 + i] / micro) for i, n in enumerate(names)},
-           **_summarise(totals[: 4 * K].reshape(4, K), ""),
+           "loss": float(totals[R * K] / micro),
+           **{n: float(totals[R * K + 3 + i] / micro) for i, n in enumerate(names)},
+           **_summarise(totals[: R * K].reshape(R, K), ""),
            "grad_norm": float(grad_norm) if grad_norm is not None else None,
-           "tokens": int(totals[4 * K + 1]), "tokens_per_s": float(totals[4 * K + 1]) / max(elapsed, 1e-9)}
+           "tokens": int(totals[R * K + 1]), "tokens_per_s": float(totals[R * K + 1]) / max(elapsed, 1e-9)}
     if run.accelerator.is_main_process:
         _write_metrics(run.metrics_path, row)
     run.accelerator.log({k: v for k, v in row.items() if v is not None}, step=step)
@@ -181,6 +178,7 @@ def _build(recipe: Recipe) -> Run:
     data = S.load_data(recipe, S.load_tokenizer(recipe))
     plan = S.make_plan(recipe, len(data.train.examples), accelerator.num_processes)
     model, trainable, state = setup_model(recipe, accelerator.device, plan)
+    _draft_vocab(recipe, model, data.train.examples, accelerator)
     optimizer = torch.optim.AdamW(optimizer_groups(recipe, trainable), lr=recipe.train.lr)
     scheduler = S.make_scheduler(optimizer, recipe, plan)
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
@@ -188,6 +186,25 @@ def _build(recipe: Recipe) -> Run:
     out_dir = Path(recipe.output_dir)
     return Run(recipe, accelerator, data, plan, model, trainable, optimizer, scheduler, state, out_dir,
                out_dir / "metrics.jsonl")
+
+
+def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, list[int]]], accelerator: Any) -> None:
+    """``heads.draft_vocab: N``: restrict the heads to the N most frequent training labels (the same map on
+    every process: each one holds all of the training data), before the optimizer sees the parameters.
+    Heads from ``heads.init_from`` keep their own map, which must have N ids."""
+    n, have = recipe.heads.draft_vocab, model.heads.draft_vocab
+    if recipe.heads.init_from:
+        if have != n:
+            raise ConfigError(f"heads.draft_vocab: {n}, but heads.init_from {recipe.heads.init_from} has "
+                              f"draft_vocab {have}")
+        return
+    if not n:
+        return
+    token_map = build_token_map(examples, model.config.vocab_size, n)
+    model.use_draft_vocab(token_map)
+    labels = torch.tensor([t for ex in examples for t in ex["labels"]], dtype=torch.long)
+    accelerator.print(f"draft vocabulary: {n} of {model.config.vocab_size} tokens cover "
+                      f"{coverage(token_map, labels):.2%} of the training labels")
 
 
 def _open_output(run: Run, step: int, resume_from: Path | None) -> None:
@@ -264,7 +281,7 @@ def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
     bar = tqdm(total=plan.total_steps, initial=step, disable=not run.accelerator.is_local_main_process,
                desc="train", dynamic_ncols=True)
-    window, last, eval_metrics, order_epoch, order = Window(torch.zeros(4, recipe.heads.num_heads)), {}, None, -1, []
+    window, last, eval_metrics, order_epoch, order = Window(torch.zeros(STATS_ROWS, recipe.heads.num_heads)), {}, None, -1, []
     while step < end:
         if step // plan.steps_per_epoch != order_epoch:
             order_epoch = step // plan.steps_per_epoch
@@ -275,7 +292,7 @@ def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
         if step % t.logging_steps == 0 or step == end:
             last = _log_window(run, window, step, grad_norm)
             bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last['head1_top1']:.2f}")
-            window = Window(torch.zeros(4, recipe.heads.num_heads))
+            window = Window(torch.zeros(STATS_ROWS, recipe.heads.num_heads))
         if run.data.eval is not None and t.eval_steps and step % t.eval_steps == 0 and step < plan.total_steps:
             eval_metrics = _log_eval(run, step)
         if (t.save_steps and step % t.save_steps == 0) or step == end < plan.total_steps:

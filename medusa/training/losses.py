@@ -11,6 +11,11 @@ positions, then runs the head on ``chunk_size`` of them at a time under activati
 so the forward keeps one chunk's logits alive and the backward recomputes one chunk at a time.
 :func:`naive_head_loss` is the reference it is tested against.
 
+Draft vocabulary (``label_map [V]``: target id -> draft id, -1 outside; ``MedusaHeads.target_to_draft()``):
+the heads' logits are over the N draft ids, labels are mapped to them, and a label outside the draft
+vocabulary is a miss: it has no CE term (no gradient target for that head at that position) but is
+counted in ``count`` (so top-1 / top-5 count it as wrong) and in ``missed``.
+
 MEDUSA-2: ``L = L_LM + lambda_0(step) * L_heads`` (:func:`medusa2_loss`), ``L_LM`` being
 :func:`causal_lm_loss` or, with self-distillation, :func:`self_distill_kl` to the teacher's logits.
 The base logits at position t predict ``labels[:, t + 1]``.
@@ -37,7 +42,32 @@ class HeadLossOutput:
     ce_sum: torch.Tensor  # [K] summed CE per head (detached, fp32)
     correct1: torch.Tensor  # [K] top-1 hits per head
     correct5: torch.Tensor  # [K] top-5 hits per head
-    count: torch.Tensor  # [K] labelled targets per head
+    count: torch.Tensor  # [K] labelled targets per head (including those outside a draft vocabulary)
+    missed: torch.Tensor  # [K] labelled targets outside the draft vocabulary (0 with the full vocabulary)
+
+    def stats(self) -> torch.Tensor:
+        """``[STATS_ROWS, K]``: CE sum, top-1 hits, top-5 hits, count, missed (the loop sums these)."""
+        return torch.stack([self.ce_sum, self.correct1, self.correct5, self.count, self.missed])
+
+
+STATS_ROWS = 5  # rows of HeadLossOutput.stats()
+
+
+def summarise_stats(stats: torch.Tensor, prefix: str = "") -> dict[str, float]:
+    """Summed stats ``[STATS_ROWS, K]`` -> per-head ``loss`` (mean CE over targets with a CE term),
+    ``top1`` / ``top5`` (over all labelled targets) and, when any target fell outside a draft vocabulary,
+    ``draft_miss`` (the share of targets outside it)."""
+    out: dict[str, float] = {}
+    n = stats[3].clamp(min=1)
+    with_ce = (stats[3] - stats[4]).clamp(min=1)
+    drafted = bool(stats[4].sum() > 0)
+    for k in range(stats.shape[1]):
+        out[f"{prefix}head{k + 1}_loss"] = float(stats[0, k] / with_ce[k])
+        out[f"{prefix}head{k + 1}_top1"] = float(stats[1, k] / n[k])
+        out[f"{prefix}head{k + 1}_top5"] = float(stats[2, k] / n[k])
+        if drafted:
+            out[f"{prefix}head{k + 1}_draft_miss"] = float(stats[4, k] / n[k])
+    return out
 
 
 def head_weights(num_heads: int, decay: float) -> list[float]:
@@ -48,7 +78,8 @@ def head_weights(num_heads: int, decay: float) -> list[float]:
 def head_targets(hidden: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden states and targets of head ``k`` (0-based) at its labelled positions.
 
-    hidden ``[B, T, d]``, labels ``[B, T]`` -> ``(h [N_k, d], y [N_k])`` with ``y = labels[:, t + k + 2]``.
+    hidden ``[B, T, d]``, labels ``[B, T]`` -> ``(h [N_k, d], y [N_k])`` with ``y = labels[:, t + k + 2]``
+    (target ids; see :func:`draft_targets` for a draft vocabulary).
     """
     shift = k + 2
     T = labels.shape[1]
@@ -58,6 +89,17 @@ def head_targets(hidden: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[to
     keep = y != IGNORE_INDEX  # [B, T - shift]
     h = hidden[:, : T - shift][keep]  # [N_k, d]
     return h, y[keep]
+
+
+def draft_targets(h: torch.Tensor, y: torch.Tensor, label_map: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Keep the targets inside the draft vocabulary, as draft ids: ``(h [M, d], y_draft [M], missed)``
+    with ``missed = N - M`` (everything kept, unchanged, when ``label_map`` is None)."""
+    if label_map is None:
+        return h, y, 0
+    mapped = label_map.to(y.device)[y]  # [N] draft ids, -1 outside
+    inside = mapped >= 0
+    return h[inside], mapped[inside], int(y.shape[0] - int(inside.sum()))
 
 
 def _chunk_stats(fn: HeadFn, k: int, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -78,18 +120,22 @@ def medusa_head_loss(
     num_heads: int,
     decay: float = 0.8,
     chunk_size: int = 1024,
+    label_map: torch.Tensor | None = None,
 ) -> HeadLossOutput:
     """Chunked MEDUSA head loss. hidden ``[B, T, d]`` (post final norm), labels ``[B, T]`` (unshifted).
 
     ``head_fn(k, h [N, d]) -> [N, V]`` is head k's logits (e.g. ``MedusaHeads.head_logits``). Peak memory
     is one ``[chunk_size, V]`` block of logits (plus its gradient), whatever K and T are. A head with no
     labelled target still runs on an empty chunk so that its parameters stay in the graph (DDP).
+    ``label_map [V]`` (target id -> draft id, -1 outside): heads over a draft vocabulary (``head_fn``
+    returns ``[N, N_draft]``); each head's CE is the mean over its targets inside the draft vocabulary.
     """
     weights = head_weights(num_heads, decay)
     total = hidden.new_zeros((), dtype=torch.float32)
-    stats = torch.zeros(4, num_heads, dtype=torch.float32)  # ce_sum, correct1, correct5, count
+    stats = torch.zeros(STATS_ROWS, num_heads, dtype=torch.float32)  # ce_sum, correct1, correct5, count, missed
     for k in range(num_heads):
         h, y = head_targets(hidden, labels, k)  # [N_k, d], [N_k]
+        h, y, missed = draft_targets(h, y, label_map)  # [M_k, d], [M_k]
         n = y.shape[0]
         ce_k = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, max(n, 1), chunk_size):
@@ -102,9 +148,10 @@ def medusa_head_loss(
             stats[1, k] += c1.item()
             stats[2, k] += c5.item()
         stats[0, k] = ce_k.detach().float().cpu()
-        stats[3, k] = n
+        stats[3, k] = n + missed
+        stats[4, k] = missed
         total = total + weights[k] * ce_k / max(n, 1)
-    return HeadLossOutput(total, stats[0], stats[1], stats[2], stats[3])
+    return HeadLossOutput(total, *stats)
 
 
 def naive_head_loss(
@@ -113,14 +160,23 @@ def naive_head_loss(
     head_fn: HeadFn,
     num_heads: int,
     decay: float = 0.8,
+    label_map: torch.Tensor | None = None,
 ) -> HeadLossOutput:
-    """Reference implementation: all ``[K, B, T, V]`` logits at once, shifted CE per head."""
+    """Reference implementation: all ``[K, B, T, V]`` logits at once, shifted CE per head (labels outside
+    a draft vocabulary ``label_map`` become ignored for the CE and misses for the counts)."""
     weights = head_weights(num_heads, decay)
     B, T, d = hidden.shape
+    labelled = labels != IGNORE_INDEX  # [B, T]
+    if label_map is not None:
+        drafted = torch.where(labelled, label_map[labels.clamp(min=0)], IGNORE_INDEX)  # [B, T], -1 outside
+        outside = labelled & (drafted < 0)
+        labels = drafted.masked_fill(outside, IGNORE_INDEX)
+    else:
+        outside = torch.zeros_like(labelled)
     logits = torch.stack([head_fn(k, hidden.reshape(B * T, d)).reshape(B, T, -1).float()
                           for k in range(num_heads)])  # [K, B, T, V]
     total = hidden.new_zeros((), dtype=torch.float32)
-    stats = torch.zeros(4, num_heads, dtype=torch.float32)
+    stats = torch.zeros(STATS_ROWS, num_heads, dtype=torch.float32)
     for k in range(num_heads):
         shift = k + 2
         if T <= shift:
@@ -138,9 +194,11 @@ def naive_head_loss(
             stats[1, k] = hits[..., 0].sum().float()
             stats[2, k] = hits.any(dim=-1).sum().float()
         stats[0, k] = ce.detach().float().cpu()
-        stats[3, k] = n
+        missed = int(outside[:, shift:].sum())
+        stats[3, k] = n + missed
+        stats[4, k] = missed
         total = total + weights[k] * ce / max(n, 1)
-    return HeadLossOutput(total, stats[0], stats[1], stats[2], stats[3])
+    return HeadLossOutput(total, *stats)
 
 
 def _next_token_mask(labels: torch.Tensor) -> torch.Tensor:

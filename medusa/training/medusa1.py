@@ -25,7 +25,7 @@ from medusa.training.setup import load_backbone
 class HeadsLoss(nn.Module):
     """The trained module of MEDUSA-1: the heads, whose forward is the chunked head loss.
 
-    Returns ``(loss, stats [4, K])`` with stats = per-head CE sum, top-1 hits, top-5 hits, target count.
+    Returns ``(loss, stats [STATS_ROWS, K])``: per-head CE sum, top-1 / top-5 hits, target count, draft misses.
     """
 
     def __init__(self, heads: nn.Module, decay: float, chunk_size: int) -> None:
@@ -35,8 +35,9 @@ class HeadsLoss(nn.Module):
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = medusa_head_loss(hidden, labels, self.heads.head_logits, self.heads.num_heads,
-                               decay=self.decay, chunk_size=self.chunk_size)
-        return out.loss, torch.stack([out.ce_sum, out.correct1, out.correct5, out.count])
+                               decay=self.decay, chunk_size=self.chunk_size,
+                               label_map=self.heads.target_to_draft())
+        return out.loss, out.stats()
 
 
 def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, HeadsLoss]:
@@ -67,7 +68,7 @@ def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch
 
 def compute_loss(model: MedusaModel, trainable: nn.Module,
                  batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The heads' loss on the frozen backbone's hidden states. Returns ``(loss, stats [4, K])``."""
+    """The heads' loss on the frozen backbone's hidden states. Returns ``(loss, stats [STATS_ROWS, K])``."""
     hidden = backbone_hidden(model, batch)  # [B, T, d]
     return trainable(hidden, batch["labels"])
 
@@ -78,7 +79,7 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
     if accelerator.is_main_process:
         cfg = model.config
         heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_layers, cfg.head_type,
-                            shared_lm_head=model.heads.shared_lm_head)
+                            shared_lm_head=model.heads.shared_lm_head, draft_vocab=cfg.draft_vocab)
         heads.load_state_dict({k.removeprefix("heads."): v.detach().float().cpu() for k, v in state.items()})
         final = MedusaModel(model.base_model, heads, cfg, tree=None)
         final.config.recipe = recipe.to_dict()

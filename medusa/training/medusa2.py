@@ -109,15 +109,18 @@ def init_heads_from_lm_head(model: MedusaModel) -> None:
 def load_heads_from(model: MedusaModel, path: str | Path) -> None:
     """Stage 2 of two-stage training (``heads.init_from``): load trained MEDUSA-1 heads into ``model``.
 
-    The checkpoint must have the same num_heads / num_layers / head_type / hidden_size / vocab_size.
+    The checkpoint must have the same num_heads / num_layers / head_type / hidden_size / vocab_size; its
+    draft vocabulary (if any) is taken over.
     """
     config = MedusaConfig.load(path)
-    for key in ("num_heads", "num_layers", "head_type", "hidden_size", "vocab_size"):
+    weights = Path(path) / WEIGHTS_NAME
+    state = read_heads_file(weights)
+    if config.draft_vocab and not model.heads.draft_vocab and "token_map" in state:
+        model.use_draft_vocab(state["token_map"])
+    for key in ("num_heads", "num_layers", "head_type", "hidden_size", "vocab_size", "draft_vocab"):
         theirs, ours = getattr(config, key), getattr(model.config, key)
         if theirs != ours:
             raise CheckpointError(f"heads.init_from: {path} has {key}={theirs!r} but the recipe builds {ours!r}")
-    weights = Path(path) / WEIGHTS_NAME
-    state = read_heads_file(weights)
     check_state_keys(model.heads, state, source=str(weights))
     params = list(model.heads.parameters())
     with gathered(params, modifier_rank=0), torch.no_grad():
@@ -137,8 +140,8 @@ class Medusa2State:
 class Medusa2Module(nn.Module):
     """The trained module of MEDUSA-2: backbone + heads.
 
-    ``forward`` returns ``(loss, stats [4, K], parts [2])``: stats as MEDUSA-1's (per-head CE sum, top-1
-    hits, top-5 hits, count) and parts = ``(L_LM or the KL, L_heads)``, detached, for the metrics log.
+    ``forward`` returns ``(loss, stats [STATS_ROWS, K], parts [2])``: stats as MEDUSA-1's (per-head CE sum, top-1
+    hits, top-5 hits, count, draft misses) and parts = ``(L_LM or the KL, L_heads)``, detached, for the metrics log.
     """
 
     def __init__(self, model: MedusaModel, decay: float, chunk_size: int) -> None:
@@ -154,10 +157,11 @@ class Medusa2Module(nn.Module):
         hidden = out.last_hidden_state  # [B, T, d]; the heads' gradients flow into the backbone
         logits = base_logits(base, hidden)  # [B, T, V]
         heads = medusa_head_loss(hidden, labels, self.model.heads.head_logits, self.model.heads.num_heads,
-                                 decay=self.decay, chunk_size=self.chunk_size)
+                                 decay=self.decay, chunk_size=self.chunk_size,
+                                 label_map=self.model.heads.target_to_draft())
         loss, metrics = medusa2_loss(logits, labels, heads.loss, lambda0, teacher_logits=teacher,
                                      temperature=temperature)
-        stats = torch.stack([heads.ce_sum, heads.correct1, heads.correct5, heads.count])  # [4, K]
+        stats = heads.stats()  # [STATS_ROWS, K]
         parts = torch.tensor([metrics["lm_loss"], metrics["heads_loss"]])  # [2]
         return loss, stats, parts
 
@@ -200,7 +204,7 @@ def setup_model(recipe: Recipe, device: torch.device,
 
 def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor], recipe: Recipe,
                  step: int, state: Medusa2State) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """``(loss, stats [4, K], metrics)`` of one micro-batch at optimizer step ``step``; metrics: ``lm_loss``
+    """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch at optimizer step ``step``; metrics: ``lm_loss``
     (the KL to the teacher when self-distilling, then also under ``distill_kl``), ``heads_loss``, ``lambda0``."""
     m = recipe.medusa2
     lam = lambda0_at(step, state.total_steps, m.lambda0, m.schedule)

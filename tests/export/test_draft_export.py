@@ -1,0 +1,104 @@
+"""Exports of heads with a draft vocabulary: vLLM's truncated_vocab_size / token_map, errors elsewhere."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from medusa import MedusaModel
+from medusa.errors import MedusaError
+from medusa.export import export_checkpoint, import_checkpoint
+from medusa.modeling.base import lm_head_of
+
+from tiny_models import tiny_model
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base") / "llama"
+    tiny_model("llama").save_pretrained(path)
+    return path
+
+
+def _draft_checkpoint(tmp_path, base_dir, head_type="linear", num_heads=3, num_layers=2):
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    tm = torch.randperm(base.config.vocab_size, generator=torch.Generator().manual_seed(3))[:N]
+    model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers, head_type=head_type,
+                                  token_map=tm)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    path = tmp_path / f"ck-{head_type}"
+    model.save_pretrained(path)
+    return path, model, tm
+
+
+def _vllm_logits(out_dir, hidden):
+    """What vLLM's Medusa model computes from the exported directory (models/medusa.py, read by hand):
+    blocks -> lm_heads[i] -> logits scattered into the full vocabulary at token_map, -inf elsewhere."""
+    cfg = json.loads((out_dir / "config.json").read_text())
+    state = load_file(out_dir / "model.safetensors")
+    token_map = state["token_map"] if cfg["truncated_vocab_size"] < cfg["vocab_size"] else None
+    logits = []
+    for i in range(cfg["num_heads"]):
+        x = hidden
+        for j in range(cfg["num_hidden_layers"]):
+            bias = state[f"blocks.{i}.layers.{j}.bias"] if cfg["medusa_fc_bias"] else None
+            x = x + F.silu(F.linear(x, state[f"blocks.{i}.layers.{j}.weight"], bias))
+        w = state[f"lm_heads.{i}.weight"]
+        assert w.shape[0] == cfg["truncated_vocab_size"]  # vLLM's ParallelLMHead(truncated_vocab_size, H)
+        draft = F.linear(x, w)
+        full = torch.full((*draft.shape[:-1], cfg["vocab_size"]), float("-inf"))
+        full[..., token_map] = draft
+        logits.append(full)
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_vllm_export_writes_truncated_vocab_and_token_map(tmp_path, base_dir, head_type):
+    src, model, tm = _draft_checkpoint(tmp_path, base_dir, head_type)
+    export_checkpoint(src, tmp_path / "vllm", "vllm", base=str(base_dir))
+    cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    V, d = model.config.vocab_size, model.config.hidden_size
+    assert cfg["vocab_size"] == V and cfg["truncated_vocab_size"] == N and cfg["hidden_size"] == d
+    assert cfg["num_heads"] == 3 and cfg["num_hidden_layers"] == 2 and cfg["original_lm_head"] is False
+    state = load_file(tmp_path / "vllm" / "model.safetensors")
+    expected = {f"blocks.{i}.layers.{j}.{p}" for i in range(3) for j in range(2) for p in ("weight", "bias")}
+    expected |= {f"lm_heads.{i}.weight" for i in range(3)} | {"token_map"}
+    assert set(state) == expected
+    assert state["token_map"].dtype == torch.int64 and torch.equal(state["token_map"], tm)
+    for i in range(3):
+        assert state[f"lm_heads.{i}.weight"].shape == (N, d)
+    if head_type == "shared_lm_head":
+        torch.testing.assert_close(state["lm_heads.0.weight"], lm_head_of(model.base_model).weight[tm])
+    hidden = torch.randn(2, 5, d)
+    with torch.no_grad():
+        ours = model.heads(hidden)
+    torch.testing.assert_close(_vllm_logits(tmp_path / "vllm", hidden), ours, rtol=1e-5, atol=1e-5)
+
+
+def test_vllm_round_trip_keeps_the_map(tmp_path, base_dir):
+    src, model, tm = _draft_checkpoint(tmp_path, base_dir)
+    export_checkpoint(src, tmp_path / "vllm", "vllm")
+    import_checkpoint(tmp_path / "vllm", tmp_path / "back", base=str(base_dir))
+    back = MedusaModel.from_pretrained(tmp_path / "back", base_model=model.base_model)
+    assert back.config.draft_vocab == N and torch.equal(back.heads.token_map, tm)
+    hidden = torch.randn(3, model.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(back.heads(hidden), model.heads(hidden), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["medusa-v1", "tensorrt-llm", "tgi"])
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_formats_without_a_draft_vocab_refuse_it(tmp_path, base_dir, fmt, head_type):
+    src, _, _ = _draft_checkpoint(tmp_path, base_dir, head_type, num_layers=1)
+    with pytest.raises(MedusaError, match=f"--format {fmt} cannot express a draft vocabulary "
+                                          rf"\(heads.draft_vocab: {N}\)"):
+        export_checkpoint(src, tmp_path / "out", fmt, base=str(base_dir))
+    assert not (tmp_path / "out").exists()

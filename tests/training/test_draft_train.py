@@ -1,0 +1,65 @@
+"""MEDUSA-1 and MEDUSA-2 tiny runs with ``heads.draft_vocab`` on stories260K (CPU)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from medusa.config import load_recipe
+from medusa.errors import ConfigError
+from medusa.modeling.draft_vocab import build_token_map
+from medusa.modeling.model import MedusaModel
+from medusa.training import setup as S
+from medusa.training.loop import train
+
+from tiny_models import STORIES, require_shared, stories_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    require_shared(STORIES)
+    monkeypatch.chdir(ROOT)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _recipe(name, tmp_path, *overrides):
+    base = [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=2",
+            "data.eval_split=0.0", "train.eval_steps=0"]
+    return load_recipe(TINY / f"{name}.yaml", base + list(overrides))
+
+
+@pytest.mark.parametrize("name,head_type", [("medusa1", "linear"), ("medusa1", "shared_lm_head"),
+                                            ("medusa2_lora", "linear")])
+def test_draft_vocab_run_saves_the_map_of_the_most_frequent_labels(tmp_path, name, head_type, capsys):
+    recipe = _recipe(name, tmp_path, "heads.draft_vocab=64", f"heads.head_type={head_type}", "train.max_steps=4")
+    result = train(recipe)
+    assert "draft vocabulary: 64 of 512 tokens cover" in capsys.readouterr().out
+    rows = [json.loads(x) for x in (Path(result.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    miss = [r["head1_draft_miss"] for r in rows if "loss" in r]
+    assert miss and all(0.0 < m < 1.0 for m in miss)
+    data = S.load_data(recipe, S.load_tokenizer(recipe))
+    expected = build_token_map(data.train.examples, 512, 64)
+    base = stories_model() if name == "medusa1" else None
+    loaded = MedusaModel.from_pretrained(result.final_dir, base_model=base)
+    assert loaded.config.draft_vocab == 64 and torch.equal(loaded.heads.token_map, expected)
+    if head_type == "linear":
+        assert loaded.heads.lm_heads[0].weight.shape == (64, loaded.config.hidden_size)
+    ids = torch.tensor([[1, 403, 407, 261, 378, 29]])
+    out = loaded.generate(ids, max_new_tokens=12)
+    ref = loaded.base_model.generate(ids, do_sample=False, max_new_tokens=12)
+    assert torch.equal(out, ref)
+
+
+def test_init_from_with_another_draft_vocab_is_refused(tmp_path):
+    first = train(_recipe("medusa1", tmp_path / "a", "heads.draft_vocab=64", "train.max_steps=2"))
+    recipe = _recipe("medusa1", tmp_path / "b", "heads.draft_vocab=32", "train.max_steps=2",
+                     f"heads.init_from={first.final_dir}")
+    with pytest.raises(ConfigError, match="heads.draft_vocab: 32, but heads.init_from .* has draft_vocab 64"):
+        train(recipe)
