@@ -58,6 +58,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                                title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} tokens/step"))
     print(f"measured {cal['num_positions']:,} positions in {cal['num_examples']} examples of {args.data}")
     print("top-1 accuracy per head: " + " / ".join(f"{a:.2f}" for a in cal["top1"]))
+    if cal.get("draft_vocab_coverage") is not None:
+        print(f"draft vocabulary: {cal['draft_vocab']} tokens cover {cal['draft_vocab_coverage']:.2%} of the "
+              "target tokens")
     if cal["auto"]:
         for n, t, e, s in zip(cal["auto"]["sizes"], cal["auto"]["step_time_s"],
                               cal["auto"]["expected_tokens_per_step"], cal["auto"]["tokens_per_s"]):

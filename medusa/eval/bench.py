@@ -26,6 +26,7 @@ import torch
 from medusa.errors import MedusaError
 from medusa.eval.report import summarize
 from medusa.eval.timing import plain_step_time, timed
+from medusa.modeling.draft_vocab import draft_vocab_summary
 
 EXTRA_METHODS = ("assisted", "prompt_lookup")  # optional HF baselines, reported beside MEDUSA
 
@@ -244,12 +245,14 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
 
     rows: list[dict[str, Any]] = []
     accept_hist: Counter = Counter()
+    generated: list[torch.Tensor] = []  # each prompt's new tokens, for the draft vocabulary's coverage
     bar = tqdm(total=len(prompts), desc="bench", unit="prompt", disable=not progress, dynamic_ncols=True)
     for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
         best, outputs = time_methods(s, names, ids, i, repeats)
         plain = min(plain_step_time(model.base_model, ids, steps=min(plain_step_samples, max_new_tokens))
                     for _ in range(repeats))
         accept_hist.update(int(a) for a in outputs["medusa"].accept_lengths[0])
+        generated.append(outputs["medusa"].sequences[0, ids.shape[1]:].cpu())
         rows.append(prompt_row(prompt, ids.shape[1], best, outputs, plain, acceptance == "greedy"))
         if categories is not None:
             rows[-1]["category"] = categories[i]
@@ -258,7 +261,9 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     bar.close()
     config = bench_config(s, assistant_model, prompt_lookup, prompt_lookup_num_tokens, repeats, ignore_eos)
     config["chat_template"] = chat
-    return summarize(rows, accept_hist, config)
+    report = summarize(rows, accept_hist, config)
+    report.update(draft_vocab_summary(model.heads, torch.cat(generated)))
+    return report
 
 
 def bench_config(s: BenchSetup, assistant_model: Any, prompt_lookup: bool, lookup_tokens: int, repeats: int,

@@ -174,6 +174,9 @@ def format_summary(report: dict[str, Any]) -> str:
              f"plain forward {report['plain_step_ms']:.2f} ms)")]
     if report["greedy_exact_match"] is not None:
         lines.append(f"greedy exact match   {report['greedy_exact_match']:8.2f}")
+    if report.get("draft_vocab_coverage") is not None:
+        lines.append(f"draft vocabulary     {report['draft_vocab_coverage']:8.2%}   of the generated tokens "
+                     f"({report['draft_vocab']} draft tokens)")
     for extra, label in (("assisted", "HF assisted"), ("prompt_lookup", "HF prompt lookup")):
         if report.get(extra):
             lines.append(f"{label:<20} {report[extra]['tokens_per_s']:8.1f} tokens/s, "

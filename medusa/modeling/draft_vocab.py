@@ -7,7 +7,8 @@ unlabelled ids, so N is always exact. :func:`coverage` is the share of target to
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import math
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -54,4 +55,16 @@ def coverage(token_map: torch.Tensor | None, tokens: torch.Tensor) -> float:
     return float(torch.isin(tokens.to(token_map.device), token_map).float().mean())
 
 
-__all__ = ["build_token_map", "coverage", "label_counts", "most_frequent"]
+
+
+def draft_vocab_summary(heads: Any, tokens: torch.Tensor) -> dict[str, Any]:
+    """``{"draft_vocab": N, "draft_vocab_coverage": share of tokens inside it}`` for heads with a draft
+    vocabulary (``tokens``: target ids, any shape, ``-100`` skipped); ``{}`` for full-vocabulary heads."""
+    token_map = getattr(heads, "token_map", None)
+    if token_map is None:
+        return {}
+    cov = coverage(token_map, tokens)
+    return {"draft_vocab": int(token_map.shape[0]), "draft_vocab_coverage": None if math.isnan(cov) else cov}
+
+
+__all__ = ["build_token_map", "coverage", "draft_vocab_summary", "label_counts", "most_frequent"]

@@ -31,6 +31,7 @@ import torch
 
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
+from medusa.modeling.draft_vocab import draft_vocab_summary
 from medusa.tree.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.tree.build import build_tree_choices, expected_tokens_per_step
 from medusa.tree.tree import MedusaTree
@@ -74,6 +75,7 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
     pad = 0
     bar = _progress(len(order), "calibrating", progress)
     model.eval()
+    to_target = getattr(model.heads, "to_target", lambda ids: ids)  # draft ids -> target ids
     for lo in range(0, len(order), batch_size):
         idx = order[lo:lo + batch_size]
         lens = [len(usable[i]["input_ids"]) for i in idx]
@@ -98,7 +100,7 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
             for c0 in range(0, width - shift, chunk):
                 c1 = min(c0 + chunk, width - shift)
                 logits = model.heads.head_logits(k, hidden[:, c0:c1])  # [B, C, V]
-                top = logits.topk(topk, dim=-1).indices.cpu()  # [B, C, topk]
+                top = to_target(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices).cpu()  # [B, C, topk]
                 hit = top == target[:, c0:c1, None]  # [B, C, topk]
                 rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(hit[..., 0], MISS, dtype=torch.long))
                 rank = torch.where(valid[:, c0:c1], rank, torch.full_like(rank, NO_TARGET))
@@ -236,6 +238,8 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
         choices = build_choices(stats, tables, counts, total, nodes, method)
     record = calibration_record(choices, stats, tables, counts, total, method, data_name)
     record["auto"] = timing
+    labels = torch.tensor([t for e in examples for t in e["labels"]], dtype=torch.long)
+    record.update(draft_vocab_summary(model.heads, labels))  # the share of target tokens the draft vocab covers
     return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)
 
 
