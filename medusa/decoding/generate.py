@@ -319,7 +319,7 @@ def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
     path, n_acc, nxt = accept(out.logits, tokens)  # logits [B, N, V]
     last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
     hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
-    state.head_topk = model.heads(hidden)[:, :, 0].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
+    state.head_topk = model.heads.topk(hidden[:, 0], dt.kmax)  # [K, B, kmax] target ids (draft vocab mapped back)
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
     both = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
     host, host_path = both[:, :dt.depth + 3], both[:, dt.depth + 3:]  # the step's one device sync
