@@ -68,6 +68,7 @@ class TrainConfig:
     resume: str | None = None  # null | auto | a checkpoint-<step> directory
     mixed_precision: str | None = None  # null: whatever `accelerate launch` was given
     loss_chunk_size: int = 1024  # positions per head per chunk in the head loss
+    hidden_cache: str | None = None  # MEDUSA-1: a directory of cached backbone hidden states (built once)
 
 
 @dataclass
@@ -282,6 +283,9 @@ def _validate_train(recipe: Recipe) -> None:
         _check_path("train.resume", t.resume, must_exist_if_local=True)
         if not Path(t.resume).expanduser().is_dir():
             raise ConfigError(f"train.resume: {t.resume} is not a checkpoint directory (or use 'auto')")
+    if t.hidden_cache is not None and recipe.method != "medusa1":
+        raise ConfigError(f"train.hidden_cache: only method medusa1 (a frozen backbone) can train from cached "
+                          f"hidden states, the method is {recipe.method}")
 
 
 def _validate_method_keys(recipe: Recipe) -> None:

@@ -30,6 +30,8 @@ from medusa.modeling.model import MedusaModel
 from medusa.training import medusa1, medusa2
 from medusa.training import setup as S
 from medusa.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from medusa.training.hidden_cache import HiddenCache
+from medusa.training.hidden_cache import prepare as prepare_cache
 from medusa.training.losses import STATS_ROWS, summarise_stats
 
 
@@ -58,6 +60,7 @@ class Run:
     state: medusa2.Medusa2State | None  # MEDUSA-2's loss state; None for MEDUSA-1
     out_dir: Path
     metrics_path: Path
+    cache: HiddenCache | None = None  # train.hidden_cache: training batches read hidden states from it
 
 
 @dataclass
@@ -179,13 +182,17 @@ def _build(recipe: Recipe) -> Run:
     plan = S.make_plan(recipe, len(data.train.examples), accelerator.num_processes)
     model, trainable, state = setup_model(recipe, accelerator.device, plan)
     _draft_vocab(recipe, model, data.train.examples, accelerator)
+    cache = None
+    if recipe.train.hidden_cache:
+        cache = prepare_cache(recipe.train.hidden_cache, model.base_model, data.train.examples, data.pad_token_id,
+                              recipe.train.batch_size, accelerator, log=accelerator.print)
     optimizer = torch.optim.AdamW(optimizer_groups(recipe, trainable), lr=recipe.train.lr)
     scheduler = S.make_scheduler(optimizer, recipe, plan)
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     out_dir = Path(recipe.output_dir)
     return Run(recipe, accelerator, data, plan, model, trainable, optimizer, scheduler, state, out_dir,
-               out_dir / "metrics.jsonl")
+               out_dir / "metrics.jsonl", cache)
 
 
 def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, list[int]]], accelerator: Any) -> None:
@@ -233,6 +240,8 @@ def _optimizer_step(run: Run, window: Window, order: list[int], step: int, param
     for g in range(plan.grad_accum):
         idx = S.micro_batch_indices(order, within * plan.grad_accum + g, accelerator.process_index, plan)
         batch = collate([data.train.examples[i] for i in idx], data.pad_token_id)
+        if run.cache is not None:  # MEDUSA-1 from the hidden-state cache: the backbone does not run
+            batch["hidden"] = run.cache.batch(idx, batch["input_ids"].shape[1])  # [B, T, d]
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         with accelerator.accumulate(run.trainable):
             loss, stats, parts = compute_loss(recipe, run.model, run.trainable, batch, step, run.state)

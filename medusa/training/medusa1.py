@@ -68,8 +68,9 @@ def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch
 
 def compute_loss(model: MedusaModel, trainable: nn.Module,
                  batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The heads' loss on the frozen backbone's hidden states. Returns ``(loss, stats [STATS_ROWS, K])``."""
-    hidden = backbone_hidden(model, batch)  # [B, T, d]
+    """The heads' loss on the frozen backbone's hidden states (``batch["hidden"]`` when they come from the
+    hidden-state cache). Returns ``(loss, stats [STATS_ROWS, K])``."""
+    hidden = batch["hidden"] if "hidden" in batch else backbone_hidden(model, batch)  # [B, T, d]
     return trainable(hidden, batch["labels"])
 
 
