@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from medusa.errors import MedusaError
 
 # The subcommands, in the order `medusa --help` lists them (module names under medusa/cli/).
-COMMANDS = ("info", "heads", "self_distill", "train", "calibrate", "export", "import_", "generate", "bench",
+COMMANDS = ("info", "heads", "self_distill", "train", "cache_hidden", "calibrate", "export", "import_", "generate", "bench",
             "demo")
 
 

@@ -300,5 +300,23 @@ def prepare(directory: str | Path, base: torch.nn.Module, examples: Sequence[dic
     return HiddenCache(plan)
 
 
-__all__ = ["CachePlan", "HiddenCache", "backbone_hidden_fn", "base_fingerprint", "build", "prepare", "data_fingerprint", "estimate_bytes",
+def cache_for_recipe(recipe: Any, dtype: str = "bfloat16", log: Callable[[str], None] = print) -> HiddenCache:
+    """Build (or finish) the cache a MEDUSA-1 recipe's ``train.hidden_cache`` names, as ``medusa train``
+    would before its first step: same tokenizer, examples (eval split included) and backbone."""
+    from medusa.errors import ConfigError
+    from medusa.training import setup as S
+
+    if not recipe.train.hidden_cache:
+        raise ConfigError("train.hidden_cache: not set (give train.hidden_cache=DIR)")
+    data = S.load_data(recipe, S.load_tokenizer(recipe))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = S.load_backbone(recipe, device)
+    base.eval()
+    cache = prepare(recipe.train.hidden_cache, base, data.train.examples, data.pad_token_id,
+                    recipe.train.batch_size, dtype=dtype, log=log)
+    assert cache is not None
+    return cache
+
+
+__all__ = ["CachePlan", "HiddenCache", "backbone_hidden_fn", "cache_for_recipe", "base_fingerprint", "build", "prepare", "data_fingerprint", "estimate_bytes",
            "open_plan", "plan_shards"]

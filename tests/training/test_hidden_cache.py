@@ -147,3 +147,23 @@ def test_refuses_another_base_other_examples_and_a_full_disk(tmp_path, monkeypat
 def test_hidden_cache_is_medusa1_only():
     with pytest.raises(ConfigError, match="train.hidden_cache: only method medusa1"):
         load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml", ["output_dir=x", "train.hidden_cache=c"])
+
+
+def test_cli_cache_hidden_builds_what_train_then_uses(tmp_path, capsys, monkeypatch):
+    from medusa.cli import main
+
+    args = ["cache-hidden", str(TINY), f"output_dir={tmp_path / 'run'}", "data.max_length=64",
+            "data.eval_split=0.0", f"train.hidden_cache={tmp_path / 'cache'}"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "GiB" in out.splitlines()[0] and "complete: 2137 examples" in out
+    assert main(args) == 0  # a finished cache: nothing to write
+    assert "0.00 GiB to write" in capsys.readouterr().out
+    written = []
+    monkeypatch.setattr(HC, "write_shard", lambda *a: written.append(a))
+    _no_backbone(monkeypatch)
+    train(_recipe(tmp_path / "run", f"train.hidden_cache={tmp_path / 'cache'}", "train.max_steps=2"))
+    assert written == []
+    capsys.readouterr()
+    assert main(["cache-hidden", str(TINY), "output_dir=x"]) == 2
+    assert capsys.readouterr().err.strip() == "error: train.hidden_cache: not set (give train.hidden_cache=DIR)"
