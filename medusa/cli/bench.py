@@ -38,10 +38,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, tree=tree,
                    assistant_model=assistant, assistant_tokenizer=assistant_tok, prompt_lookup=args.prompt_lookup,
                    prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, repeats=args.repeats,
-                   ignore_eos=not args.stop_at_eos, seed=args.seed, progress=not args.quiet, chat=args.chat)
+                   ignore_eos=not args.stop_at_eos, seed=args.seed, progress=not args.quiet, chat=args.chat,
+                   compile=args.compile)
     report["config"]["heads"] = str(Path(args.heads).resolve())
     report["config"]["prompts_file"] = str(args.prompts)
     print(format_summary(report))
+    if args.compile:
+        from medusa.eval.bench import format_compiled
+
+        print(format_compiled(report["compiled"]))
     for path in write_report(report, args.out, plots=not args.no_plots):
         print(f"wrote {path}")
     return 0
@@ -74,6 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="wrap each prompt in the tokenizer's chat template as a user turn (as medusa generate --chat)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--compile", action="store_true",
+                   help="also compiled MEDUSA (static cache, torch.compile) vs HF static-cache compiled generate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_report.json",
                    help="report JSON; the markdown table and PNG plots go beside it")

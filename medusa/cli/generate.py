@@ -38,13 +38,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         out = model.generate(ids, max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                              posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha,
-                             tree=tree, return_dict_in_generate=True, streamer=streamer, generator=generator)
+                             tree=tree, return_dict_in_generate=True, streamer=streamer, generator=generator,
+                             compile=args.compile)
         new = out.sequences.shape[1] - ids.shape[1]
         if not args.stream:
             print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
         seconds = out.prefill_time_s + out.decode_time_s
+        compiled = f", compile {out.compile_time_s:.1f} s apart" if args.compile else ""
         print(f"[{new} tokens, {out.num_steps} steps, {out.tokens_per_step:.2f} tokens/step, "
-              f"{new / seconds:.0f} tokens/s]", file=sys.stderr if args.quiet_stats else sys.stdout)
+              f"{new / seconds:.0f} tokens/s{compiled}]", file=sys.stderr if args.quiet_stats else sys.stdout)
         total_tokens += sum(sum(a) for a in out.accept_lengths)
         total_steps += out.num_steps
     if len(prompts) > 1 and total_steps:
@@ -71,6 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--compile", action="store_true",
+                   help="static cache + torch.compile of the step (compiled once per shapes; time shown apart)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.add_argument("--profile", action="store_true",

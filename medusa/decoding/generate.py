@@ -35,7 +35,8 @@ class MedusaGenerateOutput:
     accept_lengths: list[list[int]] = field(default_factory=list)  # per row: tokens gained at each step
     num_steps: int = 0  # verification passes (the prefill is not counted)
     prefill_time_s: float = 0.0
-    decode_time_s: float = 0.0
+    decode_time_s: float = 0.0  # compilation excluded
+    compile_time_s: float = 0.0  # compile=True: warm-up compilation of the step (0 when already compiled)
 
     @property
     def tokens_per_step(self) -> float:
@@ -176,6 +177,8 @@ def medusa_generate(
     streamer: Any = None,
     generator: torch.Generator | None = None,
     generation_config: Any = None,
+    compile: bool = False,
+    cache_implementation: str | None = None,
     **generation_kwargs: Any,
 ) -> torch.Tensor | MedusaGenerateOutput:
     """Decode with MEDUSA heads: several tokens per forward pass of the base model.
@@ -194,34 +197,66 @@ def medusa_generate(
     ``input_ids [B, P]``, optional left-padding ``attention_mask [B, P]``; rows stop independently (at
     ``max_new_tokens`` or an EOS of ``eos_token_id`` / the generation_config's), padded like HF. ``streamer``
     for batch 1. Returns ``[B, P + new]``, or a :class:`MedusaGenerateOutput` (return_dict_in_generate).
+
+    ``cache_implementation="static"``: preallocated cache and buffers, fixed step shapes
+    (:mod:`medusa.decoding.static_cache`); ``compile=True`` (implies static): the step is ``torch.compile``d
+    once per (batch, tree size, cache bucket); compile time is reported apart (``compile_time_s``).
     """
     tree, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens, tree,
                                                streamer)
-    device = model.device
     hf = dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p)
     run = _start(model, input_ids, mask2d, tree, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, hf=hf, generator=generator,
         posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha))
+    out = _timed_decode(model, run, input_ids, mask2d, streamer,
+                        _path(model, run, input_ids.shape, compile, cache_implementation))
+    return out if return_dict_in_generate else out.sequences
+
+
+def _timed_decode(model: Any, run: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, streamer: Any,
+                  path: tuple[Any, Any, int]) -> MedusaGenerateOutput:
+    """Prefill, then the decode loop, timed apart (compilation, if any, reported apart from decoding)."""
+    do_prefill, step, capacity = path
+    device = model.device
     t0 = time.perf_counter()
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    state = prefill(model, input_ids, mask2d, run.dt, functools.partial(_choose_root, run, input_ids),
-                    capacity=input_ids.shape[1] + 2 * max_new_tokens + run.dt.num_nodes)
+    state = do_prefill(model, input_ids, mask2d, run.dt, functools.partial(_choose_root, run, input_ids),
+                       capacity=capacity)
     first = state.root.cpu().tolist()
     _sync(device)
     prefill_time = time.perf_counter() - t0
     t1 = time.perf_counter()
-    steps = _decode_loop(model, state, run, first, streamer)
+    steps = _decode_loop(model, state, run, first, streamer, step)
     _sync(device)
-    decode_time = time.perf_counter() - t1
+    compile_time = getattr(state, "compile_time_s", 0.0)
+    decode_time = time.perf_counter() - t1 - compile_time
     if streamer is not None:
         streamer.end()
     sequences = _assemble(input_ids, run.generated, run.gen.pad_id)
-    return (MedusaGenerateOutput(sequences, run.accept_lengths, steps, prefill_time, decode_time)
-            if return_dict_in_generate else sequences)
+    return MedusaGenerateOutput(sequences, run.accept_lengths, steps, prefill_time, decode_time, compile_time)
 
 
-def _decode_loop(model: Any, state: DecodeState, run: _Run, first: list[int], streamer: Any) -> int:
+def _path(model: Any, run: _Run, shape: torch.Size, compile: bool, cache_implementation: str | None
+          ) -> tuple[Callable, Callable, int]:
+    """(prefill, step, cache capacity) of the eager path (default) or the static / compiled one."""
+    b, p = shape
+    if cache_implementation not in (None, "dynamic", "static"):
+        raise MedusaError(f"cache_implementation must be 'dynamic' or 'static', got {cache_implementation!r}")
+    if not compile and cache_implementation != "static":
+        return prefill, decode_step, p + 2 * run.max_new_tokens + run.dt.num_nodes
+    from medusa.decoding.compiled import step_functions, with_greedy
+    from medusa.decoding.static_cache import static_capacity, static_prefill, static_step
+
+    fns = step_functions(model, compile)
+    if compile and run.acceptance == "greedy" and not run.gen.needs_ids:
+        fns = with_greedy(fns, model, run.dt)
+    return (static_prefill, functools.partial(static_step, fns=fns),
+            static_capacity(p, run.max_new_tokens, b, run.dt))
+
+
+def _decode_loop(model: Any, state: Any, run: _Run, first: list[int], streamer: Any,
+                 step: Callable | None = None) -> int:
     """Verification steps until every row is done; returns the number of steps."""
     eos = run.gen.eos
     for row, tok in enumerate(first):
@@ -231,7 +266,7 @@ def _decode_loop(model: Any, state: DecodeState, run: _Run, first: list[int], st
     accept = functools.partial(_accept, run)
     steps = 0
     while not all(run.done):
-        host = decode_step(model, state, accept)
+        host = (step or decode_step)(model, state, accept)
         steps += 1
         for row in range(len(run.done)):
             if run.done[row]:

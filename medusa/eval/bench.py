@@ -140,8 +140,55 @@ def run_prompt_lookup(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
     return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=s.lookup_cfg)
 
 
+def static_compiled_config(gen_cfg: Any, device: torch.device) -> Any:
+    """``gen_cfg`` with HF's static cache and its compiled forward (CUDA graphs on CUDA, inductor elsewhere):
+    the fair baseline of ``compile=True`` MEDUSA."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    from medusa.decoding.compiled import compile_mode
+
+    cfg = copy.deepcopy(gen_cfg)
+    cfg.cache_implementation = "static"
+    cfg.compile_config = CompileConfig(dynamic=False, mode=compile_mode(device) or "default")
+    cfg.compile_config._compile_all_devices = True  # HF compiles on CUDA only unless told
+    return cfg
+
+
+def run_baseline_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
+    """HF ``generate`` with ``cache_implementation="static"`` and a compiled forward."""
+    torch.manual_seed(s.seed + i)
+    cfg = static_compiled_config(s.gen_cfg, ids.device)
+    return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
+
+
+def run_medusa_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
+    """MEDUSA with the static cache and the compiled step (``compile=True``)."""
+    s.generator.manual_seed(s.seed + i)
+    return s.model.generate(ids, max_new_tokens=s.max_new_tokens, acceptance=s.acceptance,
+                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, tree=s.tree,
+                            eos_token_id=s.medusa_eos, return_dict_in_generate=True, generator=s.generator,
+                            compile=True)
+
+
 RUNNERS: dict[str, Callable[[BenchSetup, torch.Tensor, int], Any]] = {
-    "baseline": run_baseline, "medusa": run_medusa, "assisted": run_assisted, "prompt_lookup": run_prompt_lookup}
+    "baseline": run_baseline, "medusa": run_medusa, "assisted": run_assisted, "prompt_lookup": run_prompt_lookup,
+    "baseline_compiled": run_baseline_compiled, "medusa_compiled": run_medusa_compiled}
+COMPILED = ("baseline_compiled", "medusa_compiled")
+
+
+def compiled_fields(best: dict[str, float], outputs: dict[str, Any], prompt_len: int, greedy: bool
+                    ) -> dict[str, Any]:
+    """Compiled MEDUSA against compiled static-cache HF generate on one prompt (never against eager HF)."""
+    md, hf = outputs["medusa_compiled"], outputs["baseline_compiled"]
+    new_md, new_hf = md.sequences.shape[1] - prompt_len, hf.shape[1] - prompt_len
+    return {
+        "compiled_baseline_s": best["baseline_compiled"],
+        "compiled_medusa_s": best["medusa_compiled"],
+        "compiled_speedup": (new_md / best["medusa_compiled"]) / (new_hf / best["baseline_compiled"]),
+        "compiled_medusa_step_ms": 1e3 * md.decode_time_s / max(md.num_steps, 1),
+        "compiled_hf_step_ms": 1e3 * best["baseline_compiled"] / max(new_hf, 1),
+        "compiled_exact_match": bool(torch.equal(md.sequences[0].cpu(), hf[0].cpu())) if greedy else None,
+    }
 
 
 # ---------------------------------------------------------------------------------------- per prompt
@@ -213,7 +260,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
           assistant_tokenizer: Any = None, prompt_lookup: bool = False, prompt_lookup_num_tokens: int = 10,
           repeats: int = 1, ignore_eos: bool = True, seed: int = 0, progress: bool = True,
           plain_step_samples: int = 32, chat: bool = False,
-          categories: Sequence[str] | None = None) -> dict[str, Any]:
+          categories: Sequence[str] | None = None, compile: bool = False) -> dict[str, Any]:
     """Measure ``model`` (a :class:`MedusaModel`) against its own base model on ``prompts``; returns the report.
 
     ``acceptance="greedy"`` compares with ``generate(do_sample=False)``; ``"sample"`` / ``"typical"`` with
@@ -222,6 +269,8 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     different tokenizer needs ``assistant_tokenizer``); ``prompt_lookup``: HF prompt-lookup decoding.
     ``chat``: each prompt is a user turn wrapped in the tokenizer's chat template (as ``medusa generate
     --chat``); ``categories``: one label per prompt, reported per category (``report["categories"]``).
+    ``compile``: also compiled MEDUSA vs HF static-cache compiled generate (``report["compiled"]``); the
+    warm-up call compiles both, so the timed runs exclude compilation.
     """
     from tqdm.auto import tqdm
 
@@ -233,11 +282,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     tree = tree if tree is not None else model.tree
     s = make_setup(model, tokenizer, max_new_tokens, acceptance, temperature, top_k, top_p, tree, ignore_eos,
                    seed, prompt_lookup_num_tokens, assistant_model, assistant_tokenizer)
-    names = ["baseline", "medusa"]
-    if assistant_model is not None:
-        names.append("assisted")
-    if prompt_lookup:
-        names.append("prompt_lookup")
+    names = method_names(assistant_model is not None, prompt_lookup, compile)
     encoded = [encode_prompt(tokenizer, p, chat).to(model.device) for p in prompts]  # each [1, P]
     for name in names:  # warm-up: allocations, lazy imports, first-call paths
         RUNNERS[name](s, encoded[0], 0)
@@ -248,22 +293,67 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     generated: list[torch.Tensor] = []  # each prompt's new tokens, for the draft vocabulary's coverage
     bar = tqdm(total=len(prompts), desc="bench", unit="prompt", disable=not progress, dynamic_ncols=True)
     for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-        best, outputs = time_methods(s, names, ids, i, repeats)
-        plain = min(plain_step_time(model.base_model, ids, steps=min(plain_step_samples, max_new_tokens))
-                    for _ in range(repeats))
-        accept_hist.update(int(a) for a in outputs["medusa"].accept_lengths[0])
-        generated.append(outputs["medusa"].sequences[0, ids.shape[1]:].cpu())
-        rows.append(prompt_row(prompt, ids.shape[1], best, outputs, plain, acceptance == "greedy"))
-        if categories is not None:
-            rows[-1]["category"] = categories[i]
+        row, medusa_out = measure_prompt(s, names, prompt, ids, i, repeats, plain_step_samples)
+        accept_hist.update(int(a) for a in medusa_out.accept_lengths[0])
+        generated.append(medusa_out.sequences[0, ids.shape[1]:].cpu())
+        rows.append(row if categories is None else {**row, "category": categories[i]})
         bar.update(1)
         bar.set_postfix(speedup=f"{rows[-1]['speedup']:.2f}", tps=f"{rows[-1]['tokens_per_step']:.2f}", refresh=False)
     bar.close()
     config = bench_config(s, assistant_model, prompt_lookup, prompt_lookup_num_tokens, repeats, ignore_eos)
     config["chat_template"] = chat
+    config["compile"] = compile
     report = summarize(rows, accept_hist, config)
     report.update(draft_vocab_summary(model.heads, torch.cat(generated)))
+    if compile:
+        report["compiled"] = compiled_summary(rows)
     return report
+
+
+def method_names(assisted: bool, prompt_lookup: bool, compile: bool) -> list[str]:
+    """The methods one bench run times, in order (keys of :data:`RUNNERS`)."""
+    return (["baseline", "medusa"] + (["assisted"] if assisted else []) + (["prompt_lookup"] if prompt_lookup else [])
+            + (list(COMPILED) if compile else []))
+
+
+def measure_prompt(s: BenchSetup, names: Sequence[str], prompt: str, ids: torch.Tensor, i: int, repeats: int,
+                   plain_step_samples: int) -> tuple[dict[str, Any], Any]:
+    """Time every method on prompt ``i`` (``ids [1, P]``); its report row and MEDUSA's (eager) output."""
+    for name in COMPILED if COMPILED[0] in names else ():  # compile this prompt's shapes outside the timing
+        RUNNERS[name](s, ids, i)
+    best, outputs = time_methods(s, names, ids, i, repeats)
+    steps = min(plain_step_samples, s.max_new_tokens)
+    plain = min(plain_step_time(s.model.base_model, ids, steps=steps) for _ in range(repeats))
+    compiled = {n: outputs.pop(n) for n in COMPILED if n in outputs}
+    greedy = s.acceptance == "greedy"
+    row = prompt_row(prompt, ids.shape[1], best, outputs, plain, greedy)
+    if compiled:
+        row.update(compiled_fields(best, compiled, ids.shape[1], greedy))
+    return row, outputs["medusa"]
+
+
+def compiled_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Eager-vs-eager and compiled-vs-compiled speedups side by side (total time over all prompts)."""
+    tot = {k: sum(r[k] for r in rows) for k in ("baseline_s", "medusa_s", "compiled_baseline_s",
+                                                 "compiled_medusa_s")}
+    matches = [r["compiled_exact_match"] for r in rows if r["compiled_exact_match"] is not None]
+    return {
+        "eager_speedup": tot["baseline_s"] / tot["medusa_s"],
+        "compiled_speedup": tot["compiled_baseline_s"] / tot["compiled_medusa_s"],
+        "compiled_vs_eager_medusa": tot["medusa_s"] / tot["compiled_medusa_s"],
+        "compiled_vs_eager_hf": tot["baseline_s"] / tot["compiled_baseline_s"],
+        "compiled_medusa_step_ms": sum(r["compiled_medusa_step_ms"] for r in rows) / len(rows),
+        "compiled_hf_step_ms": sum(r["compiled_hf_step_ms"] for r in rows) / len(rows),
+        "compiled_exact_match": sum(matches) / len(matches) if matches else None,
+    }
+
+
+def format_compiled(c: dict[str, Any]) -> str:
+    """Two lines: eager-vs-eager and compiled-vs-compiled (same prompts, same run)."""
+    return (f"eager:    MEDUSA {c['eager_speedup']:.2f}x over HF generate\n"
+            f"compiled: MEDUSA {c['compiled_speedup']:.2f}x over HF static-cache compiled generate "
+            f"(MEDUSA step {c['compiled_medusa_step_ms']:.2f} ms, HF step {c['compiled_hf_step_ms']:.2f} ms, "
+            f"exact match {c['compiled_exact_match']})")
 
 
 def bench_config(s: BenchSetup, assistant_model: Any, prompt_lookup: bool, lookup_tokens: int, repeats: int,

@@ -1,0 +1,159 @@
+"""GPU harness: ``python -m medusa.pipelines.gpu --out DIR`` (on a CUDA machine, with the torch / transformers it
+already has; ``PYTHONPATH=.``). Measures, and writes ``DIR/gpu_report.json``, then prints a short table:
+
+1. verification-step cost on random-weight 7B-shaped models (Llama-2-7B, Llama-3-8B shapes; SDPA; bf16):
+   a 1-node step (the plain 1-token step through the same static path) and 4 / 16 / 32 / 64-node tree
+   verification, eager and compiled (CUDA graphs); overhead = verify(N) / verify(1);
+2. MEDUSA vs HF generate on stories260K (eager vs eager, static+compiled vs static+compiled), greedy, with
+   the exact-match check;
+3. the decoding tests (``pytest``), pass / fail recorded.
+
+``--device cpu --small`` runs the same code on tiny shapes and a few steps (for the CI test of this module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab
+    "llama2-7b": (4096, 11008, 32, 32, 32, 32000),
+    "llama3-8b": (4096, 14336, 32, 32, 8, 128256),
+}
+SMALL_SHAPES = {"tiny-llama": (64, 128, 2, 4, 2, 512)}
+NODES = (1, 4, 16, 32, 64)
+STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K"
+
+
+def _random_medusa(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from medusa import MedusaModel
+
+    hidden, inter, layers, heads, kv, vocab = shape
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                      attn_implementation="sdpa", max_position_embeddings=4096)
+    with torch.device(device):
+        base = LlamaForCausalLM(cfg).to(dtype).eval()
+    return MedusaModel.from_base(base, num_heads=4).to(device=device, dtype=dtype).eval()
+
+
+def _tree(nodes: int) -> Any:
+    from medusa.tree import MedusaTree, default_tree
+
+    return MedusaTree.from_choices([]) if nodes == 1 else default_tree(4, nodes)
+
+
+def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int) -> float:
+    """Median seconds of one verification forward of a ``nodes``-node tree after a ``prompt``-token prefill."""
+    from medusa.decoding.candidates import decode_tree, propose
+    from medusa.decoding.compiled import step_functions
+    from medusa.decoding.static_cache import cache_bucket, static_prefill
+    from medusa.eval.timing import sync
+
+    device = model.device
+    dt = decode_tree(_tree(nodes), device, next(model.parameters()).dtype)
+    ids = torch.randint(3, model.base_model.config.vocab_size, (1, prompt), device=device)
+    fns = step_functions(model, compile)
+    with torch.no_grad():
+        state = static_prefill(model, ids, torch.ones_like(ids), dt, capacity=cache_bucket(prompt + 2 * nodes + 8))
+        tokens = propose(state.root, state.head_topk, dt)  # [1, N]
+        pos = state.n_valid.view(1, 1) + dt.depths.view(1, -1)
+        cols = state.arange_n + state.past
+        times = []
+        for _ in range(steps + 2):  # the first two: compilation / CUDA-graph recording
+            if compile and device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            t0 = time.perf_counter()
+            fns.verify(model, state.cache, state.mask, tokens, pos, cols, dt.float_mask)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    return sorted(times[2:])[len(times[2:]) // 2]
+
+
+def step_costs(shapes: dict[str, tuple[int, ...]], device: torch.device, dtype: torch.dtype, steps: int,
+               prompt: int) -> list[dict[str, Any]]:
+    """Per shape and mode: verify(N) seconds and overhead verify(N) / verify(1)."""
+    rows = []
+    for name, shape in shapes.items():
+        model = _random_medusa(shape, device, dtype)
+        for compile in (False, True):
+            times = {n: _time_verify(model, n, compile, prompt, steps) for n in NODES}
+            rows.append({"shape": name, "compiled": compile, "step_ms": {n: 1e3 * t for n, t in times.items()},
+                         "overhead": {n: times[n] / times[1] for n in NODES}})
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def stories_vs_hf(device: torch.device, max_new_tokens: int, prompts: Sequence[str]) -> dict[str, Any]:
+    """MEDUSA (the built-in tree, random heads: tokens/step is not the trained one) vs HF on stories260K."""
+    from medusa import MedusaModel
+    from medusa.eval.bench import bench
+    from medusa.modeling.base import load_base_model, load_tokenizer
+
+    base = load_base_model(str(STORIES), dtype=torch.float32).to(device).eval()
+    model = MedusaModel.from_base(base, num_heads=4).to(device).eval()
+    report = bench(model, load_tokenizer(str(STORIES)), prompts, max_new_tokens=max_new_tokens, progress=False,
+                   compile=True, plain_step_samples=4)
+    return report["compiled"]
+
+
+def run_tests(small: bool) -> dict[str, Any]:
+    """The decoding tests in a subprocess (they are CPU tests; on a GPU machine they check the code, not CUDA)."""
+    target = ["tests/decoding/test_static.py::test_cache_bucket_and_errors"] if small else ["tests/decoding"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *target],
+                          capture_output=True, text=True)
+    return {"target": target, "returncode": proc.returncode, "tail": proc.stdout[-400:]}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = ["shape        mode      " + "  ".join(f"N={n:<3d}ms/ovh  " for n in NODES)]
+    for r in report["step_costs"]:
+        cells = "  ".join(f"{r['step_ms'][n]:7.2f}/{r['overhead'][n]:4.2f}" for n in NODES)
+        lines.append(f"{r['shape']:<12} {'compiled' if r['compiled'] else 'eager':<9} {cells}")
+    s = report["stories"]
+    lines.append(f"stories260K: eager {s['eager_speedup']:.2f}x, compiled {s['compiled_speedup']:.2f}x over HF "
+                 f"(same mode); exact match {s['compiled_exact_match']}")
+    lines.append(f"tests: rc={report['tests']['returncode']} {report['tests']['target']}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--small", action="store_true", help="tiny shapes and a few steps (CPU check of the harness)")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    small = args.small
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "small": small, "torch": torch.__version__,
+        "step_costs": step_costs(SMALL_SHAPES if small else SHAPES, device,
+                                 torch.float32 if small else torch.bfloat16, 3 if small else 20,
+                                 16 if small else 512),
+        "stories": stories_vs_hf(device, 8 if small else 128,
+                                 ["Once upon a time"] if small else ["Once upon a time", "Lily saw a big dog",
+                                                                     "Tom had a red ball"]),
+        "tests": run_tests(small),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_report.json").write_text(json.dumps(report, indent=2))
+    print(format_table(report))
+    return 0 if report["tests"]["returncode"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The compiled static step (CPU inductor): HF greedy equality, the sampling law, and no step-to-step
+recompilation (one compilation per tree size)."""
+
+import pytest
+import torch
+from test_acceptance import FULL_TREE, _chi2_pvalue, _exact_joint, _sampler_model
+from test_static import NEW, fitted_llama
+
+from medusa import MedusaTree
+from medusa.decoding.acceptance import warp_logits
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test counts its own compilations (and stays under dynamo's per-function recompile limit)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("gen", [{}, {"repetition_penalty": 1.3}], ids=["plain", "rep-penalty"])
+def test_compiled_greedy_equals_hf(gen):
+    model, ids, mask, ref, ref1 = fitted_llama(**gen)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.compile_time_s > 0
+    one = model.generate(ids[:1], max_new_tokens=NEW, compile=True, return_dict_in_generate=True)
+    assert torch.equal(one.sequences, ref1)
+    assert one.tokens_per_step > 2.0, one.accept_lengths
+    assert torch._dynamo.utils.counters["graph_break"] == {}  # whole functions compiled, no fallbacks
+
+
+@pytest.mark.slow  # two tree sizes x three compiled functions (~60 s on 2 shared cores)
+def test_recompiles_once_per_tree_size():
+    small = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    large = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]])
+    model, ids, mask, ref, _ = fitted_llama()
+    first = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True, tree=small,
+                           return_dict_in_generate=True)
+    per_shape = _graphs()
+    assert per_shape == 3  # verify, finish, greedy acceptance: once each, however many steps ran
+    assert first.num_steps > 10 and torch.equal(first.sequences, ref)
+    again = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True, tree=small,
+                           return_dict_in_generate=True)
+    assert _graphs() == per_shape and again.compile_time_s < first.compile_time_s  # same shapes: reused
+    other = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True, tree=large,
+                           return_dict_in_generate=True)
+    assert _graphs() == 2 * per_shape  # a new node count recompiles once, not at every step
+    assert other.num_steps > 5 and torch.equal(other.sequences, ref)
+
+
+def test_compiled_sample_is_lossless_chi_square():
+    base, model = _sampler_model()
+    prompt = torch.tensor([[3, 5, 4, 6]])
+    n = 6000
+    setting = {"temperature": 0.7, "top_k": 4}
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[],
+                         tree=MedusaTree.from_choices(FULL_TREE), generator=torch.Generator().manual_seed(1234),
+                         compile=True, **setting)
+    x1, x2 = out[:, 4], out[:, 5]
+    counts = torch.zeros(64, dtype=torch.float64).index_add_(0, x1 * 8 + x2, torch.ones(n, dtype=torch.float64))
+    expected = _exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
+    assert _chi2_pvalue(counts, expected) > 1e-3

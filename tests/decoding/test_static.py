@@ -1,0 +1,85 @@
+"""The static-cache path (preallocated cache and buffers, fixed step shapes), eager: HF greedy equality and
+compaction equal to a fresh prefill."""
+
+import pytest
+import torch
+from decoding_helpers import left_padded_batch, memorise_heads, real_rows
+
+from medusa import MedusaModel
+from medusa.decoding.acceptance import greedy_accept
+from medusa.decoding.candidates import decode_tree
+from medusa.decoding.compiled import step_functions
+from medusa.decoding.static_cache import cache_bucket, static_capacity, static_prefill, static_step
+from medusa.errors import MedusaError
+from medusa.tree import default_tree
+
+from tiny_models import tiny_model
+
+NEW = 48
+
+
+def fitted_llama(seed: int = 0, new: int = NEW, **gen):
+    """A tiny llama, its HF greedy references (left-padded batch and row 0 alone) and heads fitted on them."""
+    base = tiny_model("llama")
+    for key, value in gen.items():
+        setattr(base.generation_config, key, value)
+    ids, mask = left_padded_batch(base.config.vocab_size, seed=seed)
+    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new)
+    ref1 = base.generate(ids[:1], do_sample=False, max_new_tokens=new)
+    model = MedusaModel.from_base(base, num_heads=4)
+    memorise_heads(model, real_rows(ref, mask, base.generation_config.eos_token_id), steps=150)
+    return model, ids, mask, ref, ref1
+
+
+@pytest.mark.parametrize("gen", [{}, {"repetition_penalty": 1.3}], ids=["plain", "rep-penalty"])
+def test_static_greedy_equals_hf(gen):
+    model, ids, mask, ref, ref1 = fitted_llama(**gen)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, cache_implementation="static",
+                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    one = model.generate(ids[:1], max_new_tokens=NEW, cache_implementation="static", return_dict_in_generate=True)
+    assert torch.equal(one.sequences, ref1)
+    assert one.tokens_per_step > 2.0, one.accept_lengths  # long accepted runs: compaction really happened
+    assert out.compile_time_s == 0.0
+    eager = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, return_dict_in_generate=True)
+    assert eager.accept_lengths == out.accept_lengths
+
+
+def test_static_compaction_equals_prefill():
+    base = tiny_model("llama")
+    ids, mask = left_padded_batch(base.config.vocab_size, seed=11)
+    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, eos_token_id=None)
+    model = MedusaModel.from_base(base, num_heads=4)
+    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: rows accept unevenly
+    dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        state = static_prefill(model, ids, mask, dt, capacity=static_capacity(ids.shape[1], 60, 3, dt))
+        cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
+        kept = []
+        for _ in range(12):
+            host = static_step(model, state, lambda logits, tokens: greedy_accept(logits, tokens, dt),
+                               step_functions(model, False))
+            kept.append(host[:, -2].tolist())
+            for row in range(3):
+                cached[row] += host[row, :kept[-1][row]].tolist()
+    assert max(max(k) for k in kept) >= 4  # long accepted runs
+    assert any(len(set(k)) > 1 for k in kept), kept  # rows kept different counts: holes in the cache
+    assert int(state.past) == state.past_host
+    valid = state.valid  # [B, past]
+    assert valid.sum(-1).tolist() == [len(c) for c in cached] == state.n_valid.tolist()
+    assert not bool((state.mask[:, 0, 0, state.past_host:] == 0).any())  # nothing valid past the used columns
+    for row in range(3):
+        seq = torch.tensor([cached[row]])
+        assert seq[0].tolist() == real_rows(ref, mask)[row][:seq.shape[1]].tolist()  # greedy tokens
+        fresh = base(input_ids=seq, use_cache=True).past_key_values
+        for layer, fresh_layer in zip(state.cache.layers, fresh.layers):
+            for name in ("keys", "values"):
+                ours = getattr(layer, name)[row][:, :state.past_host][:, valid[row]]  # [H, T_row, hd]
+                torch.testing.assert_close(ours, getattr(fresh_layer, name)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_cache_bucket_and_errors():
+    assert [cache_bucket(n) for n in (1, 64, 65, 200, 256, 257)] == [64, 64, 128, 256, 256, 512]
+    model, ids, mask, _, _ = fitted_llama(new=4)
+    with pytest.raises(MedusaError, match="cache_implementation"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, cache_implementation="offloaded")
