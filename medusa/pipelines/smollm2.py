@@ -40,7 +40,7 @@ class Settings:
     shared: str = os.environ.get("MEDUSA_SHARED", "../shared")
     cache: str | None = None  # converted model cache (default ~/.cache/medusa/models)
     sharegpt_prompts: int | None = 96  # ShareGPT conversations (first turn; None: all 500, mostly identity chat)
-    alpaca_prompts: int = 192  # Alpaca rows for training (the first ones)
+    alpaca_prompts: int = 128  # Alpaca rows for training (the first ones)
     calib_prompts: int = 32  # Alpaca rows for calibration (the last ones, never trained on)
     distill_tokens: int = 192
     distill_batch: int = 32
