@@ -56,6 +56,8 @@ class Settings:
     prompt_lookup_num_tokens: int = 10
     threads: int | None = None
     device: str | None = None
+    train_data: str | None = None  # already self-distilled conversations: skip the distill stage
+    calib_data: str | None = None  # held-out self-distilled conversations (with train_data)
     progress: bool = True
 
 
@@ -111,6 +113,22 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
             "calib_rows": parts[2]["written"] + parts[2]["already_done"], "parts": parts}
 
 
+def given_data(s: Settings, data: Path) -> dict[str, Any]:
+    """``--train-data`` / ``--calib-data``: conversations the model already wrote, used as they are."""
+    import shutil
+
+    if not s.calib_data:
+        raise MedusaError("--train-data needs --calib-data (held-out conversations for the calibration)")
+    rows = {}
+    for name, src in (("train", s.train_data), ("calib", s.calib_data)):
+        if not Path(src).is_file():
+            raise DataError(f"{src}: not found")
+        data.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, data / f"{name}.jsonl")
+        rows[f"{name}_rows"] = sum(1 for line in open(src, encoding="utf-8") if line.strip())
+    return {**rows, "given": {"train": str(s.train_data), "calib": str(s.calib_data)}}
+
+
 def cost_curve_stage(model_path: str) -> dict[str, Any]:
     """One forward of 1..64 tokens over a 200-token cache, in milliseconds, and relative to 1 token."""
     import torch
@@ -147,7 +165,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
     with S.torch_threads(s.threads):
         model = S.run_stage(out, "model", lambda: {"path": str(fetch_smollm2(s.cache))}, log)["path"]
         curve = S.run_stage(out, "cost_curve", lambda: cost_curve_stage(model), log)
-        distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data), log)
+        distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data) if s.train_data is None
+                                else given_data(s, data), log)
         m1 = out / "medusa1"
         overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m1}", *s.recipe_overrides]
         trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
@@ -213,6 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--all-prompts", action="store_true",
                         help="every ShareGPT and Alpaca prompt and every Spec-Bench row (the GPU budget)")
     parser.add_argument("--per-category", type=int, default=Settings.per_category)
+    parser.add_argument("--sharegpt-prompts", type=int, default=Settings.sharegpt_prompts)
+    parser.add_argument("--alpaca-prompts", type=int, default=Settings.alpaca_prompts)
+    parser.add_argument("--calib-prompts", type=int, default=Settings.calib_prompts)
+    parser.add_argument("--train-data", default=None, help="self-distilled conversations to train on (skips distill)")
+    parser.add_argument("--calib-data", default=None, help="held-out self-distilled conversations (with --train-data)")
     parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
     parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -224,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     s = Settings(out=args.out, shared=args.shared, cache=args.cache, device=args.device,
                  per_category=args.per_category, max_new_tokens=args.max_new_tokens, nodes=args.nodes,
+                 sharegpt_prompts=args.sharegpt_prompts, alpaca_prompts=args.alpaca_prompts,
+                 calib_prompts=args.calib_prompts, train_data=args.train_data, calib_data=args.calib_data,
                  threads=args.threads, medusa2=args.medusa2, recipe_overrides=tuple(args.set),
                  progress=not args.no_progress)
     if args.all_prompts:
