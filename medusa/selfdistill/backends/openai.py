@@ -43,7 +43,8 @@ class OpenAIBackend:
         self.retries = retries
         self.backoff_s = backoff_s
         self.concurrency = concurrency
-        self.client = openai.OpenAI(base_url=self.endpoint, api_key=api_key or os.environ.get("OPENAI_API_KEY")
+        self.client = openai.OpenAI(base_url=self.endpoint, api_key=api_key
+                                    or os.environ.get("OPENAI_API_KEY")
                                     or "EMPTY", timeout=timeout_s, max_retries=0)
         self.model_name = model or self._first_served_model()
 
