@@ -313,8 +313,8 @@ def _first_prompt(where: str, row: Any) -> str:
         return next(m["content"] for m in user_side(row) if m["role"] == "user")
     except RowError as exc:
         if exc.reason == "unknown_format":
-            raise DataError(f"{where}: no 'prompt', 'text', 'question' or 'turns' string in the "
-                            f"row") from None
+            raise DataError(f"{where}: no 'prompt', 'text', 'question' or 'turns' "
+                            f"string in the row") from None
         raise DataError(f"{where}: {exc}") from None
 
 

@@ -24,8 +24,8 @@ def check_supported(model: torch.nn.Module, total_length: int) -> None:
     impl = getattr(cfg, "_attn_implementation", None) or getattr(inner.config, "_attn_implementation", None)
     if impl is not None and ("flash" in str(impl) or "paged" in str(impl)):
         raise MedusaError(f"{type(inner).__name__}: attn_implementation={impl!r} cannot take a 4-D "
-                          f"tree attention "
-                          "mask; load the base model with attn_implementation='sdpa' or 'eager'")
+                          "tree attention mask; load the base model with attn_implementation='sdpa' or "
+                          "'eager'")
     if getattr(inner.config, "is_encoder_decoder", False):
         raise MedusaError(f"{type(inner).__name__}: encoder-decoder models are not supported by "
                           f"MEDUSA decoding")

@@ -46,8 +46,7 @@ def new_static_cache(model: Any, max_len: int) -> Any:
     cache = StaticCache(config=unwrap(model.base_model).config, max_cache_len=max_len)
     if any(type(layer) is not StaticLayer for layer in cache.layers):
         raise MedusaError(f"{text_config(model.base_model).model_type}: the static cache path needs "
-                          f"full-attention "
-                          "layers only (sliding-window layers found); use the default cache")
+                          "full-attention layers only (sliding-window layers found); use the default cache")
     return cache
 
 

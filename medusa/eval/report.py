@@ -104,8 +104,9 @@ def markdown_table(report: dict[str, Any]) -> str:
                          f"{_frac(e['greedy_exact_match'])} |")
     lines += ["", (f"overhead (MEDUSA step / plain 1-token forward {report['plain_step_ms']:.2f} ms): "
               f"{report['overhead']:.2f}"), "",
-              "| # | prompt tokens | new | baseline tok/s | MEDUSA tok/s | speedup | tokens/step | "
-              "identical |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              ("| # | prompt tokens | new | baseline tok/s | MEDUSA tok/s | speedup | tokens/step | "
+               "identical |"),
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(report["rows"]):
         lines.append(f"| {i} | {r['prompt_tokens']} | {r['new_tokens']} | {r['baseline_tokens_per_s']:.1f} | "
                      f"{r['medusa_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['tokens_per_step']:.2f} | "

@@ -146,8 +146,8 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
         tree = MedusaTree.from_json(path / TREE_NAME)
         choices = [list(c) for c in tree.choices]
     heads = HeadsState(w1, b1, w2, base_model_name_or_path=config.base_model_name_or_path, choices=choices,
-                       token_map=token_map, full_vocab_size=config.vocab_size
-                       if token_map is not None else None)
+                       token_map=token_map,
+                       full_vocab_size=config.vocab_size if token_map is not None else None)
     heads.check(src)
     return config, heads
 

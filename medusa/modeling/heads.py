@@ -156,8 +156,7 @@ class MedusaHeads(nn.Module):
         weight, bias = proj.weight, getattr(proj, "bias", None)
         if not weight.is_floating_point():
             raise ValueError("a draft vocabulary on shared_lm_head heads needs a floating-point "
-                             "base LM head, "
-                             f"got {weight.dtype}")
+                             f"base LM head, got {weight.dtype}")
         tm = self.token_map.to(weight.device)
         if torch.is_grad_enabled():  # MEDUSA-2 trains the LM head: gather inside the graph
             return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)

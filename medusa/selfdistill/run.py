@@ -91,8 +91,7 @@ class SelfDistillConfig:
         s = self.sampling
         if s.max_new_tokens < 1 or s.temperature < 0 or not 0 < s.top_p <= 1:
             raise ConfigError(f"bad sampling parameters {s.to_dict()} (max_new_tokens >= 1, "
-                              f"temperature >= 0, "
-                              "0 < top_p <= 1)")
+                              "temperature >= 0, 0 < top_p <= 1)")
 
 
 def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name: str) -> None:
