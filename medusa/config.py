@@ -212,7 +212,8 @@ def _range(key: str, value: float, lo: float | None = None, hi: float | None = N
     if bad:
         lo_s = "" if lo is None else (f"> {lo}" if lo_open else f">= {lo}")
         hi_s = "" if hi is None else f"<= {hi}"
-        raise ConfigError(f"{key}: {value} is out of range (must be {' and '.join(s for s in (lo_s, hi_s) if s)})")
+        raise ConfigError(f"{key}: {value} is out of range (must be "
+                          f"{' and '.join(s for s in (lo_s, hi_s) if s)})")
 
 
 def _looks_local(path: str) -> bool:
@@ -284,8 +285,8 @@ def _validate_train(recipe: Recipe) -> None:
         if not Path(t.resume).expanduser().is_dir():
             raise ConfigError(f"train.resume: {t.resume} is not a checkpoint directory (or use 'auto')")
     if t.hidden_cache is not None and recipe.method != "medusa1":
-        raise ConfigError(f"train.hidden_cache: only method medusa1 (a frozen backbone) can train from cached "
-                          f"hidden states, the method is {recipe.method}")
+        raise ConfigError(f"train.hidden_cache: only method medusa1 (a frozen backbone) can train "
+                          f"from cached hidden states, the method is {recipe.method}")
 
 
 def _validate_method_keys(recipe: Recipe) -> None:

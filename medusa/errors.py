@@ -21,6 +21,6 @@ class DataError(MedusaError):
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type name when the message is empty), for one-line errors."""
+    """The first line of an exception's message (its type name when the message is empty): one-line errors."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

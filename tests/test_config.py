@@ -22,8 +22,8 @@ def _at_root(monkeypatch):
 
 def test_tiny_recipe_and_overrides():
     require_shared(SHARED)
-    r = load_recipe(TINY, ["train.lr=1e-4", "heads.num_heads=4", "data.eval=null", "lora.target_modules=[q_proj,v_proj]",
-                           "medusa2.schedule=sine_0.3"])
+    r = load_recipe(TINY, ["train.lr=1e-4", "heads.num_heads=4", "data.eval=null",
+                           "lora.target_modules=[q_proj,v_proj]", "medusa2.schedule=sine_0.3"])
     assert r.train.lr == 1e-4 and r.heads.num_heads == 4 and r.data.eval is None
     assert r.lora.target_modules == ["q_proj", "v_proj"] and r.medusa2.schedule == "sine_0.3"
     assert r.to_dict()["heads"]["decay"] == 0.8
@@ -86,7 +86,8 @@ def test_cli_bad_data_row_names_file_and_line(tmp_path, capsys):
     require_shared(SHARED)
     data = tmp_path / "rows.jsonl"
     data.write_text('{"prompt": "a", "completion": " b c d"}\n{"prompt": "a", "completion": 3}\n')
-    code = cli_main(["train", str(TINY), f"data.train={data}", "data.format=auto", f"output_dir={tmp_path / 'o'}"])
+    code = cli_main(["train", str(TINY), f"data.train={data}", "data.format=auto",
+                     f"output_dir={tmp_path / 'o'}"])
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and f"{data}:2" in err and "completion" in err

@@ -143,7 +143,7 @@ def _cycle_in(component: list[str], graph: dict[str, set[str]]) -> list[str]:
 
 
 def long_functions(package: Path = PACKAGE, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
-    """``module:qualname`` -> lines (``def`` to last line, decorators excluded) for functions over ``limit``."""
+    """``module:qualname`` -> lines (``def`` to last line, no decorators) for functions over ``limit``."""
     out = {}
     for module, path in module_files(package).items():
         tree = ast.parse(path.read_text(), str(path))
@@ -181,7 +181,8 @@ def _check_allowlist(found: dict[str, int], allowed: dict[str, int], what: str, 
     assert not stale, f"allow-listed {what} now within {limit} lines: {stale} (remove them from the list)"
 
 
-# --- tests ---------------------------------------------------------------------------------------------------
+# --- tests
+# ---------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("module", sorted(module_files()))
@@ -214,7 +215,8 @@ def test_cycle_finder_finds_a_planted_cycle(tmp_path):
     assert graph["medusa.sub.a"] == {"medusa.sub.b"}  # a function-level import counts
     assert graph["medusa.sub.b"] == {"medusa.sub.c"}  # `from . import c` is the module c
     assert graph["medusa.sub.c"] == {"medusa.sub.a", "medusa.sub"}
-    assert find_cycles(graph) == [["medusa.sub", "medusa.sub.a", "medusa.sub.b", "medusa.sub.c", "medusa.sub"]]
+    assert find_cycles(graph) == [["medusa.sub", "medusa.sub.a", "medusa.sub.b",
+                                   "medusa.sub.c", "medusa.sub"]]
     (pkg / "sub" / "c.py").write_text("import medusa\n")
     assert find_cycles(import_graph(pkg)) == []
 

@@ -41,7 +41,8 @@ def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = _source_copy(tmp / "src")
     dist = tmp / "dist"
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "--no-index",
                            "-q", "-w", str(dist), str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     wheels = list(dist.glob("medusa_heads-*.whl"))
@@ -65,7 +66,8 @@ def test_wheel_holds_the_default_model_files_not_a_link(wheel):
 @pytest.mark.slow
 def test_installed_wheel_runs_the_demo_from_another_directory(wheel, tmp_path):
     target = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                           "-q", "--target",
                            str(target), str(wheel)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert not (target / "medusa" / "pipelines" / "default_model").is_symlink()

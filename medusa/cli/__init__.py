@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from medusa.errors import MedusaError
 
 # The subcommands, in the order `medusa --help` lists them (module names under medusa/cli/).
-COMMANDS = ("info", "heads", "self_distill", "train", "cache_hidden", "calibrate", "export", "import_", "generate", "bench",
-            "demo")
+COMMANDS = ("info", "heads", "self_distill", "train", "cache_hidden", "calibrate", "export", "import_",
+            "generate", "bench", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="medusa", description="Train, calibrate, export and decode with MEDUSA heads on any Hugging Face causal LM.")
+        prog="medusa",
+        description="Train, calibrate, export and decode with MEDUSA heads on any Hugging Face causal LM.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

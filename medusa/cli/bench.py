@@ -1,4 +1,4 @@
-"""``medusa bench``: MEDUSA vs HF generate (and optional assisted / prompt-lookup baselines) on a prompts file."""
+"""``medusa bench``: MEDUSA vs HF generate (optional assisted / prompt-lookup baselines) on a prompts file."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             assistant_tok = None  # same tokenizer: plain assisted generation
     report = bench(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, tree=tree,
-                   assistant_model=assistant, assistant_tokenizer=assistant_tok, prompt_lookup=args.prompt_lookup,
+                   assistant_model=assistant, assistant_tokenizer=assistant_tok,
+                   prompt_lookup=args.prompt_lookup,
                    prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, repeats=args.repeats,
                    ignore_eos=not args.stop_at_eos, seed=args.seed, progress=not args.quiet, chat=args.chat,
                    compile=args.compile)
@@ -55,11 +56,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure MEDUSA against HF generate: speedup, tokens/step, overhead",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--heads", required=True, help="a MEDUSA heads checkpoint directory (its tree.json is used)")
+    p.add_argument("--heads", required=True,
+                   help="a MEDUSA heads checkpoint directory (its tree.json is used)")
     p.add_argument("--base", default=None, help="base model (default: the checkpoint's)")
     p.add_argument("--prompts", required=True,
-                   help="JSONL with 'prompt' (or MT-bench 'turns': the first turn) per row, or a text file, one "
-                        "prompt per line")
+                   help="JSONL with 'prompt' (or MT-bench 'turns': the first turn) per row, or a "
+                        "text file, one prompt per line")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens every method writes per prompt")
     p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
@@ -74,13 +76,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1, help="runs per method and prompt; the fastest counts")
     p.add_argument("--stop-at-eos", action="store_true",
-                   help="stop every method at EOS (default: ignore EOS so all write exactly --max-new-tokens)")
+                   help="stop every method at EOS (default: ignore EOS so all write exactly "
+                        "--max-new-tokens)")
     p.add_argument("--chat", action="store_true",
-                   help="wrap each prompt in the tokenizer's chat template as a user turn (as medusa generate --chat)")
+                   help="wrap each prompt in the tokenizer's chat template as a user turn (as medusa "
+                        "generate --chat)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--compile", action="store_true",
-                   help="also compiled MEDUSA (static cache, torch.compile) vs HF static-cache compiled generate")
+                   help="also compiled MEDUSA (static cache, torch.compile) vs HF static-cache "
+                        "compiled generate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_report.json",
                    help="report JSON; the markdown table and PNG plots go beside it")

@@ -13,13 +13,14 @@ def _cmd_cache_hidden(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides)
     cache = cache_for_recipe(recipe, dtype=args.dtype)
     index = cache.plan.index
-    print(f"hidden cache {cache.plan.directory} complete: {len(cache)} examples, {index['num_tokens']:,} tokens, "
-          f"{len(cache.plan.shards)} shard(s), {index['dtype']}")
+    print(f"hidden cache {cache.plan.directory} complete: {len(cache)} examples, "
+          f"{index['num_tokens']:,} tokens, {len(cache.plan.shards)} shard(s), {index['dtype']}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cache-hidden", help="write a MEDUSA-1 recipe's backbone hidden states (train.hidden_cache)")
+    p = sub.add_parser("cache-hidden",
+                       help="write a MEDUSA-1 recipe's backbone hidden states (train.hidden_cache)")
     p.add_argument("recipe", help="a MEDUSA-1 training recipe (YAML) with train.hidden_cache set")
     p.add_argument("overrides", nargs="*", help="recipe overrides key=value, e.g. train.hidden_cache=cache/")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",

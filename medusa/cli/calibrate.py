@@ -36,7 +36,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.max_depth is not None and not 1 <= args.max_depth <= model.num_heads:
         raise MedusaError(f"--max-depth {args.max_depth} must be between 1 and the checkpoint's "
                           f"{model.num_heads} heads")
-    tokenizer = load_tokenizer(args.tokenizer or base_location(args.heads, model.config, args.base, hint="pass --base"))
+    tokenizer = load_tokenizer(args.tokenizer or base_location(args.heads, model.config, args.base,
+                                                               hint="pass --base"))
     data = load_tokenized(args.data, tokenizer, max_length=args.max_length, format=args.format,
                           chat_template=args.chat_template, skip_invalid=args.skip_invalid)
     examples = data.examples[: args.max_examples] if args.max_examples else data.examples
@@ -55,7 +56,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                                    title=f"head accuracy by rank ({cal['num_positions']:,} positions)"))
         weights = {tuple(c): cal_w for c, cal_w in _path_weights(tree, cal).items()}
         plots.append(plot_tree(tree.choices, out / "tree.png", weights=weights,
-                               title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} tokens/step"))
+                               title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} "
+                                     f"tokens/step"))
     print(f"measured {cal['num_positions']:,} positions in {cal['num_examples']} examples of {args.data}")
     print("top-1 accuracy per head: " + " / ".join(f"{a:.2f}" for a in cal["top1"]))
     if cal.get("draft_vocab_coverage") is not None:
@@ -65,8 +67,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         for n, t, e, s in zip(cal["auto"]["sizes"], cal["auto"]["step_time_s"],
                               cal["auto"]["expected_tokens_per_step"], cal["auto"]["tokens_per_s"]):
             print(f"  {n:4d} nodes: step {t * 1e3:7.2f} ms, {e:.2f} tokens/step, {s:9.1f} tokens/s")
-    print(f"wrote {path}: {len(tree)} nodes, depth {tree.depth}, expected {cal['expected_tokens_per_step']:.2f} "
-          f"tokens/step (independence formula: {cal['independent_formula_tokens_per_step']:.2f})")
+    print(f"wrote {path}: {len(tree)} nodes, depth {tree.depth}, expected "
+          f"{cal['expected_tokens_per_step']:.2f} tokens/step (independence formula: "
+          f"{cal['independent_formula_tokens_per_step']:.2f})")
     for p in plots:
         print(f"wrote {p}")
     return 0
@@ -88,7 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure head accuracy on held-out data and write tree.json")
     p.add_argument("--heads", required=True, help="heads checkpoint directory (tree.json is written into it)")
     p.add_argument("--data", required=True, help="held-out conversations (any format medusa.data reads)")
-    p.add_argument("--nodes", type=_nodes, default=64, help="tree size including the root, or 'auto': the size (8..64) with the most predicted "
+    p.add_argument("--nodes", type=_nodes, default=64,
+                   help="tree size including the root, or 'auto': the size (8..64) with the most predicted "
                         "tokens/s, decoding steps timed on this device")
     p.add_argument("--max-depth", type=int, default=None, help="deepest tree level (default: all heads)")
     p.add_argument("--topk", type=int, default=10, help="ranks measured per head")

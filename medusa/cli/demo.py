@@ -23,22 +23,26 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the whole pipeline on the embedded default model (offline, ~10 min on a CPU)",
-                       description=__doc__.splitlines()[0] + " Re-running reuses finished stages; delete --out "
+    p = sub.add_parser("demo",
+                       help="the whole pipeline on the embedded default model (offline, ~10 min on a CPU)",
+                       description=__doc__.splitlines()[0]
+                       + " Re-running reuses finished stages; delete --out "
                                                               "to start over.")
     p.add_argument("--model", default=None, help="a local causal LM directory (default: data/default_model)")
     p.add_argument("--out", default="out/demo", help="artefacts directory (default: out/demo)")
-    p.add_argument("--recipe", default=None, help="MEDUSA-1 recipe (default: medusa/pipelines/recipes/default_model_medusa1.yaml)")
+    p.add_argument("--recipe", default=None,
+                   help="MEDUSA-1 recipe (default: medusa/pipelines/recipes/default_model_medusa1.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="key=value",
                    help="recipe override (repeatable), e.g. --set train.epochs=1")
     p.add_argument("--nodes", default="auto", help="tree size or auto (<= 64 nodes, by predicted tokens/s)")
     p.add_argument("--distill-prompts", type=int, default=None, help="prompts to self-distil (default 2400)")
     p.add_argument("--bench-prompts", type=int, default=None, help="held-out benchmark prompts (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per benchmark prompt (default 96)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per benchmark prompt (default 96)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for self-distillation and training (default: torch's)")
     p.add_argument("--timing-threads", type=int, default=1,
-                   help="torch CPU threads while timing: calibration, benchmark, the streamed completion (default 1: "
-                        "the embedded model is tiny and a second thread only adds contention)")
+                   help="torch CPU threads while timing: calibration, benchmark, the streamed completion "
+                        "(default 1: the embedded model is tiny and a second thread only adds contention)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_demo)

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Not argparse `choices`: an unknown format must give a one-line `error:` (exit 2) like other user errors.
     exp.add_argument("--format", required=True, metavar="F", help="vllm | medusa-v1 | tensorrt-llm | tgi")
     exp.add_argument("--tree", default=None, help="tree.json for tensorrt-llm (default: the checkpoint's)")
-    exp.add_argument("--base", default=None, help="base model for shared_lm_head heads (default: the config's)")
+    exp.add_argument("--base", default=None,
+                     help="base model for shared_lm_head heads (default: the config's)")
     exp.add_argument("src", help="a heads checkpoint (this project's format)")
     exp.add_argument("out", help="output directory (replaced atomically)")
     exp.set_defaults(func=_cmd_export)

@@ -37,7 +37,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             streamer = TextStreamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
         out = model.generate(ids, max_new_tokens=args.max_new_tokens, acceptance=args.acceptance,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             posterior_threshold=args.posterior_threshold, posterior_alpha=args.posterior_alpha,
+                             posterior_threshold=args.posterior_threshold,
+                             posterior_alpha=args.posterior_alpha,
                              tree=tree, return_dict_in_generate=True, streamer=streamer, generator=generator,
                              compile=args.compile)
         new = out.sequences.shape[1] - ids.shape[1]
@@ -66,15 +67,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=None,
                    help="as HF generate (unset: the model's generation_config, then 1.0)")
-    p.add_argument("--top-k", type=int, default=None, help="as HF generate (unset: generation_config, then 50)")
-    p.add_argument("--top-p", type=float, default=None, help="as HF generate (unset: generation_config, then 1.0)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="as HF generate (unset: generation_config, then 50)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="as HF generate (unset: generation_config, then 1.0)")
     p.add_argument("--posterior-threshold", type=float, default=0.09, help="typical acceptance epsilon")
     p.add_argument("--posterior-alpha", type=float, default=0.3, help="typical acceptance delta")
     p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--compile", action="store_true",
-                   help="static cache + torch.compile of the step (compiled once per shapes; time shown apart)")
+                   help="static cache + torch.compile of the step (compiled once per shapes; time "
+                        "shown apart)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.add_argument("--profile", action="store_true",

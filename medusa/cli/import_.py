@@ -17,7 +17,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     imp = sub.add_parser("import", help="convert official MEDUSA or vLLM heads into this project's format")
-    imp.add_argument("--base", default=None, help="base model (default: base_model_name_or_path of the source)")
+    imp.add_argument("--base", default=None,
+                     help="base model (default: base_model_name_or_path of the source)")
     imp.add_argument("--format", default="auto", metavar="F", help="auto | medusa-v1 | vllm")
     imp.add_argument("src", help="a directory with medusa_lm_head.safetensors / .pt, or a vLLM Medusa dir")
     imp.add_argument("out", help="output directory (replaced atomically)")

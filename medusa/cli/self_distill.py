@@ -29,7 +29,8 @@ def _cmd_self_distill(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {s['written']} rows to {s['out']} ({s['already_done']} already there, "
           f"{s['errors']} errors + {s['invalid_prompts']} invalid prompts -> {s['errors_file']}"
-          + (f", {s['skipped_failed_before']} failed before: --retry-errors" if s["skipped_failed_before"] else "")
+          + (f", {s['skipped_failed_before']} failed before: --retry-errors"
+             if s["skipped_failed_before"] else "")
           + ")")
     if s.get("generation_s"):
         print(f"{s['completion_tokens']:,} tokens in {s['generation_s']:.1f}s: "

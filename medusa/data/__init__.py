@@ -75,7 +75,8 @@ def load_tokenized(
                 continue
             message = str(exc)
             raise DataError(message if message.startswith(where) else f"{where}: {message}") from None
-        pieces = _windows(ids, labels, max_length) if kind == "text" else [(ids[:max_length], labels[:max_length])]
+        pieces = (_windows(ids, labels, max_length) if kind == "text"
+                  else [(ids[:max_length], labels[:max_length])])
         for piece_ids, piece_labels in pieces:
             if len(piece_ids) < 3 or not has_trainable_target(piece_labels):
                 skipped["no_trainable_tokens"] += 1
@@ -88,7 +89,7 @@ def load_tokenized(
 
 
 def collate(examples: list[dict[str, list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a list of examples: ``input_ids``, ``labels`` (``IGNORE_INDEX`` on padding), ``attention_mask``."""
+    """Right-pad examples: ``input_ids``, ``labels`` (``IGNORE_INDEX`` on padding), ``attention_mask``."""
     width = max(len(ex["input_ids"]) for ex in examples)
     batch = len(examples)
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)  # [B, T]

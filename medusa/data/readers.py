@@ -71,7 +71,8 @@ def _json_array_rows(path: Path, text: str) -> Iterator[tuple[str, Any]]:
         try:
             obj, end = decoder.raw_decode(text, i)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{text.count(chr(10), 0, exc.pos) + 1}: invalid JSON ({exc.msg})") from None
+            raise DataError(f"{path}:{text.count(chr(10), 0, exc.pos) + 1}: invalid JSON "
+                            f"({exc.msg})") from None
         yield f"{path}:{line}", obj
         i = skip_ws(end)
         if i < n and text[i] == ",":
@@ -156,7 +157,8 @@ def _dataset_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
     try:
         ds = datasets.load_dataset(name, split=split)
     except Exception as exc:  # datasets raises many types; all mean "cannot get this dataset"
-        raise DataError(f"{source}: not a local file and cannot be loaded as a dataset ({first_line(exc)})") from None
+        raise DataError(f"{source}: not a local file and cannot be loaded as a dataset "
+                        f"({first_line(exc)})") from None
     for i, row in enumerate(ds):
         yield f"{name}[{split}] row {i}", row
 
@@ -311,7 +313,8 @@ def _first_prompt(where: str, row: Any) -> str:
         return next(m["content"] for m in user_side(row) if m["role"] == "user")
     except RowError as exc:
         if exc.reason == "unknown_format":
-            raise DataError(f"{where}: no 'prompt', 'text', 'question' or 'turns' string in the row") from None
+            raise DataError(f"{where}: no 'prompt', 'text', 'question' or 'turns' "
+                            f"string in the row") from None
         raise DataError(f"{where}: {exc}") from None
 
 

@@ -55,7 +55,8 @@ def resolve_chat_template(tokenizer: Any, template: str | None) -> str | None:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
 
 
 def chat_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
@@ -102,7 +103,8 @@ def encode_sample(tokenizer: Any, kind: str, payload: Any, has_template: bool) -
     if kind == "prompt_completion":
         prompt, completion = payload
         text = prompt + completion
-        return encode_spans(tokenizer, text, [(len(prompt), len(text))], add_special_tokens=True, append_eos=True)
+        return encode_spans(tokenizer, text, [(len(prompt), len(text))], add_special_tokens=True,
+                            append_eos=True)
     if kind == "text":
         return encode_spans(tokenizer, payload, [(0, len(payload))], add_special_tokens=True, append_eos=True)
     raise ValueError(kind)

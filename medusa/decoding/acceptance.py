@@ -71,7 +71,7 @@ def _best_path(ok: torch.Tensor, dt: DecodeTree, score: torch.Tensor | None = No
 
 def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Longest path whose every token equals the base model's argmax at its parent; next = argmax at the end."""
+    """Longest path whose every token is the base model's argmax at its parent; next = argmax at the end."""
     pred = logits.argmax(dim=-1)  # [B, N]
     ok = tokens == pred[:, dt.parents]  # [B, N]
     path, n, last = _best_path(ok, dt)
@@ -85,7 +85,8 @@ def _identity(scores: torch.Tensor) -> torch.Tensor:
 
 def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp | None = None,
                    temperature: float = 1.0, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor,
+                                                                      torch.Tensor, torch.Tensor]:
     """MEDUSA's typical acceptance (lossy: the output is *not* distributed as the base model's samples).
 
     Node i is accepted iff ``p(x_i) > min(epsilon, delta * exp(-H(p)))`` where p is the base distribution at
@@ -110,7 +111,8 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, w
 
 
 def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp | None = None,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor,
+                                                                     torch.Tensor, torch.Tensor]:
     """Lossless recursive rejection sampling over siblings (proposals are the heads' deterministic top-k).
 
     At the current node with target distribution p (the warped base distribution there), try its children

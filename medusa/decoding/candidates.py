@@ -11,7 +11,7 @@ from medusa.tree import MedusaTree
 
 @dataclass
 class DecodeTree:
-    """Everything one decoding step needs about the tree, on one device, built once per (tree, device, dtype)."""
+    """All one decoding step needs about the tree, on one device, built once per (tree, device, dtype)."""
 
     num_nodes: int  # N, root included
     depth: int  # D
@@ -23,7 +23,8 @@ class DecodeTree:
     retrieve_valid: torch.Tensor  # [L, D] bool: retrieve[:, 1:] is a real node
     topk_index: torch.Tensor  # [N-1] long: index of node i>=1 in the flattened [K * kmax] top-k table
     float_mask: torch.Tensor  # [N, N] 0 where node j is i or an ancestor of i, dtype-min elsewhere
-    ancestors: torch.Tensor  # [N, D+1] long: node index of node i's ancestor at each depth (i at its own), 0 past
+    # [N, D+1] long: node index of node i's ancestor at each depth (i at its own), 0 past
+    ancestors: torch.Tensor
     depth_list: list[int]  # node depths on the host (logits processing groups nodes by depth)
 
 

@@ -40,7 +40,7 @@ def step_functions(model: Any, compile: bool) -> StepFns:
 
 
 def with_greedy(fns: StepFns, model: Any, dt: Any) -> StepFns:
-    """``fns`` whose acceptance is compiled greedy acceptance over ``dt`` (for runs without logits processors)."""
+    """``fns`` whose acceptance is compiled greedy acceptance over ``dt`` (runs without logits processors)."""
     cache = model.__dict__.setdefault("_medusa_compiled", {})
     if "greedy" not in cache:
         cache["greedy"] = _compile(greedy_accept, model.device)

@@ -78,9 +78,10 @@ class _Run:
     done: list[bool] = field(default_factory=list)
 
 
-def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, acceptance: str,
+def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     acceptance: str,
                      max_new_tokens: int, tree: Any, streamer: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """Validate the call; returns the tree, the prompt ``[B, P]`` and its mask ``[B, P]`` on the model's device."""
+    """Validate the call; returns the tree, the prompt ``[B, P]`` and its mask ``[B, P]`` on model.device."""
     if acceptance not in ACCEPTANCE:
         raise MedusaError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -93,7 +94,8 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.
     if streamer is not None and input_ids.shape[0] != 1:
         raise MedusaError(f"streamers need batch size 1, got {input_ids.shape[0]}")
     input_ids = input_ids.to(model.device)
-    mask2d = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(model.device)).long()
+    mask2d = (torch.ones_like(input_ids) if attention_mask is None
+              else attention_mask.to(model.device)).long()
     if input_ids.shape[0] > 1 and bool((mask2d[:, -1] == 0).any()):
         raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
     return tree, input_ids, mask2d
@@ -104,17 +106,20 @@ def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any,
     """Resolve the generation settings and the tree buffers; an empty run (no token emitted yet)."""
     b, p = input_ids.shape
     gen = resolve_generation(model.base_model, acceptance != "greedy", input_ids, mask2d,
-                             settings.pop("eos_token_id"), settings.pop("generation_config"), **settings.pop("hf"))
+                             settings.pop("eos_token_id"), settings.pop("generation_config"),
+                             **settings.pop("hf"))
     check_supported(model.base_model, p + max_new_tokens + tree.depth + 1)
     dtype = getattr(unwrap(model.base_model), "dtype", None)  # compute dtype (first floating parameter)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32
     history = None
     if gen.needs_ids:
-        history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)  # [B, P + new]
+        # history: [B, P + new]
+        history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)
         history[:, :p] = input_ids
     return _Run(decode_tree(tree, input_ids.device, dtype), gen, acceptance, max_new_tokens,
-                (settings.pop("posterior_threshold"), settings.pop("posterior_alpha")), settings.pop("generator"),
+                (settings.pop("posterior_threshold"), settings.pop("posterior_alpha")),
+                settings.pop("generator"),
                 history, p, [[] for _ in range(b)], [[] for _ in range(b)], [False] * b)
 
 
@@ -122,7 +127,8 @@ def _choose_root(run: _Run, input_ids: torch.Tensor, logits: torch.Tensor) -> to
     """The first new token from the prompt's last logits ``[B, V]``, as HF's first generate step."""
     scores = logits.float()
     if run.gen.needs_ids:
-        scores = apply_processors(run.gen, input_ids, scores, torch.arange(logits.shape[0], device=logits.device))
+        scores = apply_processors(run.gen, input_ids, scores,
+                                  torch.arange(logits.shape[0], device=logits.device))
     if run.acceptance == "greedy":
         return scores.argmax(dim=-1)
     probs = torch.softmax(warp_scores(run.gen, scores), dim=-1)
@@ -202,8 +208,8 @@ def medusa_generate(
     (:mod:`medusa.decoding.static_cache`); ``compile=True`` (implies static): the step is ``torch.compile``d
     once per (batch, tree size, cache bucket); compile time is reported apart (``compile_time_s``).
     """
-    tree, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens, tree,
-                                               streamer)
+    tree, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance,
+                                               max_new_tokens, tree, streamer)
     hf = dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p)
     run = _start(model, input_ids, mask2d, tree, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, hf=hf, generator=generator,
@@ -280,7 +286,7 @@ def _decode_loop(model: Any, state: Any, run: _Run, first: list[int], streamer: 
 
 
 def _assemble(input_ids: torch.Tensor, generated: list[list[int]], pad_id: int) -> torch.Tensor:
-    """``[B, P + width]``: prompt then each row's new tokens, padded with ``pad_id`` as HF pads finished rows."""
+    """``[B, P + width]``: prompt then each row's new tokens, padded with ``pad_id`` as HF pads finished."""
     b = input_ids.shape[0]
     width = max(len(g) for g in generated)
     new_tokens = torch.full((b, width), pad_id, dtype=input_ids.dtype)  # [B, width]
@@ -354,7 +360,7 @@ def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
     path, n_acc, nxt = accept(out.logits, tokens)  # logits [B, N, V]
     last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
     hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
-    state.head_topk = model.heads.topk(hidden[:, 0], dt.kmax)  # [K, B, kmax] target ids (draft vocab mapped back)
+    state.head_topk = model.heads.topk(hidden[:, 0], dt.kmax)  # [K, B, kmax] target ids (draft ids mapped)
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
     both = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
     host, host_path = both[:, :dt.depth + 3], both[:, dt.depth + 3:]  # the step's one device sync

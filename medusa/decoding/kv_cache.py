@@ -23,20 +23,24 @@ def check_supported(model: torch.nn.Module, total_length: int) -> None:
     cfg = text_config(model)
     impl = getattr(cfg, "_attn_implementation", None) or getattr(inner.config, "_attn_implementation", None)
     if impl is not None and ("flash" in str(impl) or "paged" in str(impl)):
-        raise MedusaError(f"{type(inner).__name__}: attn_implementation={impl!r} cannot take a 4-D tree attention "
-                          "mask; load the base model with attn_implementation='sdpa' or 'eager'")
+        raise MedusaError(f"{type(inner).__name__}: attn_implementation={impl!r} cannot take a 4-D "
+                          "tree attention mask; load the base model with attn_implementation='sdpa' or "
+                          "'eager'")
     if getattr(inner.config, "is_encoder_decoder", False):
-        raise MedusaError(f"{type(inner).__name__}: encoder-decoder models are not supported by MEDUSA decoding")
+        raise MedusaError(f"{type(inner).__name__}: encoder-decoder models are not supported by "
+                          f"MEDUSA decoding")
     window = getattr(cfg, "sliding_window", None)
     layer_types = getattr(cfg, "layer_types", None) or []
     sliding = window is not None and getattr(cfg, "use_sliding_window", True) is not False and (
         not layer_types or "sliding_attention" in layer_types)
     if sliding and total_length > int(window):
-        raise MedusaError(f"{cfg.model_type}: prompt + max_new_tokens + tree depth ({total_length}) exceeds the "
-                          f"sliding window ({window}); MEDUSA decoding keeps full-attention caches only")
+        raise MedusaError(f"{cfg.model_type}: prompt + max_new_tokens + tree depth ({total_length}) "
+                          f"exceeds the sliding window ({window}); MEDUSA decoding keeps full-attention "
+                          f"caches only")
 
 
-def compact_cache(cache: Any, past_len: int, keep_index: torch.Tensor | None, keep: int | None = None) -> None:
+def compact_cache(cache: Any, past_len: int, keep_index: torch.Tensor | None,
+                  keep: int | None = None) -> None:
     """Keep only the accepted tree entries: for every layer, entries ``past_len + keep_index[b, j]`` move in
     place to ``past_len + j`` and the cache is cut to ``past_len + A`` (``keep_index [B, A]``).
     ``keep_index=None`` with ``keep=A``: the kept entries are already the first A; only cut."""

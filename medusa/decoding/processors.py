@@ -5,10 +5,10 @@ HF's global defaults (HF's priority), refuses every setting that would change th
 does not reproduce (:class:`MedusaError` naming it), and builds transformers' own ``LogitsProcessor``
 objects in the order ``GenerationMixin._get_logits_processor`` builds them.
 
-Processors see token ids (sequence bias, repetition penalty, n-gram bans, min length, bad words...): :func:`process_tree`
-gives each tree node its own prefix (padded prompt + the row's emitted tokens + the node's path), so the
-scores at a node are exactly those HF computes after that prefix. Warpers (temperature, top-k...) only
-see scores, so they run on all nodes at once (:func:`warp_scores`).
+Processors see token ids (sequence bias, repetition penalty, n-gram bans, min length, bad words...):
+:func:`process_tree` gives each tree node its own prefix (padded prompt + the row's emitted tokens + the
+node's path), so the scores at a node are exactly those HF computes after that prefix. Warpers (temperature,
+top-k...) only see scores, so they run on all nodes at once (:func:`warp_scores`).
 """
 
 from __future__ import annotations
@@ -124,13 +124,15 @@ def _build_processors(cfg: Any, eos: list[int], prompt_len: int, device: torch.d
     if min_length is not None and eos_t is not None and min_length > 0:
         procs.append(lp.MinLengthLogitsProcessor(min_length, eos_t, device=device))
     if cfg.min_new_tokens is not None and eos_t is not None and cfg.min_new_tokens > 0:
-        procs.append(lp.MinNewTokensLengthLogitsProcessor(prompt_len, cfg.min_new_tokens, eos_t, device=device))
+        procs.append(lp.MinNewTokensLengthLogitsProcessor(prompt_len, cfg.min_new_tokens, eos_t,
+                                                          device=device))
     if cfg.remove_invalid_values is True:
         procs.append(lp.InfNanRemoveLogitsProcessor())
     if cfg.suppress_tokens is not None:
         procs.append(lp.SuppressTokensLogitsProcessor(cfg.suppress_tokens, device=device))
     if cfg.begin_suppress_tokens is not None:
-        procs.append(lp.SuppressTokensAtBeginLogitsProcessor(cfg.begin_suppress_tokens, prompt_len, device=device))
+        procs.append(lp.SuppressTokensAtBeginLogitsProcessor(cfg.begin_suppress_tokens, prompt_len,
+                                                             device=device))
     return procs
 
 
@@ -185,7 +187,8 @@ def resolve_generation(base: Any, sampling: bool, input_ids: torch.Tensor, mask2
     return gen
 
 
-def apply_processors(gen: Generation, ids: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def apply_processors(gen: Generation, ids: torch.Tensor, scores: torch.Tensor,
+                     rows: torch.Tensor) -> torch.Tensor:
     """``scores [R, V]`` (fp32) after ``ids [R, T]``, whose batch rows are ``rows [R]``: HF's processors."""
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
@@ -235,12 +238,13 @@ def process_tree(gen: Generation, history: torch.Tensor, lengths: list[int], act
             path = ancestors.index_select(0, nodes)[:, 1:d + 1]  # [n_d, d] nodes below the root
             path_tok = tokens.index_select(0, rows)[:, path]  # [r, n_d, d]
             r, n_d = len(row_list), len(node_list)
-            ids = torch.cat([prefix.unsqueeze(1).expand(r, n_d, length), path_tok], dim=2).reshape(r * n_d, -1)
+            ids = torch.cat([prefix.unsqueeze(1).expand(r, n_d, length), path_tok],
+                            dim=2).reshape(r * n_d, -1)
             sel = out[rows.view(r, 1), nodes.view(1, n_d)].reshape(r * n_d, v)  # [r * n_d, V]
             done = apply_processors(gen, ids, sel, rows.repeat_interleave(n_d))
             out[rows.view(r, 1), nodes.view(1, n_d)] = done.view(r, n_d, v)
     return out
 
 
-__all__ = ["Generation", "apply_processors", "merged_config", "build_warpers", "check_supported_settings", "process_tree",
-           "resolve_generation", "warp_scores"]
+__all__ = ["Generation", "apply_processors", "merged_config", "build_warpers", "check_supported_settings",
+           "process_tree", "resolve_generation", "warp_scores"]

@@ -45,8 +45,8 @@ def new_static_cache(model: Any, max_len: int) -> Any:
 
     cache = StaticCache(config=unwrap(model.base_model).config, max_cache_len=max_len)
     if any(type(layer) is not StaticLayer for layer in cache.layers):
-        raise MedusaError(f"{text_config(model.base_model).model_type}: the static cache path needs full-attention "
-                          "layers only (sliding-window layers found); use the default cache")
+        raise MedusaError(f"{text_config(model.base_model).model_type}: the static cache path needs "
+                          "full-attention layers only (sliding-window layers found); use the default cache")
     return cache
 
 
@@ -57,7 +57,7 @@ class StaticState:
     dt: DecodeTree
     cache: Any  # StaticCache: [B, H, L, hd] per layer; columns < past hold the rows' tokens and holes
     mask: torch.Tensor  # [B, 1, N, L] float: 0 real token / dtype-min pad, hole or unused column
-    past: torch.Tensor  # [] long: used cache columns, equal for all rows (advances by the step's largest gain)
+    past: torch.Tensor  # [] long: used cache columns, equal for all rows (advance: the step's largest gain)
     n_valid: torch.Tensor  # [B] real tokens in each row's cache = the next position id
     root: torch.Tensor  # [B] the next tree's root token
     head_topk: torch.Tensor  # [K, B, kmax] heads' top-k tokens at the last cached position
@@ -85,10 +85,12 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt
     position_ids = mask2d.cumsum(-1) - 1  # [B, P]
     position_ids.masked_fill_(mask2d == 0, 1)
     causal = torch.ones(p, max_len, dtype=torch.bool, device=device).tril()  # [P, L]: key j <= query i
-    keep = causal.view(1, 1, p, max_len) & torch.nn.functional.pad(mask2d.bool(), (0, max_len - p)).view(b, 1, 1,
+    keep = causal.view(1, 1, p, max_len) & torch.nn.functional.pad(mask2d.bool(),
+                                                                   (0, max_len - p)).view(b, 1, 1,
                                                                                                           max_len)
     prompt_mask = torch.where(keep, 0.0, neg).to(dtype)  # [B, 1, P, L]
-    out = model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=position_ids, past_key_values=cache,
+    out = model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=position_ids,
+                past_key_values=cache,
                 use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=True)
     last = out.logits[:, -1]  # [B, V]
     root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
@@ -105,7 +107,8 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt
 def verify(model: Any, cache: Any, mask: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
            cols: torch.Tensor, float_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Write the tree's mask columns ``cols [N]`` (= past + arange(N)) and run the tree ``tokens [B, N]`` at
-    ``positions [B, N]`` into the cache there. Returns logits ``[B, N, V]`` and hidden states ``[B, N, d]``."""
+    ``positions [B, N]`` into the cache there. Returns logits ``[B, N, V]`` and hidden states
+    ``[B, N, d]``."""
     b, n = tokens.shape
     mask.index_copy_(3, cols, float_mask.view(1, 1, n, n).expand(b, 1, n, n))  # mask: [B, 1, N, L]
     for layer in cache.layers:
@@ -118,9 +121,9 @@ def verify(model: Any, cache: Any, mask: torch.Tensor, tokens: torch.Tensor, pos
 def finish(model: Any, cache: Any, mask: torch.Tensor, past: torch.Tensor, path: torch.Tensor,
            n_acc: torch.Tensor, hidden: torch.Tensor, cols: torch.Tensor, arange_n: torch.Tensor, kmax: int
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """After acceptance (``path [B, D+1]`` node indices, ``n_acc [B]``): the heads' top-k at the last kept node,
-    the kept entries moved to columns ``past .. past+D`` of each row (fixed D+1 wide; entries past the row's
-    keep are masked), their mask columns set, ``past`` advanced by the largest keep. Returns
+    """After acceptance (``path [B, D+1]`` node indices, ``n_acc [B]``): the heads' top-k at the last kept
+    node, the kept entries moved to columns ``past .. past+D`` of each row (fixed D+1 wide; entries past the
+    row's keep are masked), their mask columns set, ``past`` advanced by the largest keep. Returns
     (head_topk ``[K, B, kmax]``, keep ``[B]``)."""
     b, width = path.shape
     n = cols.shape[0]

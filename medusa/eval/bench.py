@@ -56,7 +56,7 @@ def _generation_config(base: Any, ignore_eos: bool, pad_token_id: int | None, ma
 def _pad_id(base: Any, tokenizer: Any) -> int | None:
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
-        eos = getattr(base.generation_config, "eos_token_id", None) if hasattr(base, "generation_config") else None
+        eos = getattr(getattr(base, "generation_config", None), "eos_token_id", None)
         pad = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
     return pad if pad is not None else 0
 
@@ -137,7 +137,8 @@ def run_assisted(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
 def run_prompt_lookup(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
     """HF prompt-lookup decoding."""
     torch.manual_seed(s.seed + i)
-    return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=s.lookup_cfg)
+    return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                       generation_config=s.lookup_cfg)
 
 
 def static_compiled_config(gen_cfg: Any, device: torch.device) -> Any:
@@ -170,8 +171,8 @@ def run_medusa_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
                             compile=True)
 
 
-RUNNERS: dict[str, Callable[[BenchSetup, torch.Tensor, int], Any]] = {
-    "baseline": run_baseline, "medusa": run_medusa, "assisted": run_assisted, "prompt_lookup": run_prompt_lookup,
+RUNNERS: dict[str, Callable[[BenchSetup, torch.Tensor, int], Any]] = {"baseline": run_baseline,
+    "medusa": run_medusa, "assisted": run_assisted, "prompt_lookup": run_prompt_lookup,
     "baseline_compiled": run_baseline_compiled, "medusa_compiled": run_medusa_compiled}
 COMPILED = ("baseline_compiled", "medusa_compiled")
 
@@ -237,7 +238,7 @@ def prompt_row(prompt: str, prompt_len: int, best: dict[str, float], outputs: di
             row[f"{extra}_new_tokens"] = new[extra]
             row[f"{extra}_tokens_per_s"] = new[extra] / best[extra]
             row[f"{extra}_speedup"] = row[f"{extra}_tokens_per_s"] / row["baseline_tokens_per_s"]
-            row[f"{extra}_exact_match"] = bool(torch.equal(outputs[extra][0].cpu(), base_seq)) if greedy else None
+            row[f"{extra}_exact_match"] = torch.equal(outputs[extra][0].cpu(), base_seq) if greedy else None
     return row
 
 
@@ -261,7 +262,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
           repeats: int = 1, ignore_eos: bool = True, seed: int = 0, progress: bool = True,
           plain_step_samples: int = 32, chat: bool = False,
           categories: Sequence[str] | None = None, compile: bool = False) -> dict[str, Any]:
-    """Measure ``model`` (a :class:`MedusaModel`) against its own base model on ``prompts``; returns the report.
+    """Measure ``model`` (a :class:`MedusaModel`) against its base model on ``prompts``; returns the report.
 
     ``acceptance="greedy"`` compares with ``generate(do_sample=False)``; ``"sample"`` / ``"typical"`` with
     ``generate(do_sample=True, temperature, top_k, top_p)`` (then ``greedy_exact_match`` is None).
@@ -298,7 +299,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
         generated.append(medusa_out.sequences[0, ids.shape[1]:].cpu())
         rows.append(row if categories is None else {**row, "category": categories[i]})
         bar.update(1)
-        bar.set_postfix(speedup=f"{rows[-1]['speedup']:.2f}", tps=f"{rows[-1]['tokens_per_step']:.2f}", refresh=False)
+        bar.set_postfix(speedup=f"{row['speedup']:.2f}", tps=f"{row['tokens_per_step']:.2f}", refresh=False)
     bar.close()
     config = bench_config(s, assistant_model, prompt_lookup, prompt_lookup_num_tokens, repeats, ignore_eos)
     config["chat_template"] = chat
@@ -312,8 +313,8 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
 
 def method_names(assisted: bool, prompt_lookup: bool, compile: bool) -> list[str]:
     """The methods one bench run times, in order (keys of :data:`RUNNERS`)."""
-    return (["baseline", "medusa"] + (["assisted"] if assisted else []) + (["prompt_lookup"] if prompt_lookup else [])
-            + (list(COMPILED) if compile else []))
+    return (["baseline", "medusa"] + (["assisted"] if assisted else [])
+            + (["prompt_lookup"] if prompt_lookup else []) + (list(COMPILED) if compile else []))
 
 
 def measure_prompt(s: BenchSetup, names: Sequence[str], prompt: str, ids: torch.Tensor, i: int, repeats: int,
@@ -373,8 +374,7 @@ def bench_config(s: BenchSetup, assistant_model: Any, prompt_lookup: bool, looku
         "acceptance": s.acceptance,
         "temperature": None if s.acceptance == "greedy" else s.temperature,
         "top_k": s.top_k, "top_p": s.top_p,
-        "ignore_eos": ignore_eos,
-        "repeats": repeats,
+        "ignore_eos": ignore_eos, "repeats": repeats,
         "seed": s.seed,
         "dtype": str(params.dtype).removeprefix("torch."),
         "device": str(params.device),

@@ -34,7 +34,8 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
         ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
         best_hf, best_md, best_plain, md_out = float("inf"), float("inf"), float("inf"), None
         for _ in range(repeats):
-            ref, seconds = timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens, do_sample=False), device)
+            ref, seconds = timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens,
+                                                       do_sample=False), device)
             best_hf = min(best_hf, seconds)
             out, seconds = timed(lambda: model.generate(ids, max_new_tokens=max_new_tokens, tree=tree,
                                                         return_dict_in_generate=True), device)
@@ -69,8 +70,8 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
 
 
 def format_profile(s: dict[str, Any]) -> str:
-    return (f"tree {s['tree_nodes'] or 'default'} nodes, {s['prompts']} prompts x {s['max_new_tokens']} tokens\n"
-            f"tokens/step          {s['tokens_per_step']:.2f}\n"
+    return (f"tree {s['tree_nodes'] or 'default'} nodes, {s['prompts']} prompts x "
+            f"{s['max_new_tokens']} tokens\ntokens/step          {s['tokens_per_step']:.2f}\n"
             f"MEDUSA step          {s['medusa_step_ms']:.2f} ms\n"
             f"plain decode step    {s['plain_step_ms']:.2f} ms\n"
             f"overhead             {s['overhead']:.2f}\n"

@@ -53,7 +53,8 @@ def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str
     """The report: ``config``, the figures over all rows, the accepted-length histogram, the figures per
     category when rows carry a ``category`` (Spec-Bench style), and the rows."""
     report: dict[str, Any] = {"config": config, **aggregate(rows),
-                              "accept_length_histogram": {str(k): accept_hist[k] for k in sorted(accept_hist)}}
+                              "accept_length_histogram": {str(k): accept_hist[k]
+                                                          for k in sorted(accept_hist)}}
     if "category" in rows[0]:
         names = list(dict.fromkeys(r["category"] for r in rows))  # first-seen order
         report["categories"] = {c: aggregate([r for r in rows if r["category"] == c]) for c in names}
@@ -73,7 +74,8 @@ def category_table(report: dict[str, Any]) -> str:
         cells = [name, str(g["prompts"]), f"{g['tokens_per_step']:.2f}", f"{g['speedup']:.2f}x",
                  _frac(g["greedy_exact_match"])]
         if lookup:
-            cells += [f"{g['prompt_lookup']['speedup']:.2f}x", _frac(g["prompt_lookup"]["greedy_exact_match"])]
+            cells += [f"{g['prompt_lookup']['speedup']:.2f}x",
+                      _frac(g["prompt_lookup"]["greedy_exact_match"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -84,14 +86,16 @@ def markdown_table(report: dict[str, Any]) -> str:
     c = report["config"]
     lines = [
         (f"MEDUSA vs HF `generate` — {c['base_model'] or 'base'}, {c['num_heads']} heads, tree "
-        f"{c['tree_nodes'] or 'default'} nodes, {report['prompts']} prompts x {c['max_new_tokens']} new tokens, "
-        f"{c['acceptance']}, {c['dtype']} on {c['hardware']} ({c['torch_threads']} threads), {c['date']}"),
-        "",
+        f"{c['tree_nodes'] or 'default'} nodes, {report['prompts']} prompts x {c['max_new_tokens']} "
+        f"new tokens, {c['acceptance']}, {c['dtype']} on {c['hardware']} ({c['torch_threads']} threads), "
+        f"{c['date']}"), "",
         "| method | tokens/s | speedup (median) | tokens/step | step ms | identical output |",
         "|---|---:|---:|---:|---:|---:|",
-        f"| HF generate | {report['baseline_tokens_per_s']:.1f} | 1.00x | 1.00 | {report['hf_step_ms']:.2f} | — |",
+        f"| HF generate | {report['baseline_tokens_per_s']:.1f} | 1.00x | 1.00 | "
+        f"{report['hf_step_ms']:.2f} | — |",
         (f"| MEDUSA | {report['medusa_tokens_per_s']:.1f} | {report['speedup']:.2f}x | "
-        f"{report['tokens_per_step']:.2f} | {report['medusa_step_ms']:.2f} | {_frac(report['greedy_exact_match'])} |"),
+        f"{report['tokens_per_step']:.2f} | {report['medusa_step_ms']:.2f} | "
+        f"{_frac(report['greedy_exact_match'])} |"),
     ]
     for extra, label in (("assisted", "HF assisted (draft model)"), ("prompt_lookup", "HF prompt lookup")):
         if report.get(extra):
@@ -100,7 +104,8 @@ def markdown_table(report: dict[str, Any]) -> str:
                          f"{_frac(e['greedy_exact_match'])} |")
     lines += ["", (f"overhead (MEDUSA step / plain 1-token forward {report['plain_step_ms']:.2f} ms): "
               f"{report['overhead']:.2f}"), "",
-              "| # | prompt tokens | new | baseline tok/s | MEDUSA tok/s | speedup | tokens/step | identical |",
+              ("| # | prompt tokens | new | baseline tok/s | MEDUSA tok/s | speedup | tokens/step | "
+               "identical |"),
               "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(report["rows"]):
         lines.append(f"| {i} | {r['prompt_tokens']} | {r['new_tokens']} | {r['baseline_tokens_per_s']:.1f} | "
@@ -170,7 +175,8 @@ def format_summary(report: dict[str, Any]) -> str:
              (f"speedup (median)     {report['speedup']:8.2f}x   (range {report['speedup_min']:.2f}-"
              f"{report['speedup_max']:.2f})"),
              f"tokens/step          {report['tokens_per_step']:8.2f}",
-             (f"overhead             {report['overhead']:8.2f}   (MEDUSA step {report['medusa_step_ms']:.2f} ms / "
+             (f"overhead             {report['overhead']:8.2f}   (MEDUSA step "
+              f"{report['medusa_step_ms']:.2f} ms / "
              f"plain forward {report['plain_step_ms']:.2f} ms)")]
     if report["greedy_exact_match"] is not None:
         lines.append(f"greedy exact match   {report['greedy_exact_match']:8.2f}")

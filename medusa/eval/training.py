@@ -63,7 +63,8 @@ def measure_memory(args: argparse.Namespace) -> list[dict]:
                str(args.seq), str(heads), str(args.hidden), str(args.chunk)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            results.append({"variant": variant, "heads": heads, "error": proc.stderr.strip().splitlines()[-1:]})
+            results.append({"variant": variant, "heads": heads,
+                            "error": proc.stderr.strip().splitlines()[-1:]})
         else:
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(json.dumps(results[-1]), flush=True)
@@ -84,7 +85,8 @@ def measure_throughput(args: argparse.Namespace) -> dict:
     optimizer = torch.optim.AdamW(S.param_groups(trainable, recipe.train.lr, recipe.train.weight_decay, 1.0),
                                   lr=recipe.train.lr)
     bs = recipe.train.batch_size
-    batches = [collate(data.train.examples[i * bs:(i + 1) * bs], data.pad_token_id) for i in range(args.steps + 3)]
+    batches = [collate(data.train.examples[i * bs:(i + 1) * bs], data.pad_token_id)
+               for i in range(args.steps + 3)]
     batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     tokens = sum(int(b["attention_mask"].sum()) for b in batches[3:])
 
@@ -102,7 +104,8 @@ def measure_throughput(args: argparse.Namespace) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     timings = {}
-    for name, fn in (("forward_only", forward_only), ("train", train_step), ("forward_only_again", forward_only)):
+    for name, fn in (("forward_only", forward_only), ("train", train_step),
+                     ("forward_only_again", forward_only)):
         for b in batches[:3]:
             fn(b)  # warm-up
         sync()
@@ -112,7 +115,8 @@ def measure_throughput(args: argparse.Namespace) -> dict:
         sync()
         timings[name] = time.perf_counter() - t0
     fwd = min(timings["forward_only"], timings["forward_only_again"])
-    result = {"device": str(device), "threads": torch.get_num_threads(), "steps": args.steps, "batch_size": bs,
+    result = {"device": str(device), "threads": torch.get_num_threads(), "steps": args.steps,
+              "batch_size": bs,
               "max_length": recipe.data.max_length, "num_heads": recipe.heads.num_heads, "tokens": tokens,
               "forward_only_tokens_per_s": tokens / fwd, "train_tokens_per_s": tokens / timings["train"],
               "ratio": fwd / timings["train"]}
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "_memory_child":
         variant, vocab, seq, heads, hidden, chunk = argv[1:7]
-        print(json.dumps(loss_memory_child(variant, int(vocab), int(seq), int(heads), int(hidden), int(chunk))))
+        print(json.dumps(loss_memory_child(variant, int(vocab), int(seq), int(heads),
+                                           int(hidden), int(chunk))))
         return 0
     parser = argparse.ArgumentParser(prog="python -m medusa.eval.training")
     sub = parser.add_subparsers(dest="what", required=True)

@@ -65,7 +65,8 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     pre = MedusaConfig.load(src)
     if pre.draft_vocab and format != "vllm":
         raise MedusaError(f"{src}: --format {format} cannot express a draft vocabulary (heads.draft_vocab: "
-                          f"{pre.draft_vocab}); export it with --format vllm, or train with heads.draft_vocab: 0")
+                          f"{pre.draft_vocab}); export it with --format vllm, or train with "
+                          f"heads.draft_vocab: 0")
     keep_shared = format == "tgi" and pre.head_type == "shared_lm_head" and pre.num_layers == 1
     config, heads = read_our_checkpoint(src, base=base, materialise=not keep_shared)
     choices = None
@@ -107,7 +108,8 @@ def detect_format(src: Path) -> str:
     if src.is_file() and src.suffix in (".pt", ".safetensors"):
         return "medusa-v1"
     if not src.is_dir():
-        raise CheckpointError(f"{src}: not found" if not src.exists() else f"{src}: not a checkpoint directory")
+        raise CheckpointError(f"{src}: not found" if not src.exists()
+                              else f"{src}: not a checkpoint directory")
     if is_vllm_dir(src):
         return "vllm"
     if is_v1_dir(src):
@@ -138,8 +140,8 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
                               f"have {heads.hidden_size}")
     heads_vocab = heads.full_vocab_size if heads.token_map is not None else heads.vocab_size
     if not heads.shared_lm_head and (hidden != heads.hidden_size or vocab != heads_vocab):
-        raise CheckpointError(f"base model {base_name!r} has hidden_size {hidden} / vocab_size {vocab} but the "
-                              f"heads in {src} have {heads.hidden_size} / {heads_vocab}")
+        raise CheckpointError(f"base model {base_name!r} has hidden_size {hidden} / vocab_size "
+                              f"{vocab} but the heads in {src} have {heads.hidden_size} / {heads_vocab}")
     if heads.shared_lm_head:
         fmt = "medusa-v2" if fmt == "medusa-v1" else fmt
     if base_name and Path(base_name).is_dir():
@@ -167,7 +169,8 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
 def our_tensors(heads: HeadsState) -> dict:
     """Canonical heads -> the tensor names of ``medusa_heads.safetensors`` (``linear`` heads, or
     ``shared_lm_head`` heads without ``lm_heads.*``)."""
-    out = named_tensors(heads, "blocks.{k}.{l}.linear", None if heads.shared_lm_head else "lm_heads.{k}.weight")
+    out = named_tensors(heads, "blocks.{k}.{l}.linear", None if heads.shared_lm_head
+                        else "lm_heads.{k}.weight")
     if heads.token_map is not None:
         out["token_map"] = heads.token_map.to(torch.int64).contiguous()
     return out

@@ -88,7 +88,8 @@ class HeadsState:
         d = self.hidden_size
         if len(self.b1) != self.num_heads or (self.w2 is not None and len(self.w2) != self.num_heads):
             raise CheckpointError(f"{source}: ResBlocks found for {self.num_heads} heads but biases for "
-                                  f"{len(self.b1)}" + ("" if self.w2 is None else f" and W2 for {len(self.w2)}"))
+                                  f"{len(self.b1)}"
+                                  + ("" if self.w2 is None else f" and W2 for {len(self.w2)}"))
         for k in range(self.num_heads):
             if len(self.w1[k]) != self.num_layers or len(self.b1[k]) != self.num_layers:
                 raise CheckpointError(f"{source}: head {k} has {len(self.w1[k])} layer(s), head 0 has "
@@ -98,8 +99,9 @@ class HeadsState:
                                       f"expected {(self.vocab_size, d)}")
             for l in range(self.num_layers):
                 if tuple(self.w1[k][l].shape) != (d, d) or tuple(self.b1[k][l].shape) != (d,):
-                    raise CheckpointError(f"{source}: head {k} layer {l} has W1 {tuple(self.w1[k][l].shape)} / "
-                                          f"bias {tuple(self.b1[k][l].shape)}, expected {(d, d)} / {(d,)}")
+                    raise CheckpointError(f"{source}: head {k} layer {l} has W1 "
+                                          f"{tuple(self.w1[k][l].shape)} / bias "
+                                          f"{tuple(self.b1[k][l].shape)}, expected {(d, d)} / {(d,)}")
 
 
 def read_our_checkpoint(path: str | Path, base: str | None = None,
@@ -128,7 +130,9 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
         w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
     elif materialise:
         dtype = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
-        shared = base_lm_head_weight(base_location(path, config, base, hint="shared_lm_head heads need the base model, pass --base"), dtype)
+        shared = base_lm_head_weight(base_location(path, config, base,
+                                                   hint="shared_lm_head heads need the base model, pass "
+                                                        "--base"), dtype)
         if tuple(shared.shape) != (config.vocab_size, config.hidden_size):
             raise CheckpointError(f"base LM head has shape {tuple(shared.shape)} but {path / CONFIG_NAME} "
                                   f"says vocab {config.vocab_size} x hidden {config.hidden_size}")
@@ -142,7 +146,8 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
         tree = MedusaTree.from_json(path / TREE_NAME)
         choices = [list(c) for c in tree.choices]
     heads = HeadsState(w1, b1, w2, base_model_name_or_path=config.base_model_name_or_path, choices=choices,
-                       token_map=token_map, full_vocab_size=config.vocab_size if token_map is not None else None)
+                       token_map=token_map,
+                       full_vocab_size=config.vocab_size if token_map is not None else None)
     heads.check(src)
     return config, heads
 

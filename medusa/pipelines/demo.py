@@ -73,10 +73,12 @@ def held_out_files(model_dir: str | Path, stdlib: str | Path | None = None) -> l
         if top in ("site-packages", "dist-packages"):
             continue
         name = rel.parts[1].removesuffix(".py") if top == "test" and len(rel.parts) > 1 else None
-        if top in modules or (name and any(name == f"test_{m}" or name.startswith(f"test_{m}_") for m in modules)):
+        if top in modules or (name and any(name == f"test_{m}" or name.startswith(f"test_{m}_")
+                                           for m in modules)):
             files.append(path)
     if not files:
-        raise DataError(f"{root}: none of the held-out modules {', '.join(modules)} found in the standard library")
+        raise DataError(f"{root}: none of the held-out modules {', '.join(modules)} found in the "
+                        f"standard library")
     return files
 
 
@@ -103,12 +105,13 @@ def _spread(items: list[Any], n: int) -> list[Any]:
 
 
 def split_prompts(s: DemoSettings) -> dict[str, list[dict[str, str]]]:
-    """By file: every 8th held-out file gives benchmark prompts, the next calibration, the rest distillation."""
+    """By file: every 8th held-out file gives bench prompts, the next calibration, the rest distillation."""
     from transformers import AutoConfig, AutoTokenizer
 
     files = held_out_files(s.model)
     tokenizer = AutoTokenizer.from_pretrained(s.model)
-    positions = getattr(AutoConfig.from_pretrained(s.model).get_text_config(), "max_position_embeddings", None)
+    positions = getattr(AutoConfig.from_pretrained(s.model).get_text_config(),
+                        "max_position_embeddings", None)
     # prompt + reply (+ a MEDUSA tree's depth, for the benchmark) must fit the model's positions
     budget = positions - max(s.distill_tokens, s.max_new_tokens) - 8 if positions else None
     buckets: dict[str, list[str]] = {"distill": [], "calib": [], "bench": []}
@@ -160,14 +163,15 @@ def run(s: DemoSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
     done["train"] = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
     with S.torch_threads(s.timing_threads):
         done["calibrate"] = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
-            done["train"]["final_dir"], out / "final", data / "calib.jsonl", nodes=s.nodes, progress=s.progress),
-            log)
-    done["export"] = S.run_stage(out, "export", lambda: S.export_stage(out / "final", out / "export" / "vllm"), log)
+            done["train"]["final_dir"], out / "final", data / "calib.jsonl", nodes=s.nodes,
+            progress=s.progress), log)
+    done["export"] = S.run_stage(out, "export",
+                                 lambda: S.export_stage(out / "final", out / "export" / "vllm"), log)
     prompts = [r["prompt"] for r in rows["bench"]]
     with S.torch_threads(s.timing_threads):
         done["bench"] = S.run_stage(out, "bench", lambda: S.bench_stage(
-            out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats, progress=s.progress),
-            log)
+            out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats,
+            progress=s.progress), log)
     summary = {"settings": asdict(s), "stages": done}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
@@ -223,12 +227,13 @@ def main(s: DemoSettings) -> int:
           f"{res.tokens_per_step:.2f} tokens/step ---\n")
     print(comparison_table(report))
     stages = summary["stages"]
-    print("\nstages: " + ", ".join(f"{k} {v.get('seconds', 0):.0f}s" + (" (reused)" if v.get("reused") else "")
+    print("\nstages: " + ", ".join(f"{k} {v.get('seconds', 0):.0f}s" + (" (reused)"
+                                                                        if v.get("reused") else "")
                                    for k, v in stages.items()))
     print(f"artefacts: heads + tree {out / 'final'}, vLLM export {out / 'export' / 'vllm'}, "
           f"report {out / 'report.json'} (+ .md, PNGs); this run took {time.perf_counter() - t0:.0f}s")
     return 0
 
 
-__all__ = ["DemoSettings", "code_prompts", "comparison_table", "held_out_files", "main", "run", "split_prompts",
-           "stream_one"]
+__all__ = ["DemoSettings", "code_prompts", "comparison_table", "held_out_files", "main", "run",
+           "split_prompts", "stream_one"]

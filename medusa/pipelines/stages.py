@@ -26,8 +26,8 @@ def marker_path(root: str | Path, name: str) -> Path:
     return Path(root) / ".stages" / f"{name}.json"
 
 
-def run_stage(root: str | Path, name: str, fn: Callable[[], dict[str, Any]], log: Callable[[str], None] = print,
-              force: bool = False) -> dict[str, Any]:
+def run_stage(root: str | Path, name: str, fn: Callable[[], dict[str, Any]],
+              log: Callable[[str], None] = print, force: bool = False) -> dict[str, Any]:
     """Run ``fn`` unless its marker exists; returns the stage summary (``seconds`` and ``reused`` added)."""
     marker = marker_path(root, name)
     if marker.is_file() and not force:
@@ -82,16 +82,19 @@ def concat_jsonl(out: str | Path, sources: Sequence[str | Path]) -> Path:
 
 
 # ---------------------------------------------------------------------------------------- stages
-def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_tokens: int, temperature: float = 0.0,
+def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_tokens: int,
+            temperature: float = 0.0,
             num_samples: int = 1, batch_size: int = 64, seed: int = 0, progress: bool = True,
             model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Completion-mode self-distillation with the local backend (``{"prompt", "completion"}`` rows)."""
     from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 
     cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="completion",
-                            prompt_format="prompt", sampling=Sampling(temperature=temperature, top_p=1.0,
-                                                                      max_new_tokens=max_new_tokens, seed=seed),
-                            num_samples=num_samples, batch_size=batch_size, on_length="keep", progress=progress)
+                            prompt_format="prompt",
+                            sampling=Sampling(temperature=temperature, top_p=1.0,
+                                              max_new_tokens=max_new_tokens, seed=seed),
+                            num_samples=num_samples, batch_size=batch_size, on_length="keep",
+                            progress=progress)
     s = self_distill(cfg, model=model, tokenizer=tokenizer)
     if s["written"] + s["already_done"] == 0:
         raise MedusaError(f"{out}: self-distillation wrote no rows (see {s['errors_file']})")
@@ -108,7 +111,8 @@ def distill_chat(model_path: str, prompts: str | Path, out: str | Path, max_new_
 
     cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="replay",
                             prompt_format=prompt_format, limit=limit, turns=1,
-                            sampling=Sampling(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0),
+                            sampling=Sampling(temperature=0.0, top_p=1.0,
+                                              max_new_tokens=max_new_tokens, seed=0),
                             batch_size=batch_size, device=device, on_length="keep", progress=progress)
     s = self_distill(cfg)
     if s["written"] + s["already_done"] == 0:
@@ -136,8 +140,8 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
                     max_length: int = 512, progress: bool = True) -> dict[str, Any]:
     """Copy the trained heads to ``final_dir`` with a calibrated ``tree.json`` (+ plots), atomically.
 
-    ``nodes="auto"``: the size (<= 64 nodes) with the most predicted tokens/s, as ``medusa calibrate --nodes auto``
-    chooses it (:func:`medusa.tree.auto.choose_size`)."""
+    ``nodes="auto"``: the size (<= 64 nodes) with the most predicted tokens/s, as
+    ``medusa calibrate --nodes auto`` chooses it (:func:`medusa.tree.auto.choose_size`)."""
     from medusa.data import load_tokenized
     from medusa.modeling.config import TREE_NAME
     from medusa.modeling.loading import load_for_generation
@@ -157,8 +161,8 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
     cal = tree.calibration
     return {"final_dir": str(final_dir), "nodes": len(tree), "depth": tree.depth,
             "top1": cal["top1"], "expected_tokens_per_step": cal["expected_tokens_per_step"],
-            "position_mean_tokens_per_step": cal.get("position_mean_tokens_per_step"), "auto": cal.get("auto"),
-            "num_positions": cal["num_positions"]}
+            "position_mean_tokens_per_step": cal.get("position_mean_tokens_per_step"),
+            "auto": cal.get("auto"), "num_positions": cal["num_positions"]}
 
 
 def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:
@@ -185,4 +189,5 @@ def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str 
 
 
 __all__ = ["StageError", "bench_stage", "calibrate_stage", "concat_jsonl",
-           "distill", "distill_chat", "export_stage", "marker_path", "run_stage", "train_recipe", "write_jsonl"]
+           "distill", "distill_chat", "export_stage", "marker_path", "run_stage",
+           "train_recipe", "write_jsonl"]

@@ -12,8 +12,9 @@ On Karpathy's stories260K (a real pretrained Llama, read from ``../shared/models
 5. ``bench``: ``medusa bench`` on the held-out prompts (greedy, exactly ``--max-new-tokens`` tokens);
    the report is ``<out>/report.json`` (+ ``report.md`` and PNG plots); when the chosen tree is smaller
    than 64 nodes, the 64-node tree (most tokens per step) is benchmarked too (``report_64nodes.json``);
-6. with ``--medusa2``: MEDUSA-2 (``medusa/pipelines/recipes/stories260k_medusa2.yaml``, LoRA, from the MEDUSA-1 heads)
-   on the same data, benchmarked with the same tree; the backbone's held-out loss before and after.
+6. with ``--medusa2``: MEDUSA-2 (``medusa/pipelines/recipes/stories260k_medusa2.yaml``, LoRA, from the
+   MEDUSA-1 heads) on the same data, benchmarked with the same tree; the backbone's held-out loss before and
+   after.
 
 Every stage leaves a marker in ``<out>/.stages/``; re-running reuses finished stages. Figures are
 measured and written, never asserted; ``<out>/summary.json`` compares them with the targets.
@@ -86,7 +87,8 @@ def split_prompts(s: Settings) -> dict[str, list[dict[str, str]]]:
     temperature samples), ``calib`` and ``bench`` (first sentence of their stories)."""
     all_stories = stories(s.shared)
     if len(all_stories) < s.held_out + s.calib_stories + 8:
-        raise DataError(f"{s.shared}: only {len(all_stories)} stories; need more than held_out + calib_stories")
+        raise DataError(f"{s.shared}: only {len(all_stories)} stories; need more than held_out + "
+                        f"calib_stories")
     bench = all_stories[-s.held_out:]
     calib = all_stories[-s.held_out - s.calib_stories:-s.held_out]
     train = all_stories[:-s.held_out - s.calib_stories]
@@ -132,8 +134,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
             out / "final", prompts, out / "report.json", s.max_new_tokens, repeats=s.repeats,
             progress=s.progress), log)
     summary: dict[str, Any] = {
-        "settings": asdict(s), "distill": _drop(distilled, "parts"), "train": trained, "calibrate": calibrated,
-        "bench": benched,
+        "settings": asdict(s), "distill": _drop(distilled, "parts"), "train": trained,
+        "calibrate": calibrated, "bench": benched,
     }
     deepest = benched
     if s.nodes == "auto" and calibrated["nodes"] < 64:
@@ -178,7 +180,8 @@ def _bench_64_nodes(s: Settings, out: Path, data: Path, trained: dict[str, Any],
     beside the chosen one."""
     with S.torch_threads(s.timing_threads):
         S.run_stage(out, "calibrate_64", lambda: S.calibrate_stage(
-            trained["final_dir"], out / "final_64nodes", data / "calib.jsonl", nodes=64, progress=s.progress), log)
+            trained["final_dir"], out / "final_64nodes", data / "calib.jsonl", nodes=64,
+            progress=s.progress), log)
         return S.run_stage(out, "bench_64", lambda: S.bench_stage(
             out / "final_64nodes", prompts, out / "report_64nodes.json", s.max_new_tokens, repeats=s.repeats,
             progress=s.progress), log)
@@ -248,7 +251,8 @@ def backbone_losses(model_path: str, medusa2_dir: str, data: str | Path) -> dict
                 logits = model(input_ids=ids).logits[:, :-1]  # [1, T-1, V]
                 target = labels[:, 1:]
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                                         target.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+                                                         target.reshape(-1), ignore_index=IGNORE_INDEX,
+                                                         reduction="sum")
                 total += float(loss)
                 count += int((target != IGNORE_INDEX).sum())
         result[name] = total / max(count, 1)
@@ -273,9 +277,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     b, c = summary["bench"], summary["calibrate"]
     lines = [
         f"heads: {summary['calibrate']['final_dir']} ({c['nodes']}-node tree, expected "
-        f"{c['expected_tokens_per_step']:.2f} tokens/step; head top-1 " + " / ".join(f"{a:.2f}" for a in c["top1"])
+        f"{c['expected_tokens_per_step']:.2f} tokens/step; head top-1 "
+        + " / ".join(f"{a:.2f}" for a in c["top1"])
         + ")",
-        (f"HF generate {b['baseline_tokens_per_s']:.1f} tokens/s, MEDUSA {b['medusa_tokens_per_s']:.1f} tokens/s: "
+        (f"HF generate {b['baseline_tokens_per_s']:.1f} tokens/s, MEDUSA "
+         f"{b['medusa_tokens_per_s']:.1f} tokens/s: "
         f"speedup {b['speedup']:.2f}x, {b['tokens_per_step']:.2f} tokens/step, overhead {b['overhead']:.2f}, "
         f"greedy exact match {b['greedy_exact_match']}"),
     ]
@@ -288,9 +294,9 @@ def format_summary(summary: dict[str, Any]) -> str:
                      + ("(met)" if t["met"] else f"(missed by {t['target'] - t['measured']:.2f})"))
     if "medusa2" in summary:
         m = summary["medusa2"]
-        lines.append(f"MEDUSA-2: {m['bench']['tokens_per_step']:.2f} tokens/step (MEDUSA-1 {b['tokens_per_step']:.2f}), "
-                     f"speedup {m['bench']['speedup']:.2f}x, exact match {m['bench']['greedy_exact_match']}; "
-                     f"backbone loss on held-out TinyStories text "
+        lines.append(f"MEDUSA-2: {m['bench']['tokens_per_step']:.2f} tokens/step (MEDUSA-1 "
+                     f"{b['tokens_per_step']:.2f}), speedup {m['bench']['speedup']:.2f}x, exact match "
+                     f"{m['bench']['greedy_exact_match']}; backbone loss on held-out TinyStories text "
                      f"{m['backbone_heldout_loss']['heldout_text']['before']:.4f} -> "
                      f"{m['backbone_heldout_loss']['heldout_text']['after']:.4f}")
     return "\n".join(lines)
@@ -307,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for distillation and training (default: torch's)")
     parser.add_argument("--timing-threads", type=int, default=1,
-                        help="torch threads while timing (calibration, bench; default 1: stories260K is tiny)")
+                        help="torch threads while timing (calibration, bench; default 1: "
+                             "stories260K is tiny)")
     parser.add_argument("--samples", type=int, default=Settings.samples)
     parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
     parser.add_argument("--set", action="append", default=[], metavar="key=value",

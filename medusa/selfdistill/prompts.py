@@ -93,7 +93,7 @@ def text_prompt(doc: str, opts: PromptOptions) -> str:
 
 
 def parse_row(row: Any, fmt: str, opts: PromptOptions) -> tuple[list[dict[str, str]], str]:
-    """(system + user messages, completion prompt text) of one row; raises :class:`RowError` when malformed."""
+    """(system + user messages, completion prompt text) of one row; :class:`RowError` when malformed."""
     fmt = row_format(row, fmt)
     if fmt == "text":
         messages = [{"role": "user", "content": text_prompt(str_field(row, "text", allow_empty=True), opts)}]

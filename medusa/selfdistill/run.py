@@ -78,7 +78,8 @@ class SelfDistillConfig:
             raise ConfigError(f"--on-length must be error or keep, got {self.on_length!r}")
         self.api = self.api or ("completions" if self.mode == "completion" else "chat")
         if (self.api == "chat") == (self.mode == "completion"):
-            raise ConfigError(f"--mode {self.mode} needs --api {'completions' if self.mode == 'completion' else 'chat'}")
+            raise ConfigError(f"--mode {self.mode} needs --api "
+                              f"{'completions' if self.mode == 'completion' else 'chat'}")
         if self.backend == "openai" and not self.endpoint:
             raise ConfigError("--backend openai needs --endpoint URL")
         if self.backend == "local" and not self.model:
@@ -89,8 +90,8 @@ class SelfDistillConfig:
             raise ConfigError(f"--turns must be >= 1, got {self.turns}")
         s = self.sampling
         if s.max_new_tokens < 1 or s.temperature < 0 or not 0 < s.top_p <= 1:
-            raise ConfigError(f"bad sampling parameters {s.to_dict()} (max_new_tokens >= 1, temperature >= 0, "
-                              "0 < top_p <= 1)")
+            raise ConfigError(f"bad sampling parameters {s.to_dict()} (max_new_tokens >= 1, "
+                              "temperature >= 0, 0 < top_p <= 1)")
 
 
 def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name: str) -> None:
@@ -191,11 +192,13 @@ def _tokenizers(cfg: SelfDistillConfig, tokenizer: Any) -> tuple[Any, PromptOpti
         tokenizer.chat_template = cfg.chat_template
     if cfg.backend == "local" and cfg.mode != "completion":
         require_chat_template(tokenizer, cfg.model)
-    text_tok = tokenizer if tokenizer is not None else (load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None)
+    text_tok = tokenizer if tokenizer is not None else (load_tokenizer(cfg.tokenizer)
+                                                        if cfg.tokenizer else None)
     return tokenizer, PromptOptions(cfg.prompt_sentences, cfg.prompt_chars, cfg.prompt_tokens, text_tok)
 
 
-def _log_invalid(writer: ResumableWriter, invalid: list[str], source_id: str, location: str, reason: str) -> None:
+def _log_invalid(writer: ResumableWriter, invalid: list[str], source_id: str, location: str,
+                 reason: str) -> None:
     """``load_prompts``' ``on_invalid``: count the row and log it once (a re-run does not log it again)."""
     invalid.append(source_id)
     if not writer.skip((source_id, -1)):

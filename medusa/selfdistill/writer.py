@@ -79,7 +79,7 @@ class ResumableWriter:
         self.done, self.first_meta = read_keys(self.out, "output")
         error_keys, _ = read_keys(self.errors, "errors")
         if retry_errors and error_keys:
-            atomic_write_text(self.errors, "")  # every failed row is attempted again (and re-logged if it fails)
+            atomic_write_text(self.errors, "")  # every failed row is tried again (re-logged if it fails)
             error_keys = set()
         elif error_keys:
             # an errors row whose key was written later (an earlier retry succeeded) is not an error any more
@@ -96,7 +96,7 @@ class ResumableWriter:
         return key in self.done or key in self.failed_before
 
     def _append(self, fh: Any, row: dict[str, Any]) -> None:
-        fh.write(json.dumps(row, ensure_ascii=False) + "\n")  # one write per row: a kill leaves <= 1 partial line
+        fh.write(json.dumps(row, ensure_ascii=False) + "\n")  # one write per row: a kill leaves <= 1 partial
         fh.flush()
         now = time.monotonic()
         if now - self._last_sync > self._fsync_every_s:

@@ -23,7 +23,8 @@ from medusa.modeling.model import MedusaModel
 from medusa.modeling.quantization import keep_plain_4bit_layout
 
 _LLAMA_LIKE = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# Every linear layer of attention and MLP (the official MEDUSA-2 recipe adapts all of them); never the LM head.
+# Every linear layer of attention and MLP (the official MEDUSA-2 recipe adapts all of them); never the LM
+# head.
 LORA_TARGETS: dict[str, list[str]] = {
     "llama": _LLAMA_LIKE, "mistral": _LLAMA_LIKE, "qwen2": _LLAMA_LIKE, "qwen3": _LLAMA_LIKE,
     "gemma": _LLAMA_LIKE, "gemma2": _LLAMA_LIKE,
@@ -134,14 +135,16 @@ def merge_backbone(
 
         source = base_name_or_path or model.config.base_model_name_or_path
         if not source:
-            raise CheckpointError("cannot merge QLoRA adapters: the base model's path is unknown; pass base_name_or_path")
+            raise CheckpointError("cannot merge QLoRA adapters: the base model's path is unknown; pass "
+                                  "base_name_or_path")
         adapters = {k: v.detach().cpu() for k, v in get_peft_model_state_dict(base).items()}
         lora_config = copy.deepcopy(base.peft_config["default"])
         fresh = load_base_model(source, dtype=dtype)
         wrapped = get_peft_model(fresh, lora_config)
         result = set_peft_model_state_dict(wrapped, adapters)
         if getattr(result, "unexpected_keys", None):
-            raise CheckpointError(f"QLoRA merge: adapter tensors {result.unexpected_keys[:3]} do not fit {source}")
+            raise CheckpointError(f"QLoRA merge: adapter tensors {result.unexpected_keys[:3]} do not "
+                                  f"fit {source}")
         merged = wrapped.merge_and_unload()
     else:
         merged = base.merge_and_unload()

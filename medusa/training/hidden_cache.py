@@ -112,7 +112,8 @@ def open_plan(directory: str | Path, examples: Sequence[dict], base: dict[str, A
         check_index(index, path, base, data)
         return CachePlan(directory, index)
     itemsize = np.dtype(DTYPES[dtype][1]).itemsize
-    shards = plan_shards([len(e["input_ids"]) for e in examples], max(1, shard_bytes // (hidden_size * itemsize)))
+    shards = plan_shards([len(e["input_ids"]) for e in examples],
+                         max(1, shard_bytes // (hidden_size * itemsize)))
     index = {"format": FORMAT, "version": VERSION, "base": base, "data": data, "dtype": dtype,
              "hidden_size": hidden_size, "num_examples": len(examples),
              "num_tokens": int(sum(len(e["input_ids"]) for e in examples)), "shards": shards}
@@ -131,9 +132,11 @@ def check_index(index: dict[str, Any], path: Path, base: dict[str, Any], data: s
         theirs = index.get("base", {})
         raise MedusaError(f"train.hidden_cache: {path.parent} was made from another base model "
                           f"({theirs.get('name_or_path')!r}, weights {theirs.get('weights')}) than this one "
-                          f"({base.get('name_or_path')!r}, weights {base.get('weights')}); use another directory")
+                          f"({base.get('name_or_path')!r}, weights {base.get('weights')}); use "
+                          f"another directory")
     if index.get("data") != data:
-        raise MedusaError(f"train.hidden_cache: {path.parent} holds other training examples (data, max_length or "
+        raise MedusaError(f"train.hidden_cache: {path.parent} holds other training examples (data, "
+                          f"max_length or "
                           "eval split changed); use another directory")
 
 
@@ -151,8 +154,9 @@ def estimate_bytes(plan: CachePlan) -> tuple[int, int]:
 def check_disk(plan: CachePlan, needed: int) -> None:
     free = shutil.disk_usage(plan.directory).free
     if needed > free:
-        raise MedusaError(f"train.hidden_cache: {plan.directory} needs {needed / 2**30:.2f} GiB more but its disk "
-                          f"has only {free / 2**30:.2f} GiB free; free space or point train.hidden_cache elsewhere")
+        raise MedusaError(f"train.hidden_cache: {plan.directory} needs {needed / 2**30:.2f} GiB more "
+                          f"but its disk has only {free / 2**30:.2f} GiB free; free space or point "
+                          f"train.hidden_cache elsewhere")
 
 
 def write_shard(plan: CachePlan, i: int, examples: Sequence[dict], hidden_fn: HiddenFn, collate: Callable,
@@ -196,9 +200,9 @@ def build(plan: CachePlan, examples: Sequence[dict], hidden_fn: HiddenFn, collat
     ``max_shards`` stops after that many (what a kill does, for tests)."""
     total, todo = estimate_bytes(plan)
     if rank == 0:
-        log(f"hidden cache {plan.directory}: {plan.index['num_tokens']:,} tokens x {plan.index['hidden_size']} "
-            f"({plan.index['dtype']}) = {total / 2**30:.2f} GiB in {len(plan.shards)} shard(s); "
-            f"{todo / 2**30:.2f} GiB to write")
+        log(f"hidden cache {plan.directory}: {plan.index['num_tokens']:,} tokens x "
+            f"{plan.index['hidden_size']} ({plan.index['dtype']}) = {total / 2**30:.2f} GiB in "
+            f"{len(plan.shards)} shard(s); {todo / 2**30:.2f} GiB to write")
     check_disk(plan, todo)
     written = 0
     for i in range(rank, len(plan.shards), world):
@@ -218,7 +222,8 @@ class HiddenCache:
     def __init__(self, plan: CachePlan) -> None:
         missing = [i for i in range(len(plan.shards)) if not plan.done(i)]
         if missing:
-            raise MedusaError(f"train.hidden_cache: {plan.directory} is unfinished (shard {missing[0]} missing)")
+            raise MedusaError(f"train.hidden_cache: {plan.directory} is unfinished (shard "
+                              f"{missing[0]} missing)")
         self.plan = plan
         self.dtype, np_dtype = DTYPES[plan.index["dtype"]]
         d = plan.index["hidden_size"]
@@ -275,14 +280,16 @@ def backbone_hidden_fn(base: torch.nn.Module) -> HiddenFn:
 
 
 def prepare(directory: str | Path, base: torch.nn.Module, examples: Sequence[dict], pad_token_id: int,
-            batch_size: int, accelerator: Any = None, dtype: str = "bfloat16", log: Callable[[str], None] = print,
+            batch_size: int, accelerator: Any = None, dtype: str = "bfloat16",
+            log: Callable[[str], None] = print,
             max_shards: int | None = None, shard_bytes: int = SHARD_BYTES) -> HiddenCache | None:
     """Open or create the cache of ``examples`` under ``directory``, write the missing shards (split over
     ``accelerator``'s processes) and return the reader; None when ``max_shards`` stopped the build early."""
     from medusa.data import collate
     from medusa.modeling.base import text_config
 
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+    rank, world = (accelerator.process_index,
+                   accelerator.num_processes) if accelerator is not None else (0, 1)
     fingerprint = base_fingerprint(base)
     hidden_size = int(text_config(base).hidden_size)
     if rank == 0:  # the main process writes the index; the others read it after the barrier
@@ -295,7 +302,8 @@ def prepare(directory: str | Path, base: torch.nn.Module, examples: Sequence[dic
                     batch_size, rank, world, log, max_shards)
     if accelerator is not None:
         accelerator.wait_for_everyone()
-    if max_shards is not None and written >= max_shards and not all(plan.done(i) for i in range(len(plan.shards))):
+    if max_shards is not None and written >= max_shards and not all(plan.done(i)
+                                                                    for i in range(len(plan.shards))):
         return None
     return HiddenCache(plan)
 
@@ -318,5 +326,5 @@ def cache_for_recipe(recipe: Any, dtype: str = "bfloat16", log: Callable[[str], 
     return cache
 
 
-__all__ = ["CachePlan", "HiddenCache", "backbone_hidden_fn", "cache_for_recipe", "base_fingerprint", "build", "prepare", "data_fingerprint", "estimate_bytes",
-           "open_plan", "plan_shards"]
+__all__ = ["CachePlan", "HiddenCache", "backbone_hidden_fn", "cache_for_recipe", "base_fingerprint", "build",
+           "prepare", "data_fingerprint", "estimate_bytes", "open_plan", "plan_shards"]

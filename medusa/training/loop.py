@@ -84,8 +84,9 @@ def setup_model(recipe: Recipe, device: torch.device,
 
 
 def compute_loss(recipe: Recipe, model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor],
-                 step: int, state: medusa2.Medusa2State | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch (metrics: MEDUSA-2's loss terms; none for MEDUSA-1)."""
+                 step: int, state: medusa2.Medusa2State | None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                         dict[str, float]]:
+    """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch (metrics: MEDUSA-2's loss terms)."""
     if recipe.method == "medusa1":
         return (*medusa1.compute_loss(model, trainable, batch), {})
     assert state is not None
@@ -93,7 +94,8 @@ def compute_loss(recipe: Recipe, model: MedusaModel, trainable: nn.Module, batch
 
 
 def optimizer_groups(recipe: Recipe, trainable: nn.Module) -> list[dict[str, Any]]:
-    """MEDUSA-1: the heads at ``train.lr``; MEDUSA-2: backbone at ``train.lr``, heads at ``lr * lr_multiplier``."""
+    """MEDUSA-1: heads at ``train.lr``; MEDUSA-2: backbone at ``train.lr``, heads at ``lr * lr_multiplier``.
+    """
     t = recipe.train
     if recipe.method == "medusa1":
         return S.param_groups(trainable, t.lr, t.weight_decay, lr_multiplier=1.0)
@@ -145,14 +147,15 @@ def _write_metrics(path: Path, row: dict[str, Any]) -> None:
 def _log_window(run: Run, window: Window, step: int, grad_norm: Any) -> dict[str, Any]:
     """Average the window over its micro-batches and every process; write and log the row."""
     names = sorted(window.parts)  # the same on every process
-    packed = torch.cat([window.stats.flatten(), torch.tensor([window.loss, float(window.tokens), float(window.micro)]
+    packed = torch.cat([window.stats.flatten(), torch.tensor([window.loss, float(window.tokens),
+                                                              float(window.micro)]
                                                              + [window.parts[n] for n in names])])
     totals = run.accelerator.reduce(packed.to(run.accelerator.device), reduction="sum").cpu()
     K, R = run.recipe.heads.num_heads, STATS_ROWS
     micro = totals[R * K + 2]
     elapsed = time.perf_counter() - window.t0
-    row = {"step": step, "epoch": round(step / run.plan.steps_per_epoch, 4), "lr": run.scheduler.get_last_lr()[0],
-           "loss": float(totals[R * K] / micro),
+    row = {"step": step, "epoch": round(step / run.plan.steps_per_epoch, 4),
+           "lr": run.scheduler.get_last_lr()[0], "loss": float(totals[R * K] / micro),
            **{n: float(totals[R * K + 3 + i] / micro) for i, n in enumerate(names)},
            **_summarise(totals[: R * K].reshape(R, K), ""),
            "grad_norm": float(grad_norm) if grad_norm is not None else None,
@@ -184,8 +187,8 @@ def _build(recipe: Recipe) -> Run:
     _draft_vocab(recipe, model, data.train.examples, accelerator)
     cache = None
     if recipe.train.hidden_cache:
-        cache = prepare_cache(recipe.train.hidden_cache, model.base_model, data.train.examples, data.pad_token_id,
-                              recipe.train.batch_size, accelerator, log=accelerator.print)
+        cache = prepare_cache(recipe.train.hidden_cache, model.base_model, data.train.examples,
+                              data.pad_token_id, recipe.train.batch_size, accelerator, log=accelerator.print)
     optimizer = torch.optim.AdamW(optimizer_groups(recipe, trainable), lr=recipe.train.lr)
     scheduler = S.make_scheduler(optimizer, recipe, plan)
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
@@ -195,7 +198,8 @@ def _build(recipe: Recipe) -> Run:
                out_dir / "metrics.jsonl", cache)
 
 
-def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, list[int]]], accelerator: Any) -> None:
+def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, list[int]]],
+                 accelerator: Any) -> None:
     """``heads.draft_vocab: N``: restrict the heads to the N most frequent training labels (the same map on
     every process: each one holds all of the training data), before the optimizer sees the parameters.
     Heads from ``heads.init_from`` keep their own map, which must have N ids."""
@@ -233,7 +237,7 @@ def _open_output(run: Run, step: int, resume_from: Path | None) -> None:
 
 
 def _optimizer_step(run: Run, window: Window, order: list[int], step: int, params: list[nn.Parameter]) -> Any:
-    """The ``grad_accum`` micro-batches of optimizer step ``step`` (0-based); returns the clipped grad norm."""
+    """The ``grad_accum`` micro-batches of optimizer step ``step`` (0-based); returns the clipped norm."""
     accelerator, plan, data, recipe = run.accelerator, run.plan, run.data, run.recipe
     within = step % plan.steps_per_epoch
     grad_norm = None
@@ -290,7 +294,8 @@ def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
     bar = tqdm(total=plan.total_steps, initial=step, disable=not run.accelerator.is_local_main_process,
                desc="train", dynamic_ncols=True)
-    window, last, eval_metrics, order_epoch, order = Window(torch.zeros(STATS_ROWS, recipe.heads.num_heads)), {}, None, -1, []
+    window = Window(torch.zeros(STATS_ROWS, recipe.heads.num_heads))
+    last, eval_metrics, order_epoch, order = {}, None, -1, []
     while step < end:
         if step // plan.steps_per_epoch != order_epoch:
             order_epoch = step // plan.steps_per_epoch
@@ -302,11 +307,13 @@ def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
             last = _log_window(run, window, step, grad_norm)
             bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last['head1_top1']:.2f}")
             window = Window(torch.zeros(STATS_ROWS, recipe.heads.num_heads))
-        if run.data.eval is not None and t.eval_steps and step % t.eval_steps == 0 and step < plan.total_steps:
+        if (run.data.eval is not None and t.eval_steps and step % t.eval_steps == 0
+                and step < plan.total_steps):
             eval_metrics = _log_eval(run, step)
         if (t.save_steps and step % t.save_steps == 0) or step == end < plan.total_steps:
             save_checkpoint(run.accelerator, run.out_dir, step,
-                            {"epoch": step // plan.steps_per_epoch, "step_in_epoch": step % plan.steps_per_epoch,
+                            {"epoch": step // plan.steps_per_epoch,
+                             "step_in_epoch": step % plan.steps_per_epoch,
                              "total_steps": plan.total_steps, "recipe": recipe.to_dict()})
     bar.close()
     final_dir, final_eval = _finish(run, step)

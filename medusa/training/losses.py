@@ -132,7 +132,7 @@ def medusa_head_loss(
     """
     weights = head_weights(num_heads, decay)
     total = hidden.new_zeros((), dtype=torch.float32)
-    stats = torch.zeros(STATS_ROWS, num_heads, dtype=torch.float32)  # ce_sum, correct1, correct5, count, missed
+    stats = torch.zeros(STATS_ROWS, num_heads, dtype=torch.float32)  # ce_sum, top1, top5, count, missed
     for k in range(num_heads):
         h, y = head_targets(hidden, labels, k)  # [N_k, d], [N_k]
         h, y, missed = draft_targets(h, y, label_map)  # [M_k, d], [M_k]
@@ -216,7 +216,8 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     target = labels[:, 1:]  # [B, T-1]
     if not bool((target != IGNORE_INDEX).any()):
         return shifted.sum() * 0.0
-    return F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), target.reshape(-1),
+                           ignore_index=IGNORE_INDEX)
 
 
 def self_distill_kl(
@@ -264,7 +265,8 @@ def medusa2_loss(
     else:
         lm = self_distill_kl(logits, teacher_logits, labels, temperature)
     loss = lm + lambda0 * heads_loss
-    metrics = {"lm_loss": float(lm.detach()), "heads_loss": float(heads_loss.detach()), "lambda0": float(lambda0)}
+    metrics = {"lm_loss": float(lm.detach()), "heads_loss": float(heads_loss.detach()),
+               "lambda0": float(lambda0)}
     if teacher_logits is not None:
         metrics["distill_kl"] = metrics["lm_loss"]
     return loss, metrics

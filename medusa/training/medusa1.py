@@ -25,7 +25,8 @@ from medusa.training.setup import load_backbone
 class HeadsLoss(nn.Module):
     """The trained module of MEDUSA-1: the heads, whose forward is the chunked head loss.
 
-    Returns ``(loss, stats [STATS_ROWS, K])``: per-head CE sum, top-1 / top-5 hits, target count, draft misses.
+    Returns ``(loss, stats [STATS_ROWS, K])``: per-head CE sum, top-1 / top-5 hits, target count, draft
+    misses.
     """
 
     def __init__(self, heads: nn.Module, decay: float, chunk_size: int) -> None:
@@ -61,8 +62,8 @@ def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, Head
 def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Last hidden state ``[B, T, d]`` of the frozen backbone, computed without autograd."""
     with torch.no_grad():
-        out = decoder_of(model.base_model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                           use_cache=False)
+        out = decoder_of(model.base_model)(input_ids=batch["input_ids"],
+                                           attention_mask=batch["attention_mask"], use_cache=False)
     return out.last_hidden_state
 
 
@@ -74,7 +75,8 @@ def compute_loss(model: MedusaModel, trainable: nn.Module,
     return trainable(hidden, batch["labels"])
 
 
-def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe, path: Path) -> None:
+def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
+               path: Path) -> None:
     """Gather the heads (also from ZeRO-3 shards) and write our checkpoint format, with the recipe."""
     state = accelerator.get_state_dict(trainable)  # every process must call this
     if accelerator.is_main_process:

@@ -120,7 +120,8 @@ def load_heads_from(model: MedusaModel, path: str | Path) -> None:
     for key in ("num_heads", "num_layers", "head_type", "hidden_size", "vocab_size", "draft_vocab"):
         theirs, ours = getattr(config, key), getattr(model.config, key)
         if theirs != ours:
-            raise CheckpointError(f"heads.init_from: {path} has {key}={theirs!r} but the recipe builds {ours!r}")
+            raise CheckpointError(f"heads.init_from: {path} has {key}={theirs!r} but the recipe "
+                                  f"builds {ours!r}")
     check_state_keys(model.heads, state, source=str(weights))
     params = list(model.heads.parameters())
     with gathered(params, modifier_rank=0), torch.no_grad():
@@ -140,8 +141,9 @@ class Medusa2State:
 class Medusa2Module(nn.Module):
     """The trained module of MEDUSA-2: backbone + heads.
 
-    ``forward`` returns ``(loss, stats [STATS_ROWS, K], parts [2])``: stats as MEDUSA-1's (per-head CE sum, top-1
-    hits, top-5 hits, count, draft misses) and parts = ``(L_LM or the KL, L_heads)``, detached, for the metrics log.
+    ``forward`` returns ``(loss, stats [STATS_ROWS, K], parts [2])``: stats as MEDUSA-1's (per-head CE sum,
+    top-1 hits, top-5 hits, count, draft misses) and parts = ``(L_LM or the KL, L_heads)``, detached, for the
+    metrics log.
     """
 
     def __init__(self, model: MedusaModel, decay: float, chunk_size: int) -> None:
@@ -175,7 +177,8 @@ def check_recipe(recipe: Recipe) -> None:
 
 def _build_trained(base: nn.Module, recipe: Recipe) -> tuple[MedusaModel, nn.Module | None]:
     """Heads on ``base`` (fresh from its LM head or ``heads.init_from``), then LoRA or full fine-tuning.
-    Returns the model and the full fine-tuning reference teacher (None with LoRA / without self-distillation)."""
+    Returns the model and the full fine-tuning reference teacher (None with LoRA / without
+    self-distillation)."""
     h, lo = recipe.heads, recipe.lora
     model = medusa_from_base(base, num_heads=h.num_heads, num_layers=h.num_layers, head_type=h.head_type,
                              heads_dtype=torch.float32)
@@ -204,13 +207,15 @@ def setup_model(recipe: Recipe, device: torch.device,
 
 def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor], recipe: Recipe,
                  step: int, state: Medusa2State) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch at optimizer step ``step``; metrics: ``lm_loss``
-    (the KL to the teacher when self-distilling, then also under ``distill_kl``), ``heads_loss``, ``lambda0``."""
+    """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch at optimizer step ``step``; metrics:
+    ``lm_loss`` (the KL to the teacher when self-distilling, then also under ``distill_kl``), ``heads_loss``,
+    ``lambda0``."""
     m = recipe.medusa2
     lam = lambda0_at(step, state.total_steps, m.lambda0, m.schedule)
     teacher = None
     if m.self_distill:
-        teacher = teacher_logits(model, batch["input_ids"], batch["attention_mask"], reference=state.reference)
+        teacher = teacher_logits(model, batch["input_ids"], batch["attention_mask"],
+                                 reference=state.reference)
     loss, stats, parts = trainable(batch["input_ids"], batch["attention_mask"], batch["labels"], lam, teacher,
                                    m.distill_temperature)
     metrics = {"lm_loss": float(parts[0]), "heads_loss": float(parts[1]), "lambda0": lam}
@@ -264,14 +269,15 @@ def _gathered_module(unwrapped: Medusa2Module, model: MedusaModel, recipe: Recip
     return module
 
 
-def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe, path: Path) -> None:
+def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
+               path: Path) -> None:
     """Write the merged export (heads + merged backbone + tokenizer + recipe) to ``path``; on the main
     process ``model`` then holds the merged backbone and the trained heads."""
     unwrapped = accelerator.unwrap_model(trainable)
     if is_zero3(unwrapped.parameters()):
         unwrapped = _gathered_module(unwrapped, model, recipe, accelerator.is_main_process)
     if accelerator.is_main_process:
-        merged = save_merged(unwrapped.model, str(path), tokenizer=load_tokenizer(recipe), recipe=recipe.to_dict(),
-                             base_name_or_path=recipe.model, dtype=recipe.dtype)
+        merged = save_merged(unwrapped.model, str(path), tokenizer=load_tokenizer(recipe),
+                             recipe=recipe.to_dict(), base_name_or_path=recipe.model, dtype=recipe.dtype)
         model.base_model, model.heads = merged.base_model, merged.heads
     accelerator.wait_for_everyone()

@@ -26,7 +26,8 @@ SCHEDULES = ("constant", "linear", "sine", "sine_<fraction>")
 
 
 def parse_schedule(schedule: str, key: str = "medusa2.schedule") -> tuple[str, float]:
-    """``"sine_0.1"`` -> ``("sine", 0.1)``; ``"sine"`` -> ``("sine", 1.0)``; ``"constant"`` -> ``("constant", 1.0)``.
+    """``"sine_0.1"`` -> ``("sine", 0.1)``; ``"sine"`` -> ``("sine", 1.0)``; ``"constant"`` ->
+    ``("constant", 1.0)``.
 
     Raises :class:`ConfigError` naming ``key`` for anything else.
     """
@@ -41,7 +42,8 @@ def parse_schedule(schedule: str, key: str = "medusa2.schedule") -> tuple[str, f
         except ValueError:
             fraction = float("nan")
         if not (0.0 < fraction <= 1.0):
-            raise ConfigError(f"{key}: {schedule!r}: the ramp fraction after 'sine_' must be a number in (0, 1]")
+            raise ConfigError(f"{key}: {schedule!r}: the ramp fraction after 'sine_' must be a "
+                              f"number in (0, 1]")
         return "sine", fraction
     raise ConfigError(f"{key}: {schedule!r} is not one of {' | '.join(SCHEDULES)}")
 
@@ -54,7 +56,8 @@ def lambda0_at(step: int, total_steps: int, lambda0: float, schedule: str = "con
     if kind == "constant":
         return float(lambda0)
     if total_steps <= 0:
-        raise ConfigError(f"a {schedule!r} lambda0 schedule needs a positive number of training steps, got {total_steps}")
+        raise ConfigError(f"a {schedule!r} lambda0 schedule needs a positive number of training steps, got "
+                          f"{total_steps}")
     if kind == "linear":
         return float(lambda0) * min(max(step / total_steps, 0.0), 1.0)
     ramp_steps = fraction * total_steps

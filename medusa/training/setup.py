@@ -57,11 +57,13 @@ def load_data(recipe: Recipe, tokenizer: Any) -> RunData:
     train = load_tokenized(d.train, tokenizer, **kw)
     evaluation = load_tokenized(d.eval, tokenizer, **kw) if d.eval else None
     if evaluation is None and d.eval_split > 0:
-        order = torch.randperm(len(train.examples), generator=torch.Generator().manual_seed(recipe.train.seed))
+        order = torch.randperm(len(train.examples),
+                               generator=torch.Generator().manual_seed(recipe.train.seed))
         n_eval = max(1, int(len(order) * d.eval_split))
         held = set(order[:n_eval].tolist())
         evaluation = TokenizedData([e for i, e in enumerate(train.examples) if i in held], {}, d.train)
-        train = TokenizedData([e for i, e in enumerate(train.examples) if i not in held], train.skipped, d.train)
+        train = TokenizedData([e for i, e in enumerate(train.examples) if i not in held],
+                              train.skipped, d.train)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return RunData(tokenizer, train, evaluation, int(pad if pad is not None else 0))
 
@@ -147,7 +149,8 @@ def make_plan(recipe: Recipe, num_examples: int, world: int) -> Plan:
 def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, plan: Plan) -> Any:
     from transformers import get_scheduler
 
-    name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[recipe.train.scheduler]
+    name = {"cosine": "cosine", "linear": "linear",
+            "constant": "constant_with_warmup"}[recipe.train.scheduler]
     return get_scheduler(name, optimizer, num_warmup_steps=plan.warmup_steps,
                          num_training_steps=plan.total_steps)
 

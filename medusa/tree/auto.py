@@ -34,7 +34,8 @@ def time_tree_steps(model: Any, trees: Mapping[int, Sequence[Sequence[int]]], pr
     samples: dict[int, list[float]] = {n: [] for n in built}
     for round_ in range(repeats + 1):  # sizes interleaved, so a busy moment does not hit one size only
         for n, tree in built.items():
-            out = medusa_generate(model, ids, max_new_tokens=new_tokens, tree=tree, return_dict_in_generate=True)
+            out = medusa_generate(model, ids, max_new_tokens=new_tokens, tree=tree,
+                                  return_dict_in_generate=True)
             if round_ > 0 and out.num_steps:
                 samples[n].append(out.decode_time_s / out.num_steps)
     times: dict[int, float] = {}

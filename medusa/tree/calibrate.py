@@ -66,7 +66,8 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
     depth = model.num_heads if max_depth is None else min(max_depth, model.num_heads)
     if depth < 1:
         raise MedusaError(f"max depth must be >= 1, got {max_depth}")
-    usable = [e for e in examples if len(e["input_ids"]) >= 2 and any(l != IGNORE_INDEX for l in e["labels"][1:])]
+    usable = [e for e in examples if len(e["input_ids"]) >= 2
+              and any(l != IGNORE_INDEX for l in e["labels"][1:])]
     if not usable:
         raise DataError("no example has labelled (assistant) tokens to calibrate on")
     order = sorted(range(len(usable)), key=lambda i: len(usable[i]["input_ids"]))
@@ -100,9 +101,11 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
             for c0 in range(0, width - shift, chunk):
                 c1 = min(c0 + chunk, width - shift)
                 logits = model.heads.head_logits(k, hidden[:, c0:c1])  # [B, C, V]
-                top = to_target(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices).cpu()  # [B, C, topk]
+                # top: [B, C, topk]
+                top = to_target(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices).cpu()
                 hit = top == target[:, c0:c1, None]  # [B, C, topk]
-                rank = torch.where(hit.any(-1), hit.int().argmax(-1), torch.full_like(hit[..., 0], MISS, dtype=torch.long))
+                rank = torch.where(hit.any(-1), hit.int().argmax(-1),
+                                   torch.full_like(hit[..., 0], MISS, dtype=torch.long))
                 rank = torch.where(valid[:, c0:c1], rank, torch.full_like(rank, NO_TARGET))
                 batch_ranks[:, c0:c1, k] = rank.to(torch.int8)
         for row, i in enumerate(idx):
@@ -121,7 +124,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 
 
 def accuracy_tables(stats: HeadStats) -> dict[str, Any]:
-    """``counts[k][r]``, ``totals[k]``, ``accuracy[k][r]`` and the conditional versions (heads 0..k-1 right)."""
+    """``counts[k][r]``, ``totals[k]``, ``accuracy[k][r]`` and conditional versions (heads 0..k-1 right)."""
     ranks = stats.stacked().long()  # [P, D]
     depth, topk = stats.depth, stats.topk
     counts, totals, ccounts, ctotals = [], [], [], []
@@ -239,12 +242,12 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
     record = calibration_record(choices, stats, tables, counts, total, method, data_name)
     record["auto"] = timing
     labels = torch.tensor([t for e in examples for t in e["labels"]], dtype=torch.long)
-    record.update(draft_vocab_summary(model.heads, labels))  # the share of target tokens the draft vocab covers
+    record.update(draft_vocab_summary(model.heads, labels))  # share of target tokens the draft covers
     return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)
 
 
-def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, tables: dict[str, Any], counts: Counter,
-                       total: int, method: str, data_name: str) -> dict[str, Any]:
+def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, tables: dict[str, Any],
+                       counts: Counter, total: int, method: str, data_name: str) -> dict[str, Any]:
     """The ``calibration`` entry of ``tree.json``: the data, the accuracy tables and the tree's predictions
     (NaN -> None, so that the record is valid JSON)."""
     record = {
@@ -260,7 +263,8 @@ def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, table
         "expected_tokens_per_step": simulated_tokens_per_step(choices, stats),
         "position_mean_tokens_per_step": empirical_tokens_per_step(choices, counts, total),
         "independent_formula_tokens_per_step": expected_tokens_per_step(choices, tables["accuracy"]),
-        "conditional_formula_tokens_per_step": expected_tokens_per_step(choices, tables["conditional_accuracy"]),
+        "conditional_formula_tokens_per_step": expected_tokens_per_step(choices,
+                                                                        tables["conditional_accuracy"]),
         "nodes": len(choices) + 1,
     }
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in record.items()}

@@ -53,7 +53,7 @@ def plot_tree(choices: Sequence[Sequence[int]], path: str | Path,
     y: dict[tuple[int, ...], float] = {}
     next_leaf = [0.0]
 
-    def place(p: tuple[int, ...]) -> float:  # leaves get consecutive rows, parents sit at their children's mean
+    def place(p: tuple[int, ...]) -> float:  # leaves: consecutive rows; parents: their children's mean
         kids = sorted(children[p])
         if not kids:
             y[p] = next_leaf[0]

@@ -37,8 +37,8 @@ def _command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()
 
 
 def test_commands_list_is_what_help_lists():
-    proc = subprocess.run([sys.executable, "-m", "medusa", "--help"], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "medusa", "--help"], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     listed = re.findall(r"^ {4}(\S+)", proc.stdout.split("positional arguments:")[1].split("options:")[0],
                         flags=re.M)
@@ -46,7 +46,8 @@ def test_commands_list_is_what_help_lists():
     assert listed == registered  # same names, same order
     assert registered == [name.rstrip("_").replace("_", "-") for name in COMMANDS]  # one per module, in order
     modules = sorted(p.stem for p in (ROOT / "medusa" / "cli").glob("*.py") if p.stem != "__init__")
-    assert modules == sorted(COMMANDS), "a medusa/cli/ module that is not a registered command (or the reverse)"
+    assert modules == sorted(COMMANDS), ("a medusa/cli/ module that is not a registered command "
+                                         "(or the reverse)")
 
 
 def test_every_subcommand_help_exits_zero(capsys):
@@ -59,7 +60,8 @@ def test_every_subcommand_help_exits_zero(capsys):
         assert capsys.readouterr().out.startswith(f"usage: medusa {' '.join(path)}"), path
 
 
-@pytest.mark.parametrize("error", [MedusaError("bad.yaml: no such key 'x'"), ConfigError("r.yaml: train.lr < 0"),
+@pytest.mark.parametrize("error", [MedusaError("bad.yaml: no such key 'x'"),
+                                   ConfigError("r.yaml: train.lr < 0"),
                                    DataError("d.jsonl:3: not JSON"), CheckpointError("ckpt: no config.json")])
 def test_user_error_is_one_line_and_exit_2(error, capsys):
     def fail() -> int:

@@ -53,9 +53,11 @@ def test_labels_cover_exactly_the_assistant_turns(tok, tmp_path):
 
 def test_sharegpt_alpaca_and_messages_agree(tok, tmp_path):
     sharegpt = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello there."}]}
-    messages = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]}
+    messages = {"messages": [{"role": "user", "content": "Hi"},
+                             {"role": "assistant", "content": "Hello there."}]}
     alpaca = {"instruction": "Hi", "input": "", "output": "Hello there."}
-    outs = [load_tokenized(_write_jsonl(tmp_path / f"{i}.jsonl", [row]), tok, 128, chat_template="chatml").examples
+    outs = [load_tokenized(_write_jsonl(tmp_path / f"{i}.jsonl", [row]), tok, 128,
+                           chat_template="chatml").examples
             for i, row in enumerate((sharegpt, messages, alpaca))]
     assert outs[0] == outs[1] == outs[2]
 
@@ -81,13 +83,15 @@ def test_text_file_is_windowed_and_fully_labelled(tok):
 
 def test_sharegpt_shared_file_loads(tok):
     require_shared(SHARED)
-    data = load_tokenized(str(SHARED / "data" / "sharegpt_dummy_conversation.json"), tok, 256, chat_template="vicuna")
+    data = load_tokenized(str(SHARED / "data" / "sharegpt_dummy_conversation.json"), tok, 256,
+                          chat_template="vicuna")
     assert len(data.examples) > 400 and data.num_label_tokens > 0
 
 
 def test_malformed_row_names_file_and_line(tok, tmp_path):
     good = {"messages": CONVERSATION}
-    src = _write_jsonl(tmp_path / "bad.jsonl", [good, good, {"messages": [{"role": "robot", "content": "x"}]}])
+    src = _write_jsonl(tmp_path / "bad.jsonl", [good, good, {"messages": [{"role": "robot",
+                                                                           "content": "x"}]}])
     with pytest.raises(DataError, match=r"bad\.jsonl:3: .*unknown role 'robot'"):
         load_tokenized(src, tok, 256, chat_template="chatml")
     src = _write_jsonl(tmp_path / "badjson.jsonl", [good, "{not json"])

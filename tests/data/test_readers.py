@@ -29,7 +29,8 @@ def test_detect_format_on_a_real_row_of_each_format():
     _, spec = _first("spec_bench_public.jsonl")
     _, text = _first("tinystories_sample.txt")
     roles = {"human": "user", "gpt": "assistant"}
-    messages = {"messages": [{"role": roles[t["from"]], "content": t["value"]} for t in sharegpt["conversations"]]}
+    messages = {"messages": [{"role": roles[t["from"]], "content": t["value"]}
+                             for t in sharegpt["conversations"]]}
     prompt = {"question_id": spec["question_id"], "prompt": spec["turns"][0]}
     completion = {"prompt": alpaca["instruction"], "completion": alpaca["output"]}
     got = {name: detect_format(row) for name, row in (

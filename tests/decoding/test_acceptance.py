@@ -130,7 +130,8 @@ def test_sample_is_lossless_chi_square(setting, choices):
     out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[],
                          tree=MedusaTree.from_choices(choices), generator=g, **setting)
     x1, x2 = out[:, 4], out[:, 5]
-    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2, torch.ones(n, dtype=torch.float64))
+    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2,
+                                                                torch.ones(n, dtype=torch.float64))
     expected = _exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
     assert _chi2_pvalue(counts, expected) > 1e-3
 
@@ -141,10 +142,12 @@ def test_chi_square_catches_a_lossy_rule():
     prompt = torch.tensor([[3, 5, 4, 6]])
     n = 6000
     g = torch.Generator().manual_seed(1234)
-    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="typical", eos_token_id=[], top_k=0,
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="typical",
+                         eos_token_id=[], top_k=0,
                          tree=MedusaTree.from_choices(FULL_TREE), generator=g, posterior_threshold=0.01)
     x1, x2 = out[:, 4], out[:, 5]
-    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2, torch.ones(n, dtype=torch.float64))
+    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2,
+                                                                torch.ones(n, dtype=torch.float64))
     expected = _exact_joint(base, prompt, warp_logits(top_k=0)).view(-1) * n
     assert _chi2_pvalue(counts, expected) < 1e-6
 
@@ -168,10 +171,13 @@ def test_sample_accept_recursive_rejection_single_node():
 
 def _hf_next_probs(base, prefixes):
     """HF's own sampling distribution after each row of ``prefixes [R, T]``: the processed, warped scores that
-    ``generate(do_sample=True)`` samples from (its ``output_scores``), read from the model's generation_config."""
+    ``generate(do_sample=True)`` samples from (its ``output_scores``), read from the model's
+    generation_config."""
     with torch.no_grad():
-        out = base.generate(prefixes, attention_mask=torch.ones_like(prefixes), do_sample=True, max_new_tokens=1,
-                            output_scores=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        out = base.generate(prefixes, attention_mask=torch.ones_like(prefixes), do_sample=True,
+                            max_new_tokens=1,
+                            output_scores=True, return_dict_in_generate=True, eos_token_id=None,
+                            pad_token_id=0)
     return torch.softmax(out.scores[0].double(), dim=-1)  # [R, V]
 
 
@@ -185,7 +191,8 @@ def _exact_joint3(base, prompt):
     return p1.view(V, 1, 1) * p2.view(V, V, 1) * p3
 
 
-# Depth 2 covers the vocabulary under the 3 likeliest depth-1 proposals, 3 siblings (then the residual) elsewhere.
+# Depth 2 covers the vocabulary under the 3 likeliest depth-1 proposals, 3 siblings (then the residual)
+# elsewhere.
 DEEP_TREE = [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V) if a < 3 or b < 3]
 DEEP_SETTINGS = [{"temperature": 0.7, "top_k": 4}, {"repetition_penalty": 0.5, "top_p": 0.9, "top_k": 0}]
 

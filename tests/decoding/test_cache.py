@@ -21,7 +21,7 @@ def test_compacted_cache_equals_prefill(arch):
     ids, mask = left_padded_batch(base.config.vocab_size, seed=11)
     ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, eos_token_id=None)
     model = MedusaModel.from_base(base, num_heads=4)
-    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: rows accept unevenly
+    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: uneven accepts
     dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
     with torch.no_grad():
         state = prefill(model, ids, mask, dt)

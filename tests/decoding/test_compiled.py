@@ -26,7 +26,8 @@ def _graphs() -> int:
 @pytest.mark.parametrize("gen", [{}, {"repetition_penalty": 1.3}], ids=["plain", "rep-penalty"])
 def test_compiled_greedy_equals_hf(gen):
     model, ids, mask, ref, ref1 = fitted_llama(**gen)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True, return_dict_in_generate=True)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True,
+                         return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     assert out.compile_time_s > 0
     one = model.generate(ids[:1], max_new_tokens=NEW, compile=True, return_dict_in_generate=True)
@@ -38,7 +39,8 @@ def test_compiled_greedy_equals_hf(gen):
 @pytest.mark.slow  # two tree sizes x three compiled functions (~60 s on 2 shared cores)
 def test_recompiles_once_per_tree_size():
     small = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
-    large = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]])
+    large = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0],
+                                     [0, 0, 1], [0, 0, 0, 0]])
     model, ids, mask, ref, _ = fitted_llama()
     first = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True, tree=small,
                            return_dict_in_generate=True)
@@ -60,9 +62,10 @@ def test_compiled_sample_is_lossless_chi_square():
     n = 6000
     setting = {"temperature": 0.7, "top_k": 4}
     out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[],
-                         tree=MedusaTree.from_choices(FULL_TREE), generator=torch.Generator().manual_seed(1234),
-                         compile=True, **setting)
+                         tree=MedusaTree.from_choices(FULL_TREE),
+                         generator=torch.Generator().manual_seed(1234), compile=True, **setting)
     x1, x2 = out[:, 4], out[:, 5]
-    counts = torch.zeros(64, dtype=torch.float64).index_add_(0, x1 * 8 + x2, torch.ones(n, dtype=torch.float64))
+    counts = torch.zeros(64, dtype=torch.float64).index_add_(0, x1 * 8 + x2,
+                                                             torch.ones(n, dtype=torch.float64))
     expected = _exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
     assert _chi2_pvalue(counts, expected) > 1e-3

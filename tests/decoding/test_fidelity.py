@@ -1,5 +1,5 @@
-"""Greedy MEDUSA equals HF greedy generate for the model's own generation_config (logits processors applied per
-tree node), finished rows are padded as HF pads them, and unsupported settings are errors."""
+"""Greedy MEDUSA equals HF greedy generate for the model's own generation_config (logits processors applied
+per tree node), finished rows are padded as HF pads them, and unsupported settings are errors."""
 
 import pytest
 import torch
@@ -72,7 +72,8 @@ def test_processors_as_arguments_override_generation_config():
                         no_repeat_ngram_size=3)
     model = MedusaModel.from_base(base, num_heads=3)
     memorise_heads(model, real_rows(ref, mask), steps=150)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, repetition_penalty=0.8, no_repeat_ngram_size=3)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, repetition_penalty=0.8,
+                         no_repeat_ngram_size=3)
     assert torch.equal(out, ref)
     with pytest.raises(MedusaError, match="unknown generation setting.*repetiton_penalty"):
         model.generate(ids, repetiton_penalty=1.2)

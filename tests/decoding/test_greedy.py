@@ -10,7 +10,8 @@ from medusa.errors import MedusaError
 from tiny_models import ARCHITECTURES, tiny_model
 
 NEW = 72
-SMALL_TREE = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]])
+SMALL_TREE = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0],
+                                      [0, 0, 1], [0, 0, 0, 0]])
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -26,7 +27,8 @@ def test_greedy_equals_hf_generate(arch, heads):
     else:
         memorise_heads(model, real_rows(ref, mask, base.generation_config.eos_token_id))
     tree = SMALL_TREE if heads == "random" else None  # fitted heads decode with the default 64-node tree
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, tree=tree, return_dict_in_generate=True)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, tree=tree,
+                         return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     one = model.generate(ids[:1], max_new_tokens=NEW, tree=tree, return_dict_in_generate=True)
     assert torch.equal(one.sequences, ref1)
@@ -92,7 +94,8 @@ def test_user_errors():
     with pytest.raises(MedusaError, match="depth 3 exceeds"):
         model.generate(ids, tree=MedusaTree.from_choices([[0], [0, 0], [0, 0, 0]]))
     with pytest.raises(MedusaError, match="right-padded"):
-        model.generate(torch.tensor([[5, 6, 0], [5, 6, 7]]), attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]))
+        model.generate(torch.tensor([[5, 6, 0], [5, 6, 7]]),
+                       attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]))
     with pytest.raises(MedusaError, match="temperature"):
         model.generate(ids, acceptance="sample", temperature=0.0)
 

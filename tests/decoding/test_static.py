@@ -37,7 +37,8 @@ def test_static_greedy_equals_hf(gen):
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, cache_implementation="static",
                          return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
-    one = model.generate(ids[:1], max_new_tokens=NEW, cache_implementation="static", return_dict_in_generate=True)
+    one = model.generate(ids[:1], max_new_tokens=NEW, cache_implementation="static",
+                         return_dict_in_generate=True)
     assert torch.equal(one.sequences, ref1)
     assert one.tokens_per_step > 2.0, one.accept_lengths  # long accepted runs: compaction really happened
     assert out.compile_time_s == 0.0
@@ -50,7 +51,7 @@ def test_static_compaction_equals_prefill():
     ids, mask = left_padded_batch(base.config.vocab_size, seed=11)
     ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, eos_token_id=None)
     model = MedusaModel.from_base(base, num_heads=4)
-    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: rows accept unevenly
+    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: uneven accepts
     dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
     with torch.no_grad():
         state = static_prefill(model, ids, mask, dt, capacity=static_capacity(ids.shape[1], 60, 3, dt))

@@ -75,8 +75,8 @@ def test_cli_generate_user_errors(fitted, tmp_path, capsys):
 
 
 def test_fitted_heads_with_generation_config_processors(fitted):
-    """Qwen-style repetition_penalty plus no_repeat_ngram_size in the generation_config: still HF's exact output
-    (whole tensors, padding of finished rows included) with long accepted runs."""
+    """Qwen-style repetition_penalty plus no_repeat_ngram_size in the generation_config: still HF's exact
+    output (whole tensors, padding of finished rows included) with long accepted runs."""
     tok = _tokenizer()
     base = fitted.base_model
     enc = tok(stories_prompts(3), return_tensors="pt", padding=True)
@@ -94,7 +94,8 @@ def test_fitted_heads_with_generation_config_processors(fitted):
                               return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref)
         one = fitted.generate(enc["input_ids"][2:], max_new_tokens=96, return_dict_in_generate=True)
-        assert torch.equal(one.sequences, base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=96))
+        assert torch.equal(one.sequences, base.generate(enc["input_ids"][2:], do_sample=False,
+                                                        max_new_tokens=96))
         assert max(max(a) for a in out.accept_lengths) >= 4
         assert out.tokens_per_step > 1.5, out.tokens_per_step
     finally:

@@ -21,5 +21,5 @@ def test_cost_curve_times_each_size_over_the_same_cache(monkeypatch):
     curve = forward_cost_curve(base, sizes=(1, 4, 16), cache_len=20, repeats=2)
     assert list(curve) == [1, 4, 16] and all(t > 0 for t in curve.values())
     assert seen[0] == (20, 0)  # the prefill
-    assert seen[1:] == [(n, 20) for n in (1, 4, 16) for _ in range(3)]  # every timed call sees 20 cached tokens
+    assert seen[1:] == [(n, 20) for n in (1, 4, 16) for _ in range(3)]  # each timed call: 20 cached tokens
     assert torch.is_grad_enabled()

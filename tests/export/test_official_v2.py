@@ -72,7 +72,8 @@ def _assert_same_logits(official, base, ours_dir):
     assert model.config.head_type == "shared_lm_head" and model.heads.lm_heads is None
     hidden = _hidden(base)
     with torch.no_grad():
-        expected = torch.stack([base.lm_head(official[k](hidden)) for k in range(len(official))])  # [K, 1, T, V]
+        # expected: [K, 1, T, V]
+        expected = torch.stack([base.lm_head(official[k](hidden)) for k in range(len(official))])
         batched = model.heads(hidden)
         per_head = torch.stack([model.heads.head_logits(k, hidden) for k in range(len(official))])
     assert per_head.dtype == torch.float32 and torch.equal(per_head, expected)
@@ -89,7 +90,8 @@ def test_import_official_v2_safetensors(tmp_path, base_dir):
     summary = import_checkpoint(src, tmp_path / "ours")
     assert (summary["format"], summary["num_heads"], summary["num_layers"]) == ("medusa-v2", 3, 1)
     cfg = json.loads((tmp_path / "ours" / "medusa_config.json").read_text())
-    assert (cfg["head_type"], cfg["vocab_size"], cfg["hidden_size"], cfg["dtype"]) == ("shared_lm_head", 96, 32,
+    assert (cfg["head_type"], cfg["vocab_size"], cfg["hidden_size"],
+            cfg["dtype"]) == ("shared_lm_head", 96, 32,
                                                                                       "float32")
     ours = load_file(str(tmp_path / "ours" / "medusa_heads.safetensors"))
     assert sorted(ours) == sorted(f"blocks.{h}.0.linear.{w}" for h in range(3) for w in ("weight", "bias"))
@@ -182,7 +184,7 @@ def test_tgi_export_of_shared_heads_is_medusa_v2(tmp_path, base_dir):
     out = tmp_path / "tgi"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg == {"medusa_num_heads": 3, "medusa_num_layers": 1, "version": "2",
-                   "base_model_name_or_path": str(base_dir.resolve())}  # no "architectures": TGI's Medusa path
+                   "base_model_name_or_path": str(base_dir.resolve())}  # no "architectures": TGI's path
     tensors = load_file(str(out / "medusa_lm_head.safetensors"))
     assert sorted(tensors) == sorted(f"{i}.0.linear.{w}" for i in range(3) for w in ("weight", "bias"))
     # TGI MedusaHeadV2: one column-parallel linear over the heads' concatenated W1/b, then the base lm_head

@@ -9,7 +9,7 @@ from medusa import MedusaModel
 
 
 def left_padded_batch(vocab_size: int, lengths=(9, 6, 4), seed: int = 0, pad_id: int = 0):
-    """``input_ids [B, P]`` (pad on the left) and ``attention_mask [B, P]``; tokens avoid 0..2 (pad/bos/eos)."""
+    """``input_ids [B, P]`` (left-padded) and ``attention_mask [B, P]``; tokens avoid 0..2 (pad/bos/eos)."""
     g = torch.Generator().manual_seed(seed)
     p = max(lengths)
     ids = torch.full((len(lengths), p), pad_id, dtype=torch.long)
@@ -30,7 +30,8 @@ def randomize_heads(model: MedusaModel, seed: int = 0, std: float = 0.5) -> Medu
     return model
 
 
-def memorise_heads(model: MedusaModel, sequences: list[torch.Tensor], steps: int = 300, seed: int = 0) -> None:
+def memorise_heads(model: MedusaModel, sequences: list[torch.Tensor], steps: int = 300,
+                   seed: int = 0) -> None:
     """Fit the heads (in place) to predict the given real-token sequences: head k at t -> token t+k+2.
 
     Trained on the model's own greedy continuations of the test prompts, the heads are then accepted
@@ -54,14 +55,16 @@ def memorise_heads(model: MedusaModel, sequences: list[torch.Tensor], steps: int
     ys = [torch.cat(t) for t in targets]
     with torch.enable_grad():
         for _ in range(steps):
-            loss = sum(F.cross_entropy(model.heads.head_logits(k, xs[k]), ys[k]) for k in range(model.num_heads))
+            loss = sum(F.cross_entropy(model.heads.head_logits(k, xs[k]), ys[k])
+                       for k in range(model.num_heads))
             opt.zero_grad()
             loss.backward()
             opt.step()
     model.heads.eval()
 
 
-def real_rows(sequences: torch.Tensor, prompt_mask: torch.Tensor, eos_id: int | None = None) -> list[torch.Tensor]:
+def real_rows(sequences: torch.Tensor, prompt_mask: torch.Tensor,
+              eos_id: int | None = None) -> list[torch.Tensor]:
     """Each row of HF generate output without its left padding (and cut after the first EOS)."""
     rows = []
     p = prompt_mask.shape[1]

@@ -111,7 +111,8 @@ def fit_heads(model, sequences: torch.Tensor, steps: int = 800, lr: float = 1e-2
         for k in range(K):
             shift = k + 2  # head k (0-based) at position t predicts token t + k + 2
             logits = model.heads.head_logits(k, h[:, :-shift])
-            loss = loss + 0.8 ** k * F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, shift:].reshape(-1))
+            loss = loss + 0.8 ** k * F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     ids[:, shift:].reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()

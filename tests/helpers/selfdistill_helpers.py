@@ -16,7 +16,8 @@ from tiny_models import STORIES, require_shared, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A role-tagged template: every turn is "<s>role: content</s>\n"; the generation prompt opens an assistant turn.
+# A role-tagged template: every turn is "<s>role: content</s>\n"; the generation prompt opens an assistant
+# turn.
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}{{ bos_token }}assistant:{% endif %}"
@@ -72,12 +73,14 @@ def transformers_server(model_dir: Path, tmp_path: Path, startup_s: float = 120)
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([str(exe), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                              "--device", "cpu", "--log-level", "warning"],
-                            env=cli_env(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=cli_env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + startup_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"transformers serve exited: {(tmp_path / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError(f"transformers serve exited: "
+                                   f"{(tmp_path / 'server.log').read_text()[-2000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                     break

@@ -27,7 +27,8 @@ config = tiny_config("llama", pad_token_id=None)
 # Resolve the model class (and torch._dynamo, which transformers imports lazily) before zero.Init patches
 # tensor construction.
 model_class = AutoModelForCausalLM._model_mapping[type(config)]
-with deepspeed.zero.Init(config_dict_or_path={"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}):
+with deepspeed.zero.Init(config_dict_or_path={"zero_optimization": {"stage": 3},
+                                              "train_micro_batch_size_per_gpu": 1}):
     base = model_class(config)
 weight = lm_head_weight(base)
 assert hasattr(weight, "ds_id") and weight.numel() == 0, "the LM head is not partitioned"

@@ -29,7 +29,8 @@ def test_round_trip_bit_exact(tmp_path):
     for (n1, p1), (n2, p2) in zip(model.heads.state_dict().items(), loaded.heads.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
     assert loaded.tree == model.tree
-    assert sorted(os.listdir(tmp_path / "ck")) == ["medusa_config.json", "medusa_heads.safetensors", "tree.json"]
+    assert sorted(os.listdir(tmp_path / "ck")) == ["medusa_config.json",
+                                                   "medusa_heads.safetensors", "tree.json"]
 
 
 def test_round_trip_bf16_heads(tmp_path):
@@ -171,7 +172,8 @@ def _cli(*args, cwd=None):
 def test_cli_heads_init_and_info(tmp_path):
     require_shared(STORIES)
     out = tmp_path / "heads"
-    r = _cli("heads", "init", "--base", str(STORIES), "--num-heads", "3", "--num-layers", "2", "--out", str(out))
+    r = _cli("heads", "init", "--base", str(STORIES), "--num-heads", "3", "--num-layers", "2",
+             "--out", str(out))
     assert r.returncode == 0, r.stderr
     r = _cli("info", str(out))
     assert r.returncode == 0, r.stderr

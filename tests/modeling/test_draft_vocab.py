@@ -22,7 +22,8 @@ def _map(n=24, seed=0):
 
 
 def test_token_map_most_frequent_labels_ties_and_fill():
-    examples = [{"input_ids": [0] * 6, "labels": [-100, 7, 7, 5, 9, 9]}, {"input_ids": [0] * 3, "labels": [9, 3, -100]}]
+    examples = [{"input_ids": [0] * 6, "labels": [-100, 7, 7, 5, 9, 9]},
+                {"input_ids": [0] * 3, "labels": [9, 3, -100]}]
     counts = label_counts(examples, 12)
     assert counts.tolist() == [0, 0, 0, 1, 0, 1, 0, 2, 0, 3, 0, 0]
     assert build_token_map(examples, 12, 3).tolist() == [9, 7, 3]  # 3 and 5 tie: lower id first

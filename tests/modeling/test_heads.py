@@ -37,7 +37,8 @@ def test_forward_matches_base_logits(arch):
     assert out.hidden_states.shape == (2, 7, base.config.hidden_size)
     torch.testing.assert_close(picked.logits, ref[:, [6, 2]], rtol=1e-5, atol=1e-5)
     assert picked.head_logits.shape == (2, 2, 2, base.config.vocab_size)
-    torch.testing.assert_close(per_row.logits[:, 0], torch.stack([ref[0, 1], ref[1, 5]]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(per_row.logits[:, 0], torch.stack([ref[0, 1], ref[1, 5]]),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_layers_are_distinct_modules():

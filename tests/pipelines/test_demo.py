@@ -60,12 +60,13 @@ def test_demo_prompts_come_from_held_out_files_split_by_file(tmp_path):
 
     files = held_out_files(STORIES)  # no training_summary.json: the default model's held-out modules
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    modules = ("argparse", "csv", "dataclasses", "difflib", "fractions", "heapq", "json", "shlex", "statistics",
-               "textwrap")
+    modules = ("argparse", "csv", "dataclasses", "difflib", "fractions", "heapq", "json",
+               "shlex", "statistics", "textwrap")
     for f in files:
         rel = f.relative_to(stdlib).parts
         assert rel[0].removesuffix(".py") in modules or (
-            rel[0] == "test" and any(rel[1].removesuffix(".py") == f"test_{m}" or rel[1].startswith(f"test_{m}_")
+            rel[0] == "test" and any(rel[1].removesuffix(".py") == f"test_{m}"
+                                     or rel[1].startswith(f"test_{m}_")
                                      for m in modules)), rel
     assert any(f.name == "heapq.py" for f in files)
     rows = split_prompts(_settings(tmp_path, STORIES))

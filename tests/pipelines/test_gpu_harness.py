@@ -9,7 +9,7 @@ from medusa.pipelines import gpu
 from tiny_models import require_shared
 
 
-@pytest.mark.slow  # compiles the verify step for five tree sizes and runs a compiled bench (~3 min on 2 cores)
+@pytest.mark.slow  # compiles the verify step for five tree sizes, runs a compiled bench (~3 min on 2 cores)
 def test_gpu_harness_small_cpu(tmp_path, capsys):
     require_shared()
     assert gpu.main(["--out", str(tmp_path), "--device", "cpu", "--small"]) == 0

@@ -96,7 +96,8 @@ def test_self_talk_alternates_roles_for_n_turns(tmp_path):
                                                         {"role": "assistant", "content": "dropped"},
                                                         {"role": "user", "content": "dropped too"}]},
                               {"id": "b", "prompt": "Tell me a story."}])
-    s = self_distill(_cfg(tmp_path, mode="self-talk", turns=3), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    s = self_distill(_cfg(tmp_path, mode="self-talk", turns=3), model=tiny_chat_model(),
+                     tokenizer=chat_tokenizer())
     assert s["written"] == 2
     for row in _rows(tmp_path / "out.jsonl"):
         msgs = [m for m in row["messages"] if m["role"] != "system"]
@@ -142,13 +143,15 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path, monkeypatch):
 
     monkeypatch.setattr(LocalBackend, "_generate_batch", dies_on_third_batch)
     with pytest.raises(KeyboardInterrupt):
-        self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+        self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(),
+                     tokenizer=chat_tokenizer())
     first = _rows(tmp_path / "out.jsonl")
     assert len(first) == 6
     with open(tmp_path / "out.jsonl", "a") as fh:
         fh.write('{"id": "question 9:0", "messa')  # and a kill mid-write
     monkeypatch.setattr(LocalBackend, "_generate_batch", real)
-    s = self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    s = self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(),
+                     tokenizer=chat_tokenizer())
     assert s["already_done"] == 6 and s["written"] == 4
     ids = [r["metadata"]["source_id"] for r in _rows(tmp_path / "out.jsonl")]
     assert sorted(ids) == sorted(f"prompts-{i}" for i in range(10))
@@ -165,8 +168,8 @@ def test_cli_errors_exit_2_and_keep_written_rows(tmp_path):
     assert r.returncode == 2 and "error:" in r.stderr and "no chat template" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     (tmp_path / "bad.jsonl").write_text('{"prompt": "fine"}\n{"turns": "not a list"}\n')
-    args = ["self-distill", "--model", str(STORIES), "--prompts", str(tmp_path / "bad.jsonl"), "--out", str(out),
-            "--mode", "completion", "--max-new-tokens", "4", "--no-progress"]
+    args = ["self-distill", "--model", str(STORIES), "--prompts", str(tmp_path / "bad.jsonl"),
+            "--out", str(out), "--mode", "completion", "--max-new-tokens", "4", "--no-progress"]
     r = run_cli(args, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "wrote 1 rows" in r.stdout and "1 invalid prompts" in r.stdout
@@ -214,7 +217,8 @@ def test_local_backend_in_4bit(tmp_path):
     chat_tokenizer().save_pretrained(path)
     backend = LocalBackend(str(path), load_in_4bit=True, batch_size=2)
     assert type(backend.model.model.layers[0].mlp.down_proj).__name__ == "Linear4bit"
-    got = dict(backend.generate([Request(prompt="Once"), Request(messages=[{"role": "user", "content": "hi"}])],
+    got = dict(backend.generate([Request(prompt="Once"),
+                                 Request(messages=[{"role": "user", "content": "hi"}])],
                                 Sampling(max_new_tokens=3)))
     assert sorted(got) == [0, 1] and all(r.completion_tokens == 3 and r.finish_reason == "length"
                                          for r in got.values())

@@ -32,14 +32,17 @@ def test_text_documents_first_sentence_chars_and_tokens(tmp_path):
     from tiny_models import stories_tokenizer
 
     path = tmp_path / "docs.txt"
-    path.write_text("One day, Tom ran. He was fast! Then he slept.\n\nThe cat sat on the mat. It purred.\n\n\n")
+    path.write_text("One day, Tom ran. He was fast! Then he slept.\n\nThe cat sat on the mat. It "
+                    "purred.\n\n\n")
     prompts = load_prompts(path)
     assert [p.text for p in prompts] == ["One day, Tom ran.", "The cat sat on the mat."]
-    assert load_prompts(path, opts=PromptOptions(prompt_sentences=2))[0].text == "One day, Tom ran. He was fast!"
+    assert load_prompts(path,
+                        opts=PromptOptions(prompt_sentences=2))[0].text == "One day, Tom ran. He was fast!"
     assert load_prompts(path, opts=PromptOptions(prompt_chars=12))[0].text == "One day, Tom"
     tok = stories_tokenizer()
     by_tokens = load_prompts(path, opts=PromptOptions(prompt_tokens=3, tokenizer=tok))[0].text
-    assert len(tok(by_tokens, add_special_tokens=False)["input_ids"]) == 3 and "One day".startswith(by_tokens[:3])
+    assert len(tok(by_tokens,
+                   add_special_tokens=False)["input_ids"]) == 3 and "One day".startswith(by_tokens[:3])
     with pytest.raises(DataError, match="tokenizer"):
         load_prompts(path, opts=PromptOptions(prompt_tokens=3))
     assert first_sentences('He said "Hi." Then left.') == 'He said "Hi."'
@@ -71,7 +74,8 @@ def test_datasets_directory(tmp_path):
     import pyarrow.parquet as pq
 
     (tmp_path / "ds").mkdir()
-    pq.write_table(pa.Table.from_pylist([{"prompt": f"p{i}"} for i in range(3)]), tmp_path / "ds" / "train.parquet")
+    pq.write_table(pa.Table.from_pylist([{"prompt": f"p{i}"} for i in range(3)]),
+                   tmp_path / "ds" / "train.parquet")
     assert [p.text for p in load_prompts(tmp_path / "ds")] == ["p0", "p1", "p2"]
     with pytest.raises(DataError, match="nobody/nothing"):
         load_prompts("nobody/nothing")
@@ -79,15 +83,17 @@ def test_datasets_directory(tmp_path):
 
 def test_malformed_rows_name_the_line_or_go_to_the_callback(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"prompt": "ok"}\n{"prompt": 3}\nnot json\n{"messages": [{"role": "gpt", "content": "x"}]}\n'
-                    '{"conversations": [{"from": "gpt", "value": "only assistant"}]}\n{"foo": 1}\n')
+    path.write_text('{"prompt": "ok"}\n{"prompt": 3}\nnot json\n{"messages": [{"role": "gpt", '
+                    '"content": "x"}]}\n{"conversations": [{"from": "gpt", "value": "only '
+                    'assistant"}]}\n{"foo": 1}\n')
     with pytest.raises(DataError, match=r"bad\.jsonl:2: 'prompt' must be a string"):
         load_prompts(path)
     seen = []
     good = load_prompts(path, on_invalid=lambda rid, loc, why: seen.append((rid, loc, why)))
     assert [p.text for p in good] == ["ok"]
     assert [loc.rsplit(":", 1)[1] for _, loc, _ in seen] == ["2", "3", "4", "5", "6"]
-    assert "invalid JSON" in seen[1][2] and "unknown role" in seen[2][2] and "no non-empty user turn" in seen[3][2]
+    assert ("invalid JSON" in seen[1][2] and "unknown role" in seen[2][2]
+            and "no non-empty user turn" in seen[3][2])
     with pytest.raises(DataError, match="not found"):
         load_prompts(tmp_path / "missing.jsonl")
 
@@ -99,7 +105,8 @@ def test_repeated_ids_are_made_unique(tmp_path):
 
 
 def _row(sid, sample):
-    return {"id": f"{sid}:{sample}", "prompt": "p", "completion": "c", "metadata": {"source_id": sid, "sample": sample}}
+    return {"id": f"{sid}:{sample}", "prompt": "p", "completion": "c",
+            "metadata": {"source_id": sid, "sample": sample}}
 
 
 def test_writer_resumes_after_a_partial_line_and_retries_errors(tmp_path):

@@ -71,7 +71,8 @@ def test_killed_run_resumes_with_every_prompt_exactly_once(server, tmp_path):
     cmd = [sys.executable, "-m", "medusa", "self-distill", "--backend", "openai", "--endpoint", url,
            "--served-model", name, "--prompts", str(tmp_path / "prompts.jsonl"), "--out", str(out),
            "--mode", "completion", "--max-new-tokens", "16", "--concurrency", "1", "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -95,7 +96,8 @@ def test_unreachable_endpoint_stops_the_run_and_keeps_rows(tmp_path):
     _write_prompts(tmp_path, [{"prompt": "hello"}, {"prompt": "again"}])
     out = tmp_path / "out.jsonl"
     kept = json.dumps({"id": "x:0", "prompt": "p", "completion": "c",
-                       "metadata": {"source_id": "x", "sample": 0, "mode": "completion", "model": "m"}}) + "\n"
+                       "metadata": {"source_id": "x", "sample": 0, "mode": "completion",
+                                    "model": "m"}}) + "\n"
     out.write_text(kept)
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(EndpointUnreachable, match="cannot reach"):  # discovering the model name

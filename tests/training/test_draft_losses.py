@@ -32,7 +32,8 @@ def test_chunked_equals_naive_with_draft_vocab(chunk):
     ref = [p.grad.clone() for p in heads.parameters()] + [hidden.grad.clone()]
     heads.zero_grad()
     hidden.grad = None
-    out = medusa_head_loss(hidden, labels, heads.head_logits, heads.num_heads, chunk_size=chunk, label_map=t2d)
+    out = medusa_head_loss(hidden, labels, heads.head_logits, heads.num_heads,
+                           chunk_size=chunk, label_map=t2d)
     out.loss.backward()
     torch.testing.assert_close(out.loss, naive.loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out.stats(), naive.stats(), rtol=1e-5, atol=1e-4)

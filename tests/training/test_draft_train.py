@@ -38,7 +38,8 @@ def _recipe(name, tmp_path, *overrides):
 @pytest.mark.parametrize("name,head_type", [("medusa1", "linear"), ("medusa1", "shared_lm_head"),
                                             ("medusa2_lora", "linear")])
 def test_draft_vocab_run_saves_the_map_of_the_most_frequent_labels(tmp_path, name, head_type, capsys):
-    recipe = _recipe(name, tmp_path, "heads.draft_vocab=64", f"heads.head_type={head_type}", "train.max_steps=4")
+    recipe = _recipe(name, tmp_path, "heads.draft_vocab=64", f"heads.head_type={head_type}",
+                     "train.max_steps=4")
     result = train(recipe)
     assert "draft vocabulary: 64 of 512 tokens cover" in capsys.readouterr().out
     rows = [json.loads(x) for x in (Path(result.output_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -69,7 +69,7 @@ def test_cached_training_has_the_online_loss_curve(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(M1, "backbone_hidden", lambda model, batch: real(model, batch).to(torch.bfloat16))
         rounded = _losses(train(_recipe(tmp_path / "rounded")))
-    with monkeypatch.context() as m:  # the run builds its cache first (one backbone pass), then trains from it
+    with monkeypatch.context() as m:  # the run builds its cache (one backbone pass), then trains from it
         _no_backbone(m)
         bf16 = _losses(train(_recipe(tmp_path / "bf16", f"train.hidden_cache={tmp_path / 'cache16'}")))
     index = json.loads((tmp_path / "cache16" / "cache.json").read_text())
@@ -97,12 +97,14 @@ def test_build_resumes_after_a_kill_and_equals_a_full_build(tmp_path, monkeypatc
     fresh = HC.prepare(tmp_path / "fresh", base, examples, **kw)
     assert len(cache) == len(fresh) == 40
     for i in range(40):
-        assert torch.equal(cache.example_hidden(i).view(torch.int16), fresh.example_hidden(i).view(torch.int16))
+        assert torch.equal(cache.example_hidden(i).view(torch.int16),
+                           fresh.example_hidden(i).view(torch.int16))
         assert cache.example_tokens(i) == (examples[i]["input_ids"], examples[i]["labels"])
     # the rows are the backbone's own hidden states (bf16)
     hidden = HC.backbone_hidden_fn(base)({"input_ids": torch.tensor([examples[5]["input_ids"]]),
                                           "attention_mask": torch.ones(1, len(examples[5]["input_ids"]))})
-    torch.testing.assert_close(cache.example_hidden(5).float(), hidden[0].to(torch.bfloat16).float(), rtol=0, atol=0)
+    torch.testing.assert_close(cache.example_hidden(5).float(), hidden[0].to(torch.bfloat16).float(),
+                               rtol=0, atol=0)
 
 
 def test_shards_split_over_processes(tmp_path):
@@ -166,4 +168,5 @@ def test_cli_cache_hidden_builds_what_train_then_uses(tmp_path, capsys, monkeypa
     assert written == []
     capsys.readouterr()
     assert main(["cache-hidden", str(TINY), "output_dir=x"]) == 2
-    assert capsys.readouterr().err.strip() == "error: train.hidden_cache: not set (give train.hidden_cache=DIR)"
+    assert capsys.readouterr().err.strip() == ("error: train.hidden_cache: not set "
+                                               "(give train.hidden_cache=DIR)")

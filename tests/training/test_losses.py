@@ -30,7 +30,8 @@ def test_chunked_equals_naive_value_metrics_and_grads(chunk):
     ref_hidden_grad = hidden.grad.clone()
     heads.zero_grad()
     hidden.grad = None
-    chunked = medusa_head_loss(hidden, labels, heads.head_logits, heads.num_heads, decay=0.8, chunk_size=chunk)
+    chunked = medusa_head_loss(hidden, labels, heads.head_logits, heads.num_heads, decay=0.8,
+                               chunk_size=chunk)
     chunked.loss.backward()
     torch.testing.assert_close(chunked.loss, naive.loss, rtol=1e-5, atol=1e-6)
     for name in ("ce_sum", "correct1", "correct5", "count"):

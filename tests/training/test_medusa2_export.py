@@ -102,7 +102,8 @@ def _qlora_model(monkeypatch):
     require_module("bitsandbytes")
     monkeypatch.chdir(ROOT)  # the recipe's paths are relative to the repository root
     recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml",
-                         ["quantization=4bit", "heads.num_heads=2", "lora.r=4", "lora.alpha=8", "lora.dropout=0.0"])
+                         ["quantization=4bit", "heads.num_heads=2", "lora.r=4", "lora.alpha=8",
+                          "lora.dropout=0.0"])
     model, _, _ = m2.setup_model(recipe, torch.device("cpu"), total_steps=2)
     return model
 
@@ -112,7 +113,8 @@ def test_qlora_trains_on_cpu_and_merges_into_an_unquantised_copy(tmp_path, monke
     model = _qlora_model(monkeypatch)
     assert bb.is_4bit(model.base_model)
     assert next(model.heads.parameters()).dtype == torch.float32
-    quantised = {n: p.detach().clone() for n, p in model.base_model.named_parameters() if p.dtype == torch.uint8}
+    quantised = {n: p.detach().clone() for n, p in model.base_model.named_parameters()
+                 if p.dtype == torch.uint8}
     assert quantised
     m2._WARNED_4BIT_TEACHER[0] = False
     with pytest.warns(UserWarning, match="4-bit") as record:
@@ -193,5 +195,7 @@ def test_heads_init_from_zero3_partitioned_lm_head():
         port = s.getsockname()[1]
     script = Path(__file__).resolve().parents[1] / "helpers" / "zero3_init_probe.py"
     env = dict(os.environ, MASTER_PORT=str(port))
-    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (proc.stdout[-2000:]
+                                                                         + proc.stderr[-4000:])

@@ -27,7 +27,8 @@ def test_lora_targets_every_attention_and_mlp_linear_but_not_the_lm_head(arch):
     with torch.no_grad():
         ref = base(input_ids=ids).logits
     model = apply_lora(MedusaModel.from_base(base, num_heads=2), r=4, alpha=8, dropout=0.0)
-    adapted = {name.rsplit(".", 1)[-1] for name, m in model.base_model.named_modules() if hasattr(m, "lora_A")}
+    adapted = {name.rsplit(".", 1)[-1] for name, m in model.base_model.named_modules()
+               if hasattr(m, "lora_A")}
     assert adapted == set(LORA_TARGETS[arch])
     lm_head = unwrap(model.base_model).get_output_embeddings()
     assert not hasattr(lm_head, "lora_A") and not lm_head.weight.requires_grad
@@ -54,7 +55,8 @@ def test_param_groups_lora():
     assert set(groups) == {"backbone_decay", "heads_decay", "heads_no_decay"}  # LoRA has no biases here
     assert groups["backbone_decay"]["lr"] == 1e-4 and groups["backbone_decay"]["weight_decay"] == 0.1
     assert groups["heads_decay"]["lr"] == pytest.approx(4e-4) and groups["heads_decay"]["weight_decay"] == 0.1
-    assert groups["heads_no_decay"]["lr"] == pytest.approx(4e-4) and groups["heads_no_decay"]["weight_decay"] == 0.0
+    assert (groups["heads_no_decay"]["lr"] == pytest.approx(4e-4)
+            and groups["heads_no_decay"]["weight_decay"] == 0.0)
     assert all("lora_" in n for n in _names(model, groups["backbone_decay"]))
     head_names = {"heads." + n for n, _ in model.heads.named_parameters()}
     assert _names(model, groups["heads_decay"]) | _names(model, groups["heads_no_decay"]) == head_names

@@ -78,7 +78,8 @@ def _rows(result):
     return [json.loads(r) for r in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name, first_term", [("medusa2_lora", "lm_loss"), ("medusa2_selfdistill", "distill_kl")])
+@pytest.mark.parametrize("name, first_term",
+                         [("medusa2_lora", "lm_loss"), ("medusa2_selfdistill", "distill_kl")])
 def test_metrics_log_the_loss_terms_every_step(tmp_path, name, first_term):
     """Each step's row carries L_LM (or the KL), L_heads and lambda0, and they add up to the logged loss."""
     recipe = _recipe(name, tmp_path, "train.max_steps=3", "train.logging_steps=1", "train.batch_size=4",
@@ -110,14 +111,15 @@ def test_tiny_selfdistill_recipe_from_medusa1_heads(tmp_path):
 
 def test_tiny_qlora_recipe(tmp_path):
     require_module("bitsandbytes")
-    result = train(_recipe("medusa2_lora", tmp_path, "train.max_steps=3", "quantization=4bit", "train.lr=1e-2"))
+    result = train(_recipe("medusa2_lora", tmp_path, "train.max_steps=3", "quantization=4bit",
+                           "train.lr=1e-2"))
     loaded = MedusaModel.from_pretrained(result.final_dir)
     config = json.loads((result.final_dir / "base_model" / "config.json").read_text())
     assert "quantization_config" not in config
     assert next(loaded.base_model.parameters()).dtype == torch.float32
     with torch.no_grad():
-        assert not torch.allclose(loaded.base_model(input_ids=IDS).logits, stories_model()(input_ids=IDS).logits,
-                                  atol=1e-4)
+        assert not torch.allclose(loaded.base_model(input_ids=IDS).logits,
+                                  stories_model()(input_ids=IDS).logits, atol=1e-4)
 
 
 def test_full_finetune_with_quantization_is_refused():
@@ -154,7 +156,8 @@ def test_tiny_full_recipe_deepspeed_zero3_cpu(tmp_path):
                               "gradient_clipping": 1.0}))
     acc = tmp_path / "accelerate.yaml"
     acc.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
-                   f"  deepspeed_config_file: {ds}\n  zero3_init_flag: true\nnum_machines: 1\nnum_processes: 1\n"
+                   f"  deepspeed_config_file: {ds}\n  zero3_init_flag: true\nnum_machines: "
+                   f"1\nnum_processes: 1\n"
                    "use_cpu: true\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = tmp_path / "zero3"
@@ -172,7 +175,8 @@ def test_tiny_full_recipe_deepspeed_zero3_cpu(tmp_path):
         assert (head.weight - fresh.lm_head.weight).abs().max() < 0.05
 
 
-@pytest.mark.parametrize("name", ["medusa2_lora", "medusa2_qlora", "medusa2_selfdistill", "medusa2_full_zero3"])
+@pytest.mark.parametrize("name", ["medusa2_lora", "medusa2_qlora", "medusa2_selfdistill",
+                                  "medusa2_full_zero3"])
 def test_full_size_recipes_validate(name):
     path = ROOT / "recipes" / f"{name}.yaml"
     assert path.read_text().splitlines()[0].startswith("# ") and f"recipes/{name}.yaml" in path.read_text()

@@ -28,7 +28,8 @@ def test_greedy_is_optimal_against_brute_force(accuracy, num_nodes):
     assert len(choices) == num_nodes - 1
     MedusaTree.from_choices(choices, num_heads=3)  # prefix-closed, valid
     candidates = [p for d in range(1, 4) for p in itertools.product(range(2), repeat=d)]
-    best = max(expected_tokens_per_step(s, accuracy) for s in _prefix_closed_subsets(candidates, num_nodes - 1))
+    best = max(expected_tokens_per_step(s, accuracy)
+               for s in _prefix_closed_subsets(candidates, num_nodes - 1))
     assert expected_tokens_per_step(choices, accuracy) == pytest.approx(best)
 
 
@@ -76,7 +77,8 @@ def test_default_tree_is_optimal_on_its_profile_for_small_budgets():
     candidates = [p for d in range(1, 4) for p in itertools.product(range(3), repeat=d)]
     for num_nodes in (2, 4, 5):
         choices = build_tree_choices(acc, num_nodes)
-        best = max(expected_tokens_per_step(s, acc) for s in _prefix_closed_subsets(candidates, num_nodes - 1))
+        best = max(expected_tokens_per_step(s, acc)
+                   for s in _prefix_closed_subsets(candidates, num_nodes - 1))
         assert expected_tokens_per_step(choices, acc) == pytest.approx(best)
 
 

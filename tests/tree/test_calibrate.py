@@ -49,7 +49,8 @@ def _naive_ranks(model, example, topk):
     ids, labels = example["input_ids"], example["labels"]
     with torch.no_grad():
         hidden = model(input_ids=torch.tensor([ids])).hidden_states[0]  # [T, d]
-        tops = [model.heads.head_logits(k, hidden).topk(topk, dim=-1).indices.tolist() for k in range(model.num_heads)]
+        tops = [model.heads.head_logits(k, hidden).topk(topk, dim=-1).indices.tolist()
+                for k in range(model.num_heads)]
     ranks = [[NO_TARGET] * model.num_heads for _ in ids]
     for k, top in enumerate(tops):
         for t in range(len(ids)):
@@ -81,7 +82,8 @@ def test_tables_paths_and_predictions_by_hand():
     assert t["totals"] == [5, 4] and t["counts"] == [[3, 1, 0], [2, 1, 0]]
     # head 2 given head 1 right (rows 0, 1, 2; row 4 has no target for head 2)
     assert t["conditional_totals"] == [5, 3] and t["conditional_counts"][1] == [1, 1, 0]
-    assert t["accuracy"][0][0] == pytest.approx(0.6) and t["conditional_accuracy"][1][0] == pytest.approx(1 / 3)
+    assert (t["accuracy"][0][0] == pytest.approx(0.6)
+            and t["conditional_accuracy"][1][0] == pytest.approx(1 / 3))
     counts, total = path_counts(stats)
     assert total == 4  # positions with both targets present
     assert counts == {(0,): 2, (1,): 1, (0, 0): 1, (0, 1): 1}
@@ -91,7 +93,8 @@ def test_tables_paths_and_predictions_by_hand():
     # head 1's rank-2 accuracy makes (2,)'s product larger
     counts2, acc2 = {(0,): 4, (0, 0): 1}, [[0.5, 0.0, 0.4], [0.1, 0.0, 0.0]]
     stats2 = _stats([[0, 0]])
-    assert build_choices(stats2, {"accuracy": acc2, "conditional_accuracy": acc2}, counts2, 8, 3) == [(0,), (0, 0)]
+    assert build_choices(stats2, {"accuracy": acc2, "conditional_accuracy": acc2}, counts2, 8,
+                         3) == [(0,), (0, 0)]
     assert build_choices(stats2, {"accuracy": acc2, "conditional_accuracy": acc2}, counts2, 8, 3,
                          "conditional") == [(0,), (2,)]
     assert empirical_tokens_per_step([(0,), (0, 0)], counts, total) == pytest.approx(1 + 2 / 4 + 1 / 4)
@@ -118,7 +121,8 @@ def test_calibrate_record_and_budget():
     assert all(len(r) == 5 for r in cal["accuracy"]) and cal["top1"] == [r[0] for r in cal["accuracy"]]
     # the record's figures against an independent replay on naively computed hit ranks
     ranks = [_naive_ranks(model, ex, 5) for ex in _examples(8)]
-    assert cal["expected_tokens_per_step"] == pytest.approx(_naive_replay(set(tree.choices), ranks, _examples(8)))
+    assert cal["expected_tokens_per_step"] == pytest.approx(_naive_replay(set(tree.choices),
+                                                                          ranks, _examples(8)))
     full = [r for rs in ranks for r in rs if NO_TARGET not in r]  # positions with all 3 targets
     assert cal["num_positions"] == len(full)
     assert cal["position_mean_tokens_per_step"] == pytest.approx(
@@ -189,7 +193,7 @@ def test_choose_size_maximises_predicted_tokens_per_second(monkeypatch):
     monkeypatch.setattr(A, "time_tree_steps", lambda model, trees, prompt: {8: 1.0, 16: 1.5, 32: 4.0})
     record = choose_size(types.SimpleNamespace(device="cpu"), {8: [], 16: [], 32: []},
                          {8: 1.5, 16: 2.4, 32: 3.0}, [1, 2])
-    assert record["chosen"] == 16  # 1.5, 1.6, 0.75 tokens/s: neither the most tokens/step nor the fastest step
+    assert record["chosen"] == 16  # 1.5, 1.6, 0.75 tokens/s: not the most tokens/step nor the fastest step
     assert record["sizes"] == [8, 16, 32] and record["tokens_per_s"] == pytest.approx([1.5, 1.6, 0.75])
     assert record["step_time_s"] == [1.0, 1.5, 4.0] and record["expected_tokens_per_step"] == [1.5, 2.4, 3.0]
 
@@ -202,8 +206,10 @@ def stories_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("cal") / "heads"
     MedusaModel.from_base(stories_model(), num_heads=3, num_layers=1).save_pretrained(path)
     data = path.parent / "calib.jsonl"
-    rows = [{"prompt": "Once upon a time", "completion": " there was a little girl named Lily. She liked to play."},
-            {"prompt": "Tom had a dog.", "completion": " The dog was big and brown. Tom and the dog ran to the park."}]
+    rows = [{"prompt": "Once upon a time",
+             "completion": " there was a little girl named Lily. She liked to play."},
+            {"prompt": "Tom had a dog.",
+             "completion": " The dog was big and brown. Tom and the dog ran to the park."}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path, data
 
@@ -242,7 +248,8 @@ def test_pipeline_and_cli_auto_share_the_chooser(stories_checkpoint, tmp_path, m
     import medusa.tree.auto as A
     from medusa.pipelines.stages import calibrate_stage
 
-    monkeypatch.setattr(A, "time_tree_steps", lambda model, trees, prompt: {n: 1.0 if n == 24 else 1e6 for n in trees})
+    monkeypatch.setattr(A, "time_tree_steps", lambda model, trees,
+                        prompt: {n: 1.0 if n == 24 else 1e6 for n in trees})
     path, data = stories_checkpoint
     summary = calibrate_stage(path, tmp_path / "final", data, nodes="auto", progress=False)
     assert summary["auto"]["chosen"] == 24 and summary["auto"]["sizes"] == list(AUTO_SIZES)

@@ -72,8 +72,8 @@ def test_bench_reports_draft_vocab_coverage_of_generated_tokens():
     base = stories_model()
     tm = torch.arange(3, 3 + 200)  # 200 of 512 ids
     model = MedusaModel.from_base(base, num_heads=2, token_map=tm).eval()
-    report = bench(model, stories_tokenizer(), ["Once upon a time, there was a little dog."], max_new_tokens=16,
-                   progress=False)
+    report = bench(model, stories_tokenizer(), ["Once upon a time, there was a little dog."],
+                   max_new_tokens=16, progress=False)
     assert report["greedy_exact_match"] == 1.0
     tok = stories_tokenizer()
     ids = tok("Once upon a time, there was a little dog.", return_tensors="pt").input_ids

@@ -125,7 +125,9 @@ class LocalBackend:
             return self.tokenizer.decode(new, skip_special_tokens=True)
         head = self.tokenizer.decode(prompt, skip_special_tokens=True)
         full = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
-        return full[len(head):] if full.startswith(head) else self.tokenizer.decode(new, skip_special_tokens=True)
+        if full.startswith(head):
+            return full[len(head):]
+        return self.tokenizer.decode(new, skip_special_tokens=True)
 
     def _generate_batch(self, batch: list[list[int]], chat: list[bool], sampling: Sampling,
                         seed: int) -> list[Result]:
@@ -153,5 +155,6 @@ class LocalBackend:
                 reason = "length" if len(ids) >= sampling.max_new_tokens else "stop"
                 results.append(Result(self._decode(prompt, ids, is_chat), reason, len(prompt), len(ids)))
             else:
-                results.append(Result(self._decode(prompt, ids[:stop], is_chat), "stop", len(prompt), stop + 1))
+                results.append(Result(self._decode(prompt, ids[:stop], is_chat), "stop",
+                                      len(prompt), stop + 1))
         return results

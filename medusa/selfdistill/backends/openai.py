@@ -43,8 +43,9 @@ class OpenAIBackend:
         self.retries = retries
         self.backoff_s = backoff_s
         self.concurrency = concurrency
-        self.client = openai.OpenAI(base_url=self.endpoint, api_key=api_key or os.environ.get("OPENAI_API_KEY")
-                                    or "EMPTY", timeout=timeout_s, max_retries=0)
+        self.client = openai.OpenAI(base_url=self.endpoint,
+                                    api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                                    timeout=timeout_s, max_retries=0)
         self.model_name = model or self._first_served_model()
 
     def _first_served_model(self) -> str:
