@@ -245,8 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sharegpt-prompts", type=int, default=Settings.sharegpt_prompts)
     parser.add_argument("--alpaca-prompts", type=int, default=Settings.alpaca_prompts)
     parser.add_argument("--calib-prompts", type=int, default=Settings.calib_prompts)
-    parser.add_argument("--train-data", default=None, help="self-distilled conversations to train on (skips distill)")
-    parser.add_argument("--calib-data", default=None, help="held-out self-distilled conversations (with --train-data)")
+    parser.add_argument("--train-data", default=None,
+                        help="self-distilled conversations to train on (skips distill)")
+    parser.add_argument("--calib-data", default=None,
+                        help="held-out self-distilled conversations (with --train-data)")
     parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
     parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
