@@ -172,7 +172,7 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
                                 else given_data(s, data), log)
         m1 = out / "medusa1"
         overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m1}",
-                     *s.recipe_overrides]
+                     f"train.hidden_cache={out / 'hidden_cache'}", *s.recipe_overrides]
         trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
         calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
             trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes,
