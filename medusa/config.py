@@ -22,7 +22,7 @@ from medusa.training.schedules import parse_schedule
 METHODS = ("medusa1", "medusa2")
 DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 QUANTIZATIONS = ("4bit", "8bit")
-HEAD_TYPES = ("linear", "shared_lm_head")
+HEAD_TYPES = ("linear", "shared_lm_head", "hydra")
 FORMATS = ("auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text")
 SCHEDULERS = ("cosine", "linear", "constant")
 REPORT_TO = ("none", "wandb", "tensorboard")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from medusa.decoding.candidates import DecodeTree
+from medusa.decoding.dynamic_tree import StepTree, is_per_row, rows_at
 
 Warp = Callable[[torch.Tensor], torch.Tensor]
 
@@ -44,7 +45,7 @@ def warp_logits(temperature: float = 1.0, top_k: int | None = None, top_p: float
     return warp
 
 
-def _best_path(ok: torch.Tensor, dt: DecodeTree, score: torch.Tensor | None = None
+def _best_path(ok: torch.Tensor, dt: DecodeTree | StepTree, score: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Longest accepted prefix over root-to-leaf paths.
 
@@ -52,28 +53,30 @@ def _best_path(ok: torch.Tensor, dt: DecodeTree, score: torch.Tensor | None = No
     log-likelihood used to break ties between equally long paths. Returns (path [B, D+1], n [B], last [B]).
     """
     b = ok.shape[0]
-    nodes = dt.retrieve[:, 1:]  # [L, D]
-    ok_path = ok[:, nodes] & dt.retrieve_valid  # [B, L, D]
+    per_row = is_per_row(dt)  # a dynamic tree: retrieve [B, L, D+1], every node a leaf
+    nodes = dt.retrieve[..., 1:]  # [L, D] or [B, L, D]
+    ok_path = rows_at(ok, nodes, per_row) & dt.retrieve_valid  # [B, L, D]
     run = ok_path.long().cumprod(dim=-1)  # [B, L, D]
     lengths = run.sum(dim=-1)  # [B, L]
     if score is None:
         best = lengths.argmax(dim=-1)  # [B]
     else:
         best_len = lengths.max(dim=-1, keepdim=True).values  # [B, 1]
-        like = (score[:, nodes] * run).sum(dim=-1)  # [B, L] log-likelihood of each accepted prefix
+        like = (rows_at(score, nodes, per_row) * run).sum(dim=-1)  # [B, L] log-likelihood of each accepted prefix
         like = like.masked_fill(lengths < best_len, float("-inf"))
         best = like.argmax(dim=-1)
     n = lengths.gather(1, best.view(b, 1)).view(b)  # [B]
-    path = dt.retrieve.index_select(0, best)  # [B, D+1]
+    path = dt.retrieve[torch.arange(b, device=ok.device), best] if per_row else dt.retrieve.index_select(0, best)
+    # path: [B, D+1]
     last = path.gather(1, n.view(b, 1)).view(b)  # [B]
     return path, n, last
 
 
-def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree
+def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | StepTree
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Longest path whose every token is the base model's argmax at its parent; next = argmax at the end."""
     pred = logits.argmax(dim=-1)  # [B, N]
-    ok = tokens == pred[:, dt.parents]  # [B, N]
+    ok = tokens == rows_at(pred, dt.parents, is_per_row(dt))  # [B, N]
     path, n, last = _best_path(ok, dt)
     nxt = pred.gather(1, last.view(-1, 1)).view(-1)
     return path, n, nxt
@@ -83,7 +86,8 @@ def _identity(scores: torch.Tensor) -> torch.Tensor:
     return scores
 
 
-def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp | None = None,
+def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | StepTree,
+                   warp: Warp | None = None,
                    temperature: float = 1.0, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor,
                                                                       torch.Tensor, torch.Tensor]:
@@ -100,9 +104,10 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, w
     entropy = -(probs * logp).nan_to_num().sum(dim=-1)  # [B, N]
     threshold = torch.minimum(torch.full_like(entropy, posterior_threshold),
                               posterior_alpha * torch.exp(-entropy))  # [B, N]
-    parent_logp = logp[:, dt.parents]  # [B, N, V]
+    per_row = is_per_row(dt)
+    parent_logp = rows_at(logp, dt.parents, per_row)  # [B, N, V]
     cand_logp = parent_logp.gather(2, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
-    ok = cand_logp.exp() > threshold[:, dt.parents]
+    ok = cand_logp.exp() > rows_at(threshold, dt.parents, per_row)
     path, n, last = _best_path(ok, dt, score=cand_logp)
     b = logits.shape[0]
     last_logits = logits[torch.arange(b, device=logits.device), last]  # [B, V]
@@ -110,9 +115,9 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, w
     return path, n, nxt
 
 
-def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, warp: Warp | None = None,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor,
-                                                                     torch.Tensor, torch.Tensor]:
+def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | StepTree,
+                  warp: Warp | None = None, generator: torch.Generator | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless recursive rejection sampling over siblings (proposals are the heads' deterministic top-k).
 
     At the current node with target distribution p (the warped base distribution there), try its children
@@ -135,7 +140,7 @@ def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree, wa
         p = probs[rows, cur].clone()  # [B, V] unnormalised residual at the current node
         chosen = torch.full((b,), -1, dtype=torch.long, device=device)
         for r in range(dt.kmax):
-            child = dt.children[cur, r]  # [B]
+            child = dt.children[rows, cur, r] if is_per_row(dt) else dt.children[cur, r]  # [B]
             cand = (child >= 0) & active & (chosen < 0)
             tok = tokens.gather(1, child.clamp(min=0).view(b, 1))  # [B, 1]
             p_tok = p.gather(1, tok).view(b)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-HEAD_TYPES = ("linear", "shared_lm_head")
+MEDUSA_HEAD_TYPES = ("linear", "shared_lm_head")
+HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra",)  # hydra: medusa.modeling.hydra.HydraHeads
 
 
 class ResBlock(nn.Module):
@@ -56,8 +57,8 @@ class MedusaHeads(nn.Module):
         draft_vocab: int = 0,
     ) -> None:
         super().__init__()
-        if head_type not in HEAD_TYPES:
-            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {head_type!r}")
+        if head_type not in MEDUSA_HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {MEDUSA_HEAD_TYPES}, got {head_type!r}")
         if num_heads < 1 or num_layers < 0:
             raise ValueError(f"need num_heads >= 1 and num_layers >= 0, got {num_heads}, {num_layers}")
         if not 0 <= draft_vocab <= vocab_size:

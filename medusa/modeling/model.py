@@ -34,6 +34,7 @@ from medusa.modeling.config import (
     base_location,
 )
 from medusa.modeling.heads import MedusaHeads, check_token_map
+from medusa.modeling.hydra import HydraHeads, needs_tokens
 
 
 @dataclass
@@ -90,15 +91,12 @@ class MedusaModel(nn.Module):
             base = load_base_model(str(base), dtype=dtype, device_map=device_map,
                                    quantization_config=quantization_config, **load_kwargs)
         cfg = text_config(base)
-        head = lm_head_of(base)
         weight = lm_head_weight(base)
         if heads_dtype is None:
             heads_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         heads_dtype = resolve_dtype(heads_dtype)
         draft_vocab = 0 if token_map is None else int(token_map.shape[0])
-        heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
-                            shared_lm_head=head if head_type == "shared_lm_head" else None,
-                            draft_vocab=draft_vocab)
+        heads = build_heads(base, cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type, draft_vocab)
         if token_map is not None:
             heads.set_token_map(token_map)
         heads.to(device=weight.device, dtype=heads_dtype)
@@ -163,7 +161,8 @@ class MedusaModel(nn.Module):
         hidden = out.last_hidden_state  # [B, T, d]
         picked = _gather_positions(hidden, positions)  # [B, P, d]
         logits = base_logits(self.base_model, picked)  # [B, P, V]
-        head_logits = self.heads(picked) if compute_heads else None  # [K, B, P, V]
+        # Hydra heads also read draft tokens: decoding and training build their inputs themselves.
+        head_logits = self.heads(picked) if compute_heads and not needs_tokens(self.heads) else None  # [K, B, P, V]
         return MedusaOutput(logits, head_logits, hidden, getattr(out, "past_key_values", None))
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -231,11 +230,8 @@ class MedusaModel(nn.Module):
         check_base_matches(config, base_model, source=str(path / CONFIG_NAME))
         weights_path = path / WEIGHTS_NAME
         state = read_heads_file(weights_path)
-        heads = MedusaHeads(config.hidden_size, config.vocab_size, config.num_heads, config.num_layers,
-                            config.head_type,
-                            shared_lm_head=(lm_head_of(base_model) if config.head_type == "shared_lm_head"
-                                            else None),
-                            draft_vocab=config.draft_vocab)
+        heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,
+                            config.num_layers, config.head_type, config.draft_vocab)
         check_state_keys(heads, state, source=str(weights_path))
         if "token_map" in state:
             try:
@@ -263,6 +259,21 @@ class MedusaModel(nn.Module):
         return cls(base_model, heads, config, tree=tree)
 
 
+def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int,
+                head_type: str, draft_vocab: int = 0) -> MedusaHeads | HydraHeads:
+    """Fresh heads of ``head_type`` for ``base`` (not yet initialised from its LM head): MedusaHeads for
+    linear / shared_lm_head (the latter reading the base LM head), HydraHeads (reading the base input
+    embeddings) for hydra, which have no draft vocabulary yet."""
+    if head_type == "hydra":
+        if draft_vocab:
+            raise CheckpointError(f"hydra heads do not support a draft vocabulary yet (draft_vocab {draft_vocab})")
+        return HydraHeads(hidden_size, vocab_size, num_heads, num_layers,
+                          embedding=unwrap(base).get_input_embeddings())
+    return MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, head_type,
+                       shared_lm_head=lm_head_of(base) if head_type == "shared_lm_head" else None,
+                       draft_vocab=draft_vocab)
+
+
 def check_base_matches(config: MedusaConfig, base_model: nn.Module, source: str) -> None:
     """Raise if the base model's model_type / hidden_size / vocab_size differ from the checkpoint's."""
     cfg = text_config(base_model)
@@ -287,7 +298,7 @@ def read_heads_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_state_keys(heads: MedusaHeads, state: dict[str, torch.Tensor], source: str) -> None:
+def check_state_keys(heads: MedusaHeads | HydraHeads, state: dict[str, torch.Tensor], source: str) -> None:
     expected = heads.state_dict()
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))

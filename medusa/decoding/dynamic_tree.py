@@ -1,0 +1,168 @@
+"""The dynamic tree (``tree="dynamic"``): per step and per row, the N nodes of highest path probability.
+
+A node's path probability is the product of the heads' own softmax probabilities of the tokens on its path
+(MEDUSA heads: head d's distribution at the root position; Hydra heads: head d's distribution given the
+path's tokens). The tree is grown level by level as EAGLE-2 grows it: level d's candidates are the top
+``branch`` children of each of the ``width`` best level-(d-1) candidates; all candidates of all levels
+are pooled and the best ``N - 1`` are kept with the root. A child's log-probability is its parent's plus a
+log-probability <= 0 (and a ``1e-6`` per-depth tie-break), so the kept set is prefix-closed; with
+``width = branch = N - 1`` (the default) it is exactly the N best nodes of the whole tree of depth D.
+
+Everything is built on the device with static shapes (N fixed): tokens, parents, depths, the ancestor
+table, the ``[B, N, N]`` float attention mask and the children table the acceptance rules read. Each row
+has its own tree, so the fields carry a leading batch dimension where :class:`DecodeTree`'s do not;
+:func:`rows_at` indexes either kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# (d, paths [B, W, d] tokens root first) -> (log-probs [B, W, c], tokens [B, W, c]) of head d's top-c
+ChildrenFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+TIE_BREAK = 1e-6
+
+
+@dataclass
+class StepTree:
+    """One step's per-row trees (the fields :class:`DecodeTree` has, with a batch dimension)."""
+
+    num_nodes: int  # N, root included
+    depth: int  # D
+    kmax: int  # the most children a node can have
+    tokens: torch.Tensor  # [B, N] long: node 0 is the root
+    depths: torch.Tensor  # [B, N] long
+    parents: torch.Tensor  # [B, N] long, root's parent 0
+    children: torch.Tensor  # [B, N, kmax] long: child of node i with sibling rank r, -1 if none
+    retrieve: torch.Tensor  # [B, N, D+1] long: path of each node (every node a candidate leaf), 0 padded
+    retrieve_valid: torch.Tensor  # [B, N, D] bool: retrieve[..., 1:] is a real node
+    ancestors: torch.Tensor  # [B, N, D+1] long: same as retrieve (the node itself at its own depth)
+    float_mask: torch.Tensor  # [B, N, N] 0 where node j is i or an ancestor of i, dtype-min elsewhere
+
+
+def rows_at(x: torch.Tensor, index: torch.Tensor, per_row: bool) -> torch.Tensor:
+    """``x [B, N, ...]`` at node indices ``index``: ``[M...]`` shared by all rows (a static tree) or, with
+    ``per_row``, ``[B, M...]`` (a :class:`StepTree`) -> ``[B, M..., ...]``."""
+    if not per_row:
+        return x[:, index]
+    b = x.shape[0]
+    rows = torch.arange(b, device=x.device).view(b, 1)
+    return x[rows, index.reshape(b, -1)].view(*index.shape, *x.shape[2:])
+
+
+def is_per_row(tree: object) -> bool:
+    """True for a :class:`StepTree` (per-row trees), False for a static :class:`DecodeTree`."""
+    return isinstance(tree, StepTree)
+
+
+def medusa_children(head_logp: torch.Tensor, branch: int) -> ChildrenFn:
+    """Children of MEDUSA heads: head d's top-``branch`` at the root position, the same under every parent.
+    ``head_logp [K, B, V]`` log-softmax of the heads at the root position."""
+    top = head_logp.topk(branch, dim=-1)  # values / indices [K, B, c]
+
+    def children(d: int, paths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, w = paths.shape[:2]
+        return (top.values[d - 1].view(b, 1, branch).expand(b, w, branch),
+                top.indices[d - 1].view(b, 1, branch).expand(b, w, branch))
+
+    return children
+
+
+def hydra_children(heads: torch.nn.Module, hidden: torch.Tensor, branch: int) -> ChildrenFn:
+    """Children of Hydra heads: head d on ``[hidden, e(path tokens)]`` for every path, batched.
+    ``hidden [B, d_model]``: the base hidden state at the last accepted position."""
+    b, d_model = hidden.shape
+
+    def children(d: int, paths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = paths.shape[1]
+        emb = heads.embed(paths).view(b, w, d * d_model)  # [B, W, d * d_model]
+        h = hidden.to(emb.dtype).view(b, 1, d_model).expand(b, w, d_model)
+        logits = heads.head_logits(d - 1, torch.cat([h, emb], dim=-1))  # [B, W, V]
+        top = torch.log_softmax(logits.float(), dim=-1).topk(branch, dim=-1)  # [B, W, c]
+        return top.values, top.indices
+
+    return children
+
+
+def _grow(root: torch.Tensor, children: ChildrenFn, depth: int, width: int, branch: int
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Candidate pool over all levels: ``(score [B, P], token [B, P], parent [B, P], level_sizes)``.
+
+    ``parent`` holds the pool index + 1 of each candidate's parent (0: the root)."""
+    b = root.shape[0]
+    paths = root.view(b, 1, 1)  # [B, W, d]: frontier paths, root first
+    front_score = torch.zeros(b, 1, device=root.device)  # [B, W]
+    front_id = torch.zeros(b, 1, dtype=torch.long, device=root.device)  # [B, W] pool index + 1 (0 = root)
+    scores, tokens, parents, sizes = [], [], [], []
+    offset = 0
+    for d in range(1, depth + 1):
+        logp, tok = children(d, paths)  # [B, W, c]
+        w, c = tok.shape[1], tok.shape[2]
+        score = (front_score.unsqueeze(-1) + logp.float() - TIE_BREAK).reshape(b, w * c)  # [B, W * c]
+        scores.append(score)
+        tokens.append(tok.reshape(b, w * c))
+        parents.append(front_id.unsqueeze(-1).expand(b, w, c).reshape(b, w * c))
+        sizes.append(w * c)
+        if d < depth:
+            keep = min(width, w * c)
+            best = score.topk(keep, dim=-1).indices  # [B, W']
+            paths = torch.cat([paths.gather(1, (best // c).view(b, keep, 1).expand(-1, -1, d)),
+                               tok.reshape(b, w * c).gather(1, best).view(b, keep, 1)], dim=-1)  # [B, W', d+1]
+            front_score = score.gather(1, best)
+            front_id = best + offset + 1
+        offset += w * c
+    return torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1), sizes
+
+
+def build_step_tree(root: torch.Tensor, children: ChildrenFn, num_nodes: int, depth: int, dtype: torch.dtype,
+                    branch: int, width: int | None = None) -> StepTree:
+    """Each row's tree of the ``num_nodes`` nodes (root included) of highest path probability.
+
+    ``root [B]``; ``children`` proposes head d's top-``branch`` (log-prob, token) under each frontier path;
+    ``width`` frontier paths are expanded per level (default ``num_nodes - 1``).
+    """
+    b, n = root.shape[0], num_nodes
+    device = root.device
+    width = n - 1 if width is None else width
+    score, token, parent, sizes = _grow(root, children, depth, width, branch)  # [B, P]
+    level = torch.cat([torch.full((s,), d, dtype=torch.long, device=device)
+                       for d, s in enumerate(sizes, start=1)])  # [P] depth of each pool entry
+    if score.shape[1] < n - 1:
+        raise ValueError(f"the heads' trees hold {score.shape[1]} nodes, fewer than the {n - 1} asked for")
+    picked = score.topk(n - 1, dim=-1).indices.sort(dim=-1).values  # [B, N-1]: level order = parents first
+    where = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=device)  # [B, P+1]: pool -> node
+    where.scatter_(1, picked + 1, torch.arange(1, n, device=device).expand(b, n - 1))
+    tokens = torch.cat([root.view(b, 1), token.gather(1, picked)], dim=1)  # [B, N]
+    parents = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device),
+                         where.gather(1, parent.gather(1, picked))], dim=1)  # [B, N]
+    depths = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), level[picked]], dim=1)  # [B, N]
+    return _structure(tokens, parents, depths, depth, branch, dtype)
+
+
+def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, depth: int, kmax: int,
+               dtype: torch.dtype) -> StepTree:
+    """Ancestors, mask and children tables from ``parents [B, N]`` / ``depths [B, N]`` (parents first)."""
+    b, n = tokens.shape
+    device = tokens.device
+    anc = torch.zeros(b, n, depth + 1, dtype=torch.long, device=device)  # [B, N, D+1]
+    cur = torch.arange(n, device=device).expand(b, n).clone()  # [B, N]
+    for _ in range(depth + 1):  # walk up: record each ancestor at its own depth
+        anc.scatter_(2, depths.gather(1, cur).unsqueeze(-1), cur.unsqueeze(-1))
+        cur = parents.gather(1, cur)
+    valid = torch.arange(depth + 1, device=device).view(1, 1, -1) <= depths.unsqueeze(-1)  # [B, N, D+1]
+    allowed = torch.zeros(b, n, n, device=device).scatter_add_(2, anc, valid.float()) > 0  # [B, N, N]
+    float_mask = torch.zeros(b, n, n, dtype=dtype, device=device)
+    float_mask.masked_fill_(~allowed, torch.finfo(dtype).min)  # [B, N, N]
+    onehot = torch.nn.functional.one_hot(parents[:, 1:], n)  # [B, N-1, N]: child -> parent
+    rank = (onehot.cumsum(1) * onehot).sum(-1) - 1  # [B, N-1] sibling rank
+    children = torch.full((b, n * kmax), -1, dtype=torch.long, device=device)  # [B, N * kmax]
+    children.scatter_(1, parents[:, 1:] * kmax + rank,
+                      torch.arange(1, n, device=device).expand(b, n - 1))
+    return StepTree(n, depth, kmax, tokens, depths, parents, children.view(b, n, kmax), anc * valid,
+                    valid[..., 1:], anc * valid, float_mask)
+
+
+__all__ = ["StepTree", "build_step_tree", "hydra_children", "is_per_row", "medusa_children", "rows_at"]
