@@ -1,0 +1,92 @@
+"""The dynamic tree: per row, exactly the N nodes of highest path probability, with consistent buffers."""
+
+import itertools
+
+import torch
+
+from medusa import MedusaModel
+from medusa.decoding.dynamic_tree import TIE_BREAK, build_step_tree, hydra_children, medusa_children
+
+from tiny_models import tiny_model
+
+
+def _paths_of(tree, b):
+    """Token paths (root excluded) of row ``b``'s nodes, read through the parents table."""
+    out = []
+    for i in range(1, tree.num_nodes):
+        path, j = [], i
+        while j != 0:
+            path.append(int(tree.tokens[b, j]))
+            j = int(tree.parents[b, j])
+        out.append(tuple(reversed(path)))
+    return out
+
+
+def _check_buffers(tree, b):
+    n = tree.num_nodes
+    for i in range(n):
+        anc, j = {i}, i
+        while j != 0:
+            j = int(tree.parents[b, j])
+            anc.add(j)
+        allowed = {j for j in range(n) if tree.float_mask[b, i, j] == 0}
+        assert allowed == anc
+        assert int(tree.depths[b, i]) == len(anc) - 1
+        assert int(tree.retrieve[b, i, tree.depths[b, i]]) == i
+        if i:
+            assert int(tree.parents[b, i]) < i  # parents first
+            assert i in tree.children[b, int(tree.parents[b, i])].tolist()
+
+
+def test_medusa_dynamic_tree_is_the_top_n_paths():
+    torch.manual_seed(0)
+    k, b, v, n = 3, 3, 6, 14
+    logp = torch.log_softmax(torch.randn(k, b, v) * 2, dim=-1)  # [K, B, V]
+    root = torch.tensor([1, 3, 4])
+    tree = build_step_tree(root, medusa_children(logp, min(n - 1, v)), n, k, torch.float32, branch=min(n - 1, v))
+    assert tree.tokens.shape == (b, n) and tree.float_mask.shape == (b, n, n)
+    for row in range(b):
+        scored = []
+        for d in range(1, k + 1):
+            for path in itertools.product(range(v), repeat=d):
+                scored.append((sum(float(logp[i, row, t]) for i, t in enumerate(path)) - d * TIE_BREAK, path))
+        best = {p for _, p in sorted(scored, reverse=True)[:n - 1]}
+        got = _paths_of(tree, row)
+        assert len(set(got)) == n - 1 and set(got) == best
+        assert int(tree.tokens[row, 0]) == int(root[row])
+        _check_buffers(tree, row)
+
+
+def test_dynamic_tree_is_prefix_closed_when_a_head_is_certain():
+    k, b, v, n = 3, 1, 5, 6
+    logp = torch.full((k, b, v), -30.0)
+    logp[:, :, 2] = 0.0  # probability 1 at every depth: children tie with their parents but for the tie-break
+    tree = build_step_tree(torch.tensor([0]), medusa_children(logp, 5), n, k, torch.float32, branch=5)
+    assert set(_paths_of(tree, 0)) >= {(2,), (2, 2), (2, 2, 2)}
+    _check_buffers(tree, 0)
+
+
+def test_hydra_dynamic_tree_is_the_top_n_paths():
+    base = tiny_model("llama", vocab_size=12, hidden_size=16)
+    model = MedusaModel.from_base(base, num_heads=2, head_type="hydra")
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    hidden = torch.randn(2, 16)
+    root = torch.tensor([4, 7])
+    n, v = 9, 12
+    with torch.no_grad():
+        tree = build_step_tree(root, hydra_children(model.heads, hidden, n - 1), n, 2, torch.float32, branch=n - 1)
+        for row in range(2):
+            wide1 = torch.cat([hidden[row], model.heads.embed(root[row])])
+            lp1 = torch.log_softmax(model.heads.head_logits(0, wide1), -1)  # [V]
+            firsts = torch.arange(v)
+            wide2 = torch.cat([hidden[row].expand(v, 16), model.heads.embed(root[row]).expand(v, 16),
+                               model.heads.embed(firsts)], dim=-1)  # [V, 3 * 16]
+            lp2 = torch.log_softmax(model.heads.head_logits(1, wide2), -1)  # [V, V]
+            scored = [(float(lp1[a]) - TIE_BREAK, (a,)) for a in range(v)]
+            scored += [(float(lp1[a] + lp2[a, c]) - 2 * TIE_BREAK, (a, c)) for a in range(v) for c in range(v)]
+            best = {p for _, p in sorted(scored, reverse=True)[:n - 1]}
+            assert set(_paths_of(tree, row)) == best
+            _check_buffers(tree, row)
