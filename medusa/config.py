@@ -37,6 +37,7 @@ class HeadsConfig:
     decay: float = 0.8
     init_from: str | None = None  # a MEDUSA heads checkpoint to start from (MEDUSA-2 stage 2)
     draft_vocab: int = 0  # > 0: heads predict only the N target tokens most frequent in the training labels
+    teacher_loss: float = 0.0  # weight w of the KL to the base distribution: (1 - w) CE + w KL (Hydra++: 1)
 
 
 @dataclass
@@ -245,6 +246,14 @@ def _validate_heads(recipe: Recipe) -> None:
     _choice("heads.head_type", h.head_type, HEAD_TYPES)
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
     _range("heads.draft_vocab", h.draft_vocab, 0)
+    _range("heads.teacher_loss", h.teacher_loss, 0.0, 1.0)
+    if h.head_type == "hydra" and h.num_layers < 1:
+        raise ConfigError(f"heads.num_layers: hydra heads need at least 1 layer, got {h.num_layers}")
+    if h.head_type == "hydra" and h.draft_vocab:
+        raise ConfigError("heads.draft_vocab: hydra heads do not support a draft vocabulary yet")
+    if h.teacher_loss and h.draft_vocab:
+        raise ConfigError("heads.teacher_loss: the KL to the base distribution needs the full vocabulary "
+                          "(heads.draft_vocab: 0)")
     if h.init_from and not Path(h.init_from).expanduser().exists():
         raise ConfigError(f"heads.init_from: {h.init_from} does not exist")
 

@@ -44,6 +44,8 @@ from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaC
 
 EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi")
 IMPORT_FORMATS = ("auto", "vllm", "medusa-v1")
+# Hydra heads read draft tokens: no serving engine's MEDUSA implementation can run them.
+EXPORTABLE_HEAD_TYPES = ("linear", "shared_lm_head")
 
 
 def _check_paths(src: Path, out: Path) -> None:
@@ -63,6 +65,9 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     src, out = Path(src), Path(out)
     _check_paths(src, out)
     pre = MedusaConfig.load(src)
+    if pre.head_type not in EXPORTABLE_HEAD_TYPES:
+        raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to {format}: "
+                              f"it serves MEDUSA heads of head_type {' or '.join(EXPORTABLE_HEAD_TYPES)} only")
     if pre.draft_vocab and format != "vllm":
         raise MedusaError(f"{src}: --format {format} cannot express a draft vocabulary (heads.draft_vocab: "
                           f"{pre.draft_vocab}); export it with --format vllm, or train with "

@@ -53,6 +53,8 @@ class HydraHeads(nn.Module):
     """
 
     head_type = "hydra"
+    draft_vocab = 0  # no draft vocabulary (yet): heads predict over the full vocabulary
+    token_map = None
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1,
                  embedding: nn.Module | None = None) -> None:
@@ -73,6 +75,10 @@ class HydraHeads(nn.Module):
     @property
     def shared_lm_head(self) -> None:
         """Hydra heads own their projections (same attribute as MedusaHeads')."""
+        return None
+
+    def target_to_draft(self) -> None:
+        """The full vocabulary: no target -> draft id map (same method as MedusaHeads')."""
         return None
 
     @property

@@ -4,7 +4,11 @@ the backbone's own next-token loss, the self-distillation KL and their MEDUSA-2 
 Head k (k = 1..K) reads h_t and predicts token t + k + 1, so its target at position t is
 ``labels[t + k + 1]`` (labels are NOT shifted: ``labels[t]`` is the id of token t, or -100).
 The MEDUSA-1 loss is ``sum_k decay^k * mean_t CE(head_k(h_t), labels[t + k + 1])`` over the positions
-whose target is labelled.
+whose target is labelled. With a teacher weight w (``heads.teacher_loss``, Hydra++'s teacher loss), each
+term is ``(1 - w) * CE + w * KL(p_base(. | x_<=t+k) || p_head_k)``: the base model's distribution at
+position t + k, which predicts the same token t + k + 1, from the frozen backbone's own hidden state.
+Hydra heads take a *wide* input (``HydraHeads.teacher_inputs``: h_t and the next K tokens' embeddings)
+in place of ``hidden``; everything here slices positions only, so the same functions serve both.
 
 :func:`medusa_head_loss` never builds the K x T x V logits: for each head it gathers the labelled
 positions, then runs the head on ``chunk_size`` of them at a time under activation checkpointing,
@@ -34,6 +38,16 @@ from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import ConfigError
 
 HeadFn = Callable[[int, torch.Tensor], torch.Tensor]  # (k 0-based, hidden [N, d]) -> logits [N, V]
+TeacherFn = Callable[[torch.Tensor], torch.Tensor]  # base hidden [N, d] -> base logits [N, V]
+
+
+@dataclass
+class Teacher:
+    """The base model as the heads' teacher: its hidden states ``[B, T, d]``, its LM head, the KL weight."""
+
+    hidden: torch.Tensor
+    logits_fn: TeacherFn
+    weight: float
 
 
 @dataclass
@@ -102,15 +116,46 @@ def draft_targets(h: torch.Tensor, y: torch.Tensor, label_map: torch.Tensor | No
     return h[inside], mapped[inside], int(y.shape[0] - int(inside.sum()))
 
 
-def _chunk_stats(fn: HeadFn, k: int, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def teacher_kl(head_logits: torch.Tensor, base_logits: torch.Tensor) -> torch.Tensor:
+    """``sum_n KL(softmax(base_logits[n]) || softmax(head_logits[n]))`` for ``[N, V]`` logits; the base's
+    are a fixed target (no gradient). Scalar."""
+    log_pt = F.log_softmax(base_logits.detach().float(), dim=-1)
+    log_ps = F.log_softmax(head_logits.float(), dim=-1)
+    return (log_pt.exp() * (log_pt - log_ps)).sum()
+
+
+def teacher_states(hidden: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    """The base hidden states that predict head ``k``'s targets: position t + k + 1 for each labelled target
+    of :func:`head_targets` (same order). hidden ``[B, T, d]`` -> ``[N_k, d]``."""
+    shift = k + 2
+    T = labels.shape[1]
+    if T <= shift:
+        return hidden.new_zeros((0, hidden.shape[-1]))
+    keep = labels[:, shift:] != IGNORE_INDEX  # [B, T - shift]
+    return hidden[:, shift - 1: T - 1][keep]
+
+
+def _chunk_stats(fn: HeadFn, k: int, h: torch.Tensor, y: torch.Tensor, t_h: torch.Tensor | None = None,
+                 teacher: Teacher | None = None) -> tuple[torch.Tensor, ...]:
     logits = fn(k, h).float()  # [C, V]
     ce = F.cross_entropy(logits, y, reduction="sum")
+    loss = ce
+    if teacher is not None:
+        with torch.no_grad():
+            base = teacher.logits_fn(t_h)  # [C, V]
+        loss = (1 - teacher.weight) * ce + teacher.weight * teacher_kl(logits, base)
     with torch.no_grad():
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # [C, 5]
         hits = top == y.unsqueeze(-1)  # [C, 5]
         c1 = hits[:, 0].sum().float()
         c5 = hits.any(dim=-1).sum().float()
-    return ce, c1, c5
+    return loss, ce, c1, c5
+
+
+def _check_teacher(teacher: Teacher | None, label_map: torch.Tensor | None) -> None:
+    if teacher is not None and label_map is not None:
+        raise ConfigError("heads.teacher_loss: the KL to the base distribution needs the full vocabulary "
+                          "(heads.draft_vocab: 0)")
 
 
 def medusa_head_loss(
@@ -121,36 +166,45 @@ def medusa_head_loss(
     decay: float = 0.8,
     chunk_size: int = 1024,
     label_map: torch.Tensor | None = None,
+    teacher: Teacher | None = None,
 ) -> HeadLossOutput:
-    """Chunked MEDUSA head loss. hidden ``[B, T, d]`` (post final norm), labels ``[B, T]`` (unshifted).
+    """Chunked MEDUSA head loss. hidden ``[B, T, d]`` (post final norm; Hydra: the wide input), labels
+    ``[B, T]`` (unshifted). ``teacher``: mix in the KL to the base distribution (module docstring).
 
     ``head_fn(k, h [N, d]) -> [N, V]`` is head k's logits (e.g. ``MedusaHeads.head_logits``). Peak memory
     is one ``[chunk_size, V]`` block of logits (plus its gradient), whatever K and T are. A head with no
     labelled target still runs on an empty chunk so that its parameters stay in the graph (DDP).
     ``label_map [V]`` (target id -> draft id, -1 outside): heads over a draft vocabulary (``head_fn``
     returns ``[N, N_draft]``); each head's CE is the mean over its targets inside the draft vocabulary.
+    The teacher KL needs the full vocabulary (``label_map`` None).
     """
+    _check_teacher(teacher, label_map)
     weights = head_weights(num_heads, decay)
     total = hidden.new_zeros((), dtype=torch.float32)
     stats = torch.zeros(STATS_ROWS, num_heads, dtype=torch.float32)  # ce_sum, top1, top5, count, missed
     for k in range(num_heads):
         h, y = head_targets(hidden, labels, k)  # [N_k, d], [N_k]
         h, y, missed = draft_targets(h, y, label_map)  # [M_k, d], [M_k]
+        t_h = None if teacher is None else teacher_states(teacher.hidden, labels, k)  # [N_k, d]
         n = y.shape[0]
         ce_k = hidden.new_zeros((), dtype=torch.float32)
+        loss_k = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, max(n, 1), chunk_size):
             h_c, y_c = h[start:start + chunk_size], y[start:start + chunk_size]  # [C, d], [C]
+            t_c = None if t_h is None else t_h[start:start + chunk_size]  # [C, d]
             if torch.is_grad_enabled():
-                ce, c1, c5 = checkpoint(_chunk_stats, head_fn, k, h_c, y_c, use_reentrant=False)
+                loss, ce, c1, c5 = checkpoint(_chunk_stats, head_fn, k, h_c, y_c, t_c, teacher,
+                                              use_reentrant=False)
             else:
-                ce, c1, c5 = _chunk_stats(head_fn, k, h_c, y_c)
-            ce_k = ce_k + ce
+                loss, ce, c1, c5 = _chunk_stats(head_fn, k, h_c, y_c, t_c, teacher)
+            ce_k = ce_k + ce.detach()
+            loss_k = loss_k + loss
             stats[1, k] += c1.item()
             stats[2, k] += c5.item()
-        stats[0, k] = ce_k.detach().float().cpu()
+        stats[0, k] = ce_k.float().cpu()
         stats[3, k] = n + missed
         stats[4, k] = missed
-        total = total + weights[k] * ce_k / max(n, 1)
+        total = total + weights[k] * loss_k / max(n, 1)
     return HeadLossOutput(total, *stats)
 
 
@@ -161,9 +215,11 @@ def naive_head_loss(
     num_heads: int,
     decay: float = 0.8,
     label_map: torch.Tensor | None = None,
+    teacher: Teacher | None = None,
 ) -> HeadLossOutput:
-    """Reference implementation: all ``[K, B, T, V]`` logits at once, shifted CE per head (labels outside
-    a draft vocabulary ``label_map`` become ignored for the CE and misses for the counts)."""
+    """Reference implementation: all ``[K, B, T, V]`` logits at once, shifted CE (and KL) per head (labels
+    outside a draft vocabulary ``label_map`` become ignored for the CE and misses for the counts)."""
+    _check_teacher(teacher, label_map)
     weights = head_weights(num_heads, decay)
     B, T, d = hidden.shape
     labelled = labels != IGNORE_INDEX  # [B, T]
@@ -188,6 +244,11 @@ def naive_head_loss(
                              reduction="sum")
         mask = y != IGNORE_INDEX
         n = int(mask.sum())
+        loss = ce
+        if teacher is not None:
+            base = teacher.logits_fn(teacher.hidden[:, shift - 1: T - 1]).detach().float()  # [B, T-shift, V]
+            kl = (F.softmax(base, -1) * (F.log_softmax(base, -1) - F.log_softmax(lg, -1))).sum(-1)  # [B, T-shift]
+            loss = (1 - teacher.weight) * ce + teacher.weight * (kl * mask).sum()
         with torch.no_grad():
             top = lg.topk(min(5, lg.shape[-1]), dim=-1).indices  # [B, T - shift, 5]
             hits = (top == y.unsqueeze(-1)) & mask.unsqueeze(-1)
@@ -197,7 +258,7 @@ def naive_head_loss(
         missed = int(outside[:, shift:].sum())
         stats[3, k] = n + missed
         stats[4, k] = missed
-        total = total + weights[k] * ce / max(n, 1)
+        total = total + weights[k] * loss / max(n, 1)
     return HeadLossOutput(total, *stats)
 
 

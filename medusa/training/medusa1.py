@@ -15,10 +15,10 @@ from torch import nn
 
 from medusa.config import Recipe
 from medusa.errors import ConfigError
-from medusa.modeling.base import decoder_of
-from medusa.modeling.heads import MedusaHeads
-from medusa.modeling.model import MedusaModel
-from medusa.training.losses import medusa_head_loss
+from medusa.modeling.base import decoder_of, lm_head_of
+from medusa.modeling.hydra import needs_tokens
+from medusa.modeling.model import MedusaModel, build_heads
+from medusa.training.losses import Teacher, medusa_head_loss
 from medusa.training.setup import load_backbone
 
 
@@ -26,18 +26,27 @@ class HeadsLoss(nn.Module):
     """The trained module of MEDUSA-1: the heads, whose forward is the chunked head loss.
 
     Returns ``(loss, stats [STATS_ROWS, K])``: per-head CE sum, top-1 / top-5 hits, target count, draft
-    misses.
+    misses. Hydra heads are teacher-forced on the batch's own tokens (``input_ids``). With ``teacher_loss``
+    w > 0 the frozen base LM head (``teacher_head``, kept outside the module tree) gives the KL targets.
     """
 
-    def __init__(self, heads: nn.Module, decay: float, chunk_size: int) -> None:
+    def __init__(self, heads: nn.Module, decay: float, chunk_size: int, teacher_loss: float = 0.0,
+                 teacher_head: nn.Module | None = None) -> None:
         super().__init__()
         self.heads = heads
-        self.decay, self.chunk_size = decay, chunk_size
+        self.decay, self.chunk_size, self.teacher_loss = decay, chunk_size, teacher_loss
+        self._teacher_head = [teacher_head]
 
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = medusa_head_loss(hidden, labels, self.heads.head_logits, self.heads.num_heads,
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor,
+                input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        teacher = None
+        if self.teacher_loss > 0:
+            head = self._teacher_head[0]
+            teacher = Teacher(hidden, lambda h: head(h.to(head.weight.dtype)), self.teacher_loss)
+        inputs = self.heads.teacher_inputs(hidden, input_ids) if needs_tokens(self.heads) else hidden
+        out = medusa_head_loss(inputs, labels, self.heads.head_logits, self.heads.num_heads,
                                decay=self.decay, chunk_size=self.chunk_size,
-                               label_map=self.heads.target_to_draft())
+                               label_map=self.heads.target_to_draft(), teacher=teacher)
         return out.loss, out.stats()
 
 
@@ -56,7 +65,8 @@ def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, Head
     model.freeze_base()
     model.base_model.eval()
     model.heads.to(device=device, dtype=torch.float32).train()
-    return model, HeadsLoss(model.heads, h.decay, recipe.train.loss_chunk_size)
+    return model, HeadsLoss(model.heads, h.decay, recipe.train.loss_chunk_size, h.teacher_loss,
+                            lm_head_of(model.base_model))
 
 
 def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -72,7 +82,7 @@ def compute_loss(model: MedusaModel, trainable: nn.Module,
     """The heads' loss on the frozen backbone's hidden states (``batch["hidden"]`` when they come from the
     hidden-state cache). Returns ``(loss, stats [STATS_ROWS, K])``."""
     hidden = batch["hidden"] if "hidden" in batch else backbone_hidden(model, batch)  # [B, T, d]
-    return trainable(hidden, batch["labels"])
+    return trainable(hidden, batch["labels"], batch["input_ids"])
 
 
 def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
@@ -81,8 +91,8 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
     state = accelerator.get_state_dict(trainable)  # every process must call this
     if accelerator.is_main_process:
         cfg = model.config
-        heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_layers, cfg.head_type,
-                            shared_lm_head=model.heads.shared_lm_head, draft_vocab=cfg.draft_vocab)
+        heads = build_heads(model.base_model, cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_layers,
+                            cfg.head_type, cfg.draft_vocab)
         heads.load_state_dict({k.removeprefix("heads."): v.detach().float().cpu() for k, v in state.items()})
         final = MedusaModel(model.base_model, heads, cfg, tree=None)
         final.config.recipe = recipe.to_dict()

@@ -30,6 +30,7 @@ from medusa.config import Recipe
 from medusa.errors import CheckpointError, ConfigError, MedusaError
 from medusa.modeling.base import base_logits, decoder_of, lm_head_weight, load_base_model
 from medusa.modeling.config import WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.hydra import needs_tokens
 from medusa.modeling.model import MedusaModel, check_state_keys, read_heads_file
 from medusa.training.backbone import (
     apply_lora,
@@ -40,7 +41,7 @@ from medusa.training.backbone import (
     save_merged,
     setup_full_finetune,
 )
-from medusa.training.losses import medusa2_loss, medusa_head_loss
+from medusa.training.losses import Teacher, medusa2_loss, medusa_head_loss
 from medusa.training.schedules import lambda0_at
 from medusa.training.setup import load_backbone, load_tokenizer
 
@@ -146,10 +147,10 @@ class Medusa2Module(nn.Module):
     metrics log.
     """
 
-    def __init__(self, model: MedusaModel, decay: float, chunk_size: int) -> None:
+    def __init__(self, model: MedusaModel, decay: float, chunk_size: int, teacher_loss: float = 0.0) -> None:
         super().__init__()
         self.model = model
-        self.decay, self.chunk_size = decay, chunk_size
+        self.decay, self.chunk_size, self.teacher_loss = decay, chunk_size, teacher_loss
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
                 lambda0: float, teacher: torch.Tensor | None = None,
@@ -158,9 +159,11 @@ class Medusa2Module(nn.Module):
         out = decoder_of(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         hidden = out.last_hidden_state  # [B, T, d]; the heads' gradients flow into the backbone
         logits = base_logits(base, hidden)  # [B, T, V]
-        heads = medusa_head_loss(hidden, labels, self.model.heads.head_logits, self.model.heads.num_heads,
+        heads_in = self.model.heads.teacher_inputs(hidden, input_ids) if needs_tokens(self.model.heads) else hidden
+        kl_to = Teacher(hidden, lambda h: base_logits(base, h), self.teacher_loss) if self.teacher_loss > 0 else None
+        heads = medusa_head_loss(heads_in, labels, self.model.heads.head_logits, self.model.heads.num_heads,
                                  decay=self.decay, chunk_size=self.chunk_size,
-                                 label_map=self.model.heads.target_to_draft())
+                                 label_map=self.model.heads.target_to_draft(), teacher=kl_to)
         loss, metrics = medusa2_loss(logits, labels, heads.loss, lambda0, teacher_logits=teacher,
                                      temperature=temperature)
         stats = heads.stats()  # [STATS_ROWS, K]
@@ -201,7 +204,7 @@ def setup_model(recipe: Recipe, device: torch.device,
     model, reference = _build_trained(base, recipe)
     model.heads.to(device=device, dtype=torch.float32)
     model.train()
-    trainable = Medusa2Module(model, recipe.heads.decay, recipe.train.loss_chunk_size)
+    trainable = Medusa2Module(model, recipe.heads.decay, recipe.train.loss_chunk_size, recipe.heads.teacher_loss)
     return model, trainable, Medusa2State(total_steps=total_steps, reference=reference)
 
 
