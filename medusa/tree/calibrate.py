@@ -1,7 +1,8 @@
 """Calibration: measure the heads' top-k accuracy on held-out conversations and build the tree from it.
 
 For every labelled position t of every example, head k (0-based) proposes its top-``topk`` tokens for
-position t+k+2 (the base LM head predicts t+1). The *hit rank* of head k at t is the rank of the true
+position t+k+2 (the base LM head predicts t+1). Hydra heads read the example's own tokens t+1..t+k+1: on
+a path that greedy verification accepts those are the draft tokens, so the ranks are the same quantity. The *hit rank* of head k at t is the rank of the true
 token among them (-1: not in the top-k; -2: the target is past the end or not an assistant token).
 
 From the hit ranks ``[T, D]`` of every example we get
@@ -32,6 +33,7 @@ import torch
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
 from medusa.modeling.draft_vocab import draft_vocab_summary
+from medusa.modeling.hydra import needs_tokens
 from medusa.tree.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.tree.build import build_tree_choices, expected_tokens_per_step
 from medusa.tree.tree import MedusaTree
@@ -91,6 +93,8 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
             attn[row, :n] = 1
         out = model(input_ids=ids.to(device), attention_mask=attn.to(device), compute_heads=False)
         hidden = out.hidden_states  # [B, T, d]
+        if needs_tokens(model.heads):  # Hydra: teacher-forced on the true tokens = the accepted path's tokens
+            hidden = model.heads.teacher_inputs(hidden, ids.to(device))  # [B, T, d * (K+1)]
         batch_ranks = torch.full((len(idx), width, depth), NO_TARGET, dtype=torch.int8)  # [B, T, D]
         for k in range(depth):
             shift = k + 2

@@ -95,12 +95,16 @@ def _self_outputs(base, tokenizer, prompts: list[str], new_tokens: int) -> torch
 
 
 def fit_heads(model, sequences: torch.Tensor, steps: int = 800, lr: float = 1e-2, seed: int = 0) -> None:
-    """Fit ``model.heads`` on ``sequences [N, T]`` (frozen base), plain MEDUSA loss, in place."""
+    """Fit ``model.heads`` on ``sequences [N, T]`` (frozen base), plain MEDUSA loss, in place (Hydra heads:
+    teacher-forced on the sequences' own tokens)."""
     from medusa.modeling.base import decoder_of
+    from medusa.modeling.hydra import needs_tokens
 
     torch.manual_seed(seed)
     with torch.no_grad():
         hidden = decoder_of(model.base_model)(input_ids=sequences).last_hidden_state  # [N, T, d]
+        if needs_tokens(model.heads):
+            hidden = model.heads.teacher_inputs(hidden, sequences)  # [N, T, d * (K+1)]
     params = [p for p in model.heads.parameters()]
     opt = torch.optim.Adam(params, lr=lr)
     K = model.num_heads
@@ -119,7 +123,7 @@ def fit_heads(model, sequences: torch.Tensor, steps: int = 800, lr: float = 1e-2
 
 
 @functools.lru_cache(maxsize=None)
-def _fitted_state(num_heads: int, num_layers: int) -> dict[str, torch.Tensor]:
+def _fitted_state(num_heads: int, num_layers: int, head_type: str = "linear") -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file, save_file
 
     from medusa import MedusaModel
@@ -127,13 +131,13 @@ def _fitted_state(num_heads: int, num_layers: int) -> dict[str, torch.Tensor]:
     from tiny_models import stories_model, stories_tokenizer
 
     prompts = _train_prompts()
-    args = {**FIT_ARGS, "num_heads": num_heads, "num_layers": num_layers}
+    args = {**FIT_ARGS, "num_heads": num_heads, "num_layers": num_layers, "head_type": head_type}
     key = cache_key(STORIES, prompts, args, code_files())
     path = _cache_dir() / f"stories-heads-{key}.safetensors"
     if path.is_file():
         return load_file(str(path))
     base = stories_model()
-    model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers)
+    model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers, head_type=head_type)
     model.freeze_base()
     sequences = _self_outputs(base, stories_tokenizer(), prompts, new_tokens=FIT_ARGS["new_tokens"])
     fit_heads(model, sequences, steps=FIT_ARGS["steps"], lr=FIT_ARGS["lr"], seed=FIT_ARGS["seed"])
@@ -144,14 +148,14 @@ def _fitted_state(num_heads: int, num_layers: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def fitted_stories_heads(num_heads: int = 4, num_layers: int = 1):
-    """stories260K + heads fitted on its own greedy outputs (a fresh MedusaModel on every call)."""
+def fitted_stories_heads(num_heads: int = 4, num_layers: int = 1, head_type: str = "linear"):
+    """stories260K + heads (``head_type``) fitted on its own greedy outputs (a fresh MedusaModel per call)."""
     from medusa import MedusaModel
 
     from tiny_models import stories_model
 
-    state = _fitted_state(num_heads, num_layers)
-    model = MedusaModel.from_base(stories_model(), num_heads=num_heads, num_layers=num_layers)
+    state = _fitted_state(num_heads, num_layers, head_type)
+    model = MedusaModel.from_base(stories_model(), num_heads=num_heads, num_layers=num_layers, head_type=head_type)
     model.heads.load_state_dict(state)
     model.freeze_base()
     return model.eval()

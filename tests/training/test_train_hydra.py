@@ -1,0 +1,60 @@
+"""MEDUSA-1 with Hydra heads (``heads.head_type: hydra``, ``heads.teacher_loss``) on stories260K (CPU)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from medusa.config import load_recipe
+from medusa.errors import ConfigError
+from medusa.modeling.hydra import HydraHeads
+from medusa.modeling.model import MedusaModel
+from medusa.training.loop import train
+
+from tiny_models import STORIES, require_shared, stories_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    require_shared(STORIES)
+    monkeypatch.chdir(ROOT)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _recipe(tmp_path, *overrides):
+    base = [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=5",
+            "data.eval_split=0.02", "train.eval_steps=0", "heads.head_type=hydra"]
+    return load_recipe(TINY, base + list(overrides))
+
+
+@pytest.mark.parametrize("teacher", [0.0, 1.0])
+def test_hydra_heads_learn_and_round_trip(tmp_path, teacher):
+    result = train(_recipe(tmp_path, "train.max_steps=30", "train.lr=5e-3", f"heads.teacher_loss={teacher}"))
+    rows = [json.loads(line) for line in (Path(result.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    assert rows[-1]["loss"] < 0.9 * rows[0]["loss"]
+    fresh = stories_model()
+    for p, q in zip(result.model.base_model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(p, q)
+    trained = MedusaModel.from_pretrained(result.final_dir, base_model=fresh)
+    assert isinstance(trained.heads, HydraHeads) and trained.config.head_type == "hydra"
+    assert trained.config.recipe["heads"]["teacher_loss"] == teacher
+    untrained = MedusaModel.from_base(fresh, num_heads=trained.num_heads, head_type="hydra")
+    for (name, p), (_, q) in zip(trained.heads.state_dict().items(), untrained.heads.state_dict().items()):
+        assert not torch.equal(p, q), f"head tensor {name} did not move"
+    for p, q in zip(trained.heads.state_dict().values(), result.model.heads.state_dict().values()):
+        assert torch.equal(p, q.cpu())
+
+
+def test_recipe_checks_hydra_keys(tmp_path):
+    with pytest.raises(ConfigError, match="heads.teacher_loss"):
+        _recipe(tmp_path, "heads.teacher_loss=1.5")
+    with pytest.raises(ConfigError, match="heads.num_layers"):
+        _recipe(tmp_path, "heads.num_layers=0")
