@@ -27,6 +27,11 @@ class DecodeTree:
     ancestors: torch.Tensor
     depth_list: list[int]  # node depths on the host (logits processing groups nodes by depth)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The attention mask's dtype (the decoding compute dtype)."""
+        return self.float_mask.dtype
+
 
 def decode_tree(tree: MedusaTree, device: torch.device, dtype: torch.dtype) -> DecodeTree:
     """The tree's decoding buffers on ``device`` (float mask in ``dtype``), built once and cached."""

@@ -16,6 +16,7 @@ has its own tree, so the fields carry a leading batch dimension where :class:`De
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,32 @@ import torch
 # (d, paths [B, W, d] tokens root first) -> (log-probs [B, W, c], tokens [B, W, c]) of head d's top-c
 ChildrenFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 TIE_BREAK = 1e-6
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """``tree="dynamic"``: every step, each row's tree of the ``num_nodes`` nodes (root included) of highest
+    path probability, ``depth`` levels deep (default: one per head). ``branch``: children proposed under
+    each expanded node (default ``num_nodes - 1``, which makes the tree exactly the best N nodes)."""
+
+    num_nodes: int = 32
+    depth: int | None = None
+    branch: int | None = None
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 2:
+            raise ValueError(f"a dynamic tree needs at least 2 nodes, got {self.num_nodes}")
+
+
+def resolve_dynamic(tree: object, num_heads: int, default_nodes: int = 32) -> DynamicTree | None:
+    """``"dynamic"``, ``"dynamic:N"`` or a :class:`DynamicTree` -> a DynamicTree with its depth resolved
+    (all heads); anything else -> None (a static tree)."""
+    if isinstance(tree, str) and (tree == "dynamic" or tree.startswith("dynamic:")):
+        tree = DynamicTree(int(tree.split(":", 1)[1]) if ":" in tree else default_nodes)
+    if not isinstance(tree, DynamicTree):
+        return None
+    return tree if tree.depth is not None else dataclasses.replace(tree, depth=num_heads)
 
 
 @dataclass
@@ -165,4 +192,4 @@ def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
                     valid[..., 1:], anc * valid, float_mask)
 
 
-__all__ = ["StepTree", "build_step_tree", "hydra_children", "is_per_row", "medusa_children", "rows_at"]
+__all__ = ["DynamicTree", "StepTree", "resolve_dynamic", "build_step_tree", "hydra_children", "is_per_row", "medusa_children", "rows_at"]

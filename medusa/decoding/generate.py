@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
-from medusa.decoding.candidates import DecodeTree, decode_tree, propose
+from medusa.decoding.candidates import DecodeTree, decode_tree
+from medusa.decoding.dynamic_tree import DynamicTree, resolve_dynamic
 from medusa.decoding.kv_cache import check_supported, compact_cache, new_cache
 from medusa.decoding.processors import (
     Generation,
@@ -23,6 +24,7 @@ from medusa.decoding.processors import (
     resolve_generation,
     warp_scores,
 )
+from medusa.decoding.proposals import for_decoding, step_candidates
 from medusa.errors import MedusaError
 from medusa.modeling.base import unwrap
 
@@ -88,7 +90,8 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.
         raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
         raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    tree = tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model))
+    dynamic = resolve_dynamic(tree, model.num_heads)
+    tree = dynamic or (tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model)))
     if tree.depth > model.num_heads:
         raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
     if streamer is not None and input_ids.shape[0] != 1:
@@ -113,11 +116,15 @@ def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any,
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32
     history = None
+    if gen.needs_ids and isinstance(tree, DynamicTree):
+        raise MedusaError("tree='dynamic' cannot apply generation_config logits processors (repetition_penalty, "
+                          "no_repeat_ngram_size, min_new_tokens, suppress / bad words...); use a static tree")
     if gen.needs_ids:
         # history: [B, P + new]
         history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)
         history[:, :p] = input_ids
-    return _Run(decode_tree(tree, input_ids.device, dtype), gen, acceptance, max_new_tokens,
+    dt = for_decoding(tree, dtype) if isinstance(tree, DynamicTree) else decode_tree(tree, input_ids.device, dtype)
+    return _Run(dt, gen, acceptance, max_new_tokens,
                 (settings.pop("posterior_threshold"), settings.pop("posterior_alpha")),
                 settings.pop("generator"),
                 history, p, [[] for _ in range(b)], [[] for _ in range(b)], [False] * b)
@@ -135,10 +142,11 @@ def _choose_root(run: _Run, input_ids: torch.Tensor, logits: torch.Tensor) -> to
     return torch.multinomial(probs, 1, generator=run.generator).view(-1)
 
 
-def _accept(run: _Run, logits: torch.Tensor, tokens: torch.Tensor
+def _accept(run: _Run, logits: torch.Tensor, tokens: torch.Tensor, tree: Any = None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Process every tree node's logits with its own prefix, then apply the acceptance rule."""
-    dt, gen = run.dt, run.gen
+    """Process every tree node's logits with its own prefix, then apply the acceptance rule (``tree``: this
+    step's tree when it is not the run's static one)."""
+    dt, gen = (run.dt if tree is None else tree), run.gen
     scores = logits
     if gen.needs_ids:
         lengths = [run.prompt_len + len(g) for g in run.generated]
@@ -299,13 +307,13 @@ def _assemble(input_ids: torch.Tensor, generated: list[list[int]], pad_id: int) 
 class DecodeState:
     """What one row-batch carries between steps (all on the model's device)."""
 
-    dt: DecodeTree
+    dt: DecodeTree | DynamicTree
     cache: Any  # DynamicCache: [B, H, past_len, hd] per layer; holes (rows that accepted less) are masked
     mask: torch.Tensor  # [B, 1, N, capacity] float; columns < past_len: 0 real token / dtype-min pad or hole
     past_len: int  # cache length (columns), equal for all rows
     n_valid: torch.Tensor  # [B] real tokens in each row's cache = the next position id
     root: torch.Tensor  # [B] the next tree's root token (already chosen, not yet in the cache)
-    head_topk: torch.Tensor  # [K, B, kmax] heads' top-k tokens at the last cached position
+    hidden: torch.Tensor  # [B, d] base hidden state at the last cached position (the heads' input)
 
     @property
     def valid(self) -> torch.Tensor:
@@ -317,23 +325,22 @@ def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: Decod
             choose_root: Callable[[torch.Tensor], torch.Tensor] | None = None,
             capacity: int | None = None) -> DecodeState:
     """Run the prompt (left-padded ``[B, P]``) like HF generate does; pick the root with ``choose_root``
-    (last logits ``[B, V]`` -> ``[B]``; default argmax) and the heads' top-k at the last position."""
+    (last logits ``[B, V]`` -> ``[B]``; default argmax); keep the last hidden state for the heads."""
     b, p = input_ids.shape
     device = input_ids.device
-    dtype = dt.float_mask.dtype
+    dtype = dt.dtype
     cache = new_cache()
     position_ids = mask2d.cumsum(-1) - 1  # [B, P], as HF generate builds them for left padding
     position_ids.masked_fill_(mask2d == 0, 1)
     out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=position_ids, past_key_values=cache,
-                use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=True)
+                use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=False)
     last = out.logits[:, -1]  # [B, V]
     root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
-    head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
     neg = torch.finfo(dtype).min
     capacity = max(capacity or 0, p + 2 * dt.num_nodes)
     mask = torch.full((b, 1, dt.num_nodes, capacity), neg, dtype=dtype, device=device)  # [B, 1, N, cap]
     mask[:, 0, :, :p] = torch.where(mask2d.bool(), 0.0, neg).to(dtype).unsqueeze(1)
-    return DecodeState(dt, cache, mask, p, mask2d.sum(-1), root, head_topk)
+    return DecodeState(dt, cache, mask, p, mask2d.sum(-1), root, out.hidden_states[:, -1])
 
 
 def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
@@ -351,16 +358,16 @@ def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
         grown = torch.full((b, 1, n, 2 * state.mask.shape[-1]), neg, dtype=dtype, device=device)
         grown[..., :past_len] = state.mask[..., :past_len]
         state.mask = grown
-    tokens = propose(state.root, state.head_topk, dt)  # [B, N]
-    pos = state.n_valid.view(b, 1) + dt.depths.view(1, n)  # [B, N] position ids
-    state.mask[:, 0, :, past_len:past_len + n] = dt.float_mask
+    tokens, tree = step_candidates(model.heads, state.root, state.hidden, dt)  # [B, N]; static or per-row tree
+    pos = state.n_valid.view(b, 1) + tree.depths  # [B, N] position ids (depths [N] or [B, N])
+    state.mask[:, 0, :, past_len:past_len + n] = tree.float_mask  # [N, N] or [B, N, N]
     # mask: [B, 1, N, past_len + N]
     out = model(input_ids=tokens, attention_mask=state.mask[..., :past_len + n], position_ids=pos,
                 past_key_values=state.cache, use_cache=True, compute_heads=False)
-    path, n_acc, nxt = accept(out.logits, tokens)  # logits [B, N, V]
+    path, n_acc, nxt = accept(out.logits, tokens, tree)  # logits [B, N, V]
     last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
     hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
-    state.head_topk = model.heads.topk(hidden[:, 0], dt.kmax)  # [K, B, kmax] target ids (draft ids mapped)
+    state.hidden = hidden[:, 0]  # [B, d]
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
     both = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
     host, host_path = both[:, :dt.depth + 3], both[:, dt.depth + 3:]  # the step's one device sync

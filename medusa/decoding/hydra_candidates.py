@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from medusa.tree import MedusaTree
+from medusa.decoding.candidates import DecodeTree
 
 
 @dataclass
@@ -27,45 +27,45 @@ class HydraLevel:
     source: torch.Tensor  # [M] index of each depth-d node's token in the flattened [E * topk] top-k table
 
 
-def hydra_levels(tree: MedusaTree, device: torch.device) -> list[HydraLevel]:
-    """The tree's growth plan, one :class:`HydraLevel` per depth, built once per (tree, device)."""
-    cache: dict = tree.__dict__.setdefault("_hydra_cache", {})
-    key = str(device)
-    if key in cache:
-        return cache[key]
-    index = {p: i for i, p in enumerate(tree.paths)}
+def hydra_levels(dt: DecodeTree) -> list[HydraLevel]:
+    """The tree's growth plan, one :class:`HydraLevel` per depth, built once per decode tree."""
+    cached = dt.__dict__.get("_hydra_levels")
+    if cached is not None:
+        return cached
+    device = dt.depths.device
+    parent_of, children, ancestors = dt.parents.tolist(), dt.children.tolist(), dt.ancestors.tolist()
     levels = []
-    for d in range(1, tree.depth + 1):
-        kids = [p for p in tree.paths if len(p) == d]
-        parents = sorted({p[:-1] for p in kids}, key=lambda p: index[p])
-        slot = {p: j for j, p in enumerate(parents)}
-        topk = 1 + max(p[-1] for p in kids)
+    for d in range(1, dt.depth + 1):
+        kids = [i for i, depth in enumerate(dt.depth_list) if depth == d]
+        parents = sorted({parent_of[i] for i in kids})
+        rank = {i: children[parent_of[i]].index(i) for i in kids}
+        topk = 1 + max(rank.values())
         levels.append(HydraLevel(
-            expand=torch.tensor([index[p] for p in parents], dtype=torch.long, device=device),
-            paths=torch.tensor([[index[p[:j]] for j in range(d)] for p in parents], dtype=torch.long,
-                               device=device).view(len(parents), d),
+            expand=torch.tensor(parents, dtype=torch.long, device=device),
+            paths=torch.tensor([ancestors[p][:d] for p in parents], dtype=torch.long, device=device),
             topk=topk,
-            children=torch.tensor([index[p] for p in kids], dtype=torch.long, device=device),
-            source=torch.tensor([slot[p[:-1]] * topk + p[-1] for p in kids], dtype=torch.long, device=device),
+            children=torch.tensor(kids, dtype=torch.long, device=device),
+            source=torch.tensor([parents.index(parent_of[i]) * topk + rank[i] for i in kids], dtype=torch.long,
+                                device=device),
         ))
-    cache[key] = levels
+    dt.__dict__["_hydra_levels"] = levels
     return levels
 
 
-def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor, tree: MedusaTree,
-                  num_nodes: int) -> torch.Tensor:
+def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor, dt: DecodeTree) -> torch.Tensor:
     """Tree tokens ``[B, N]`` grown by Hydra heads from ``root [B]`` and ``hidden [B, d]``.
 
     Node 0 is the root; a depth-d node with rank r under parent p holds head d's rank-r token on the input
     ``[hidden, e(tokens on p's path)]``.
     """
     b, d_model = hidden.shape
+    num_nodes = dt.num_nodes
     tokens = root.new_zeros(b, num_nodes)  # [B, N]
     tokens[:, 0] = root
     emb = heads.embed(root).new_zeros(b, num_nodes, d_model)  # [B, N, d] node embeddings, filled per depth
     emb[:, 0] = heads.embed(root)
     h = hidden.to(emb.dtype)
-    for d, level in enumerate(hydra_levels(tree, hidden.device), start=1):
+    for d, level in enumerate(hydra_levels(dt), start=1):
         e = level.expand.shape[0]
         path_emb = emb[:, level.paths.view(-1)].view(b, e, d * d_model)  # [B, E, d * d_model]
         wide = torch.cat([h.view(b, 1, d_model).expand(b, e, d_model), path_emb], dim=-1)  # [B, E, (d+1) d]

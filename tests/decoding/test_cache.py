@@ -28,7 +28,7 @@ def test_compacted_cache_equals_prefill(arch):
         cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
         kept = []
         for _ in range(12):
-            host = decode_step(model, state, lambda logits, tokens: greedy_accept(logits, tokens, dt))
+            host = decode_step(model, state, lambda logits, tokens, tree: greedy_accept(logits, tokens, tree))
             kept.append(host[:, -2].tolist())
             for row in range(3):
                 cached[row] += host[row, :kept[-1][row]].tolist()

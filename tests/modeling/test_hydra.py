@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from medusa import CheckpointError, MedusaModel, MedusaTree
+from medusa.decoding.candidates import decode_tree
 from medusa.decoding.hydra_candidates import hydra_propose
 from medusa.modeling.hydra import HydraHeads
 
@@ -121,6 +122,6 @@ def test_hydra_propose_matches_node_by_node_reference():
     root = torch.tensor([5, 17])
     hidden = torch.randn(2, 32)
     with torch.no_grad():
-        got = hydra_propose(model.heads, root, hidden, tree, len(tree))
+        got = hydra_propose(model.heads, root, hidden, decode_tree(tree, torch.device("cpu"), torch.float32))
         for b in range(2):
             assert got[b].tolist() == _naive_propose(model.heads, root[b], hidden[b], tree)

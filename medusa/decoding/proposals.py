@@ -1,0 +1,46 @@
+"""One step's candidates for every head type and tree kind: ``(tokens [B, N], the step's tree)``.
+
+- MEDUSA heads, static tree: the heads' top-k at the last accepted position, placed by rank.
+- Hydra heads, static tree: grown depth by depth (:mod:`medusa.decoding.hydra_candidates`).
+- Any heads, dynamic tree: each row's N most probable paths (:mod:`medusa.decoding.dynamic_tree`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from medusa.decoding.candidates import DecodeTree, propose
+from medusa.decoding.dynamic_tree import (
+    DynamicTree,
+    StepTree,
+    build_step_tree,
+    hydra_children,
+    medusa_children,
+)
+from medusa.decoding.hydra_candidates import hydra_propose
+from medusa.modeling.hydra import needs_tokens
+
+
+def step_candidates(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor,
+                    dt: DecodeTree | DynamicTree) -> tuple[torch.Tensor, DecodeTree | StepTree]:
+    """Tree tokens ``[B, N]`` (node 0 = ``root [B]``) from the base hidden state ``hidden [B, d]`` at the last
+    accepted position, and the tree they sit in (``dt`` itself when static)."""
+    if isinstance(dt, DynamicTree):
+        branch = min(dt.branch or dt.num_nodes - 1, heads.vocab_size)
+        if needs_tokens(heads):
+            children = hydra_children(heads, hidden, branch)
+        else:
+            logits = heads(hidden.unsqueeze(1))[:dt.depth, :, 0]  # [D, B, V] target ids (-inf outside a draft vocab)
+            children = medusa_children(torch.log_softmax(logits.float(), dim=-1), branch)
+        step = build_step_tree(root, children, dt.num_nodes, dt.depth, dt.dtype, branch)
+        return step.tokens, step
+    if needs_tokens(heads):
+        return hydra_propose(heads, root, hidden, dt), dt
+    return propose(root, heads.topk(hidden, dt.kmax), dt), dt  # top-k [K, B, kmax] target ids
+
+
+def for_decoding(tree: DynamicTree, dtype: torch.dtype) -> DynamicTree:
+    """The dynamic tree with the mask dtype of this decoding run."""
+    return dataclasses.replace(tree, dtype=dtype)
