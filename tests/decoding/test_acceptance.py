@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from chi_square import chi2_pvalue, exact_joint
 
 from medusa import MedusaModel, MedusaTree
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
@@ -71,40 +72,11 @@ def test_typical_ties_go_to_higher_likelihood():
     assert n.tolist() == [1] and path[0, 1].item() == 2
 
 
-def _chi2_sf(stat: float, dof: int) -> float:
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
-                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
-
-
-def _chi2_pvalue(counts: torch.Tensor, expected: torch.Tensor, strict: bool = True) -> float:
-    """Pearson chi-square; cells expected < 5 are pooled into one. A sample in a zero-probability cell fails
-    (``strict``) or gives p-value 0."""
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum().view(1)])
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)])
-    keep = exp > 0
-    if not strict and not torch.all(obs[~keep] == 0):
-        return 0.0
-    assert torch.all(obs[~keep] == 0), "a token with zero probability was sampled"
-    obs, exp = obs[keep], exp[keep]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    return _chi2_sf(stat, int(keep.sum()) - 1)
-
-
 V = 8
 FULL_TREE = [[r] for r in range(V)] + [[0, r] for r in range(V)] + [[1, 0], [1, 1], [0, 0, 0]]
 PARTIAL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # leaves most of the vocabulary to the residual
 SETTINGS = [{"temperature": 1.0, "top_k": 0}, {"temperature": 0.7, "top_k": 4},
             {"temperature": 1.3, "top_p": 0.8, "top_k": 0}]
-
-
-def _exact_joint(base, prompt, warp):
-    """p(x1, x2) = p(x1 | prompt) p(x2 | prompt, x1) under the warped (processed) distribution: [V, V]."""
-    with torch.no_grad():
-        p1 = torch.softmax(warp(base(prompt).logits[0, -1]), -1)  # [V]
-        ext = torch.cat([prompt.repeat(V, 1), torch.arange(V).view(V, 1)], dim=1)  # [V, P+1]
-        p2 = torch.softmax(warp(base(ext).logits[:, -1]), -1)  # [V, V]
-    return (p1.view(V, 1) * p2).double()
 
 
 def _sampler_model(seed=0):
@@ -132,8 +104,8 @@ def test_sample_is_lossless_chi_square(setting, choices):
     x1, x2 = out[:, 4], out[:, 5]
     counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2,
                                                                 torch.ones(n, dtype=torch.float64))
-    expected = _exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
-    assert _chi2_pvalue(counts, expected) > 1e-3
+    expected = exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
+    assert chi2_pvalue(counts, expected) > 1e-3
 
 
 def test_chi_square_catches_a_lossy_rule():
@@ -148,8 +120,8 @@ def test_chi_square_catches_a_lossy_rule():
     x1, x2 = out[:, 4], out[:, 5]
     counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2,
                                                                 torch.ones(n, dtype=torch.float64))
-    expected = _exact_joint(base, prompt, warp_logits(top_k=0)).view(-1) * n
-    assert _chi2_pvalue(counts, expected) < 1e-6
+    expected = exact_joint(base, prompt, warp_logits(top_k=0)).view(-1) * n
+    assert chi2_pvalue(counts, expected) < 1e-6
 
 
 def test_sample_accept_recursive_rejection_single_node():
@@ -216,8 +188,8 @@ def test_sample_deep_decisions_chi_square(setting):
     cells = (x[:, 0] * V + x[:, 1]) * V + x[:, 2]
     counts = torch.zeros(V ** 3, dtype=torch.float64).index_add_(0, cells, torch.ones(n, dtype=torch.float64))
     expected = _exact_joint3(base, prompt).reshape(-1) * n
-    assert _chi2_pvalue(counts, expected) > 1e-3
+    assert chi2_pvalue(counts, expected) > 1e-3
     # Control: the same statistic rejects the law without the repetition penalty (it has teeth).
     if "repetition_penalty" in setting:
         base.generation_config.repetition_penalty = 1.0
-        assert _chi2_pvalue(counts, _exact_joint3(base, prompt).reshape(-1) * n, strict=False) < 1e-6
+        assert chi2_pvalue(counts, _exact_joint3(base, prompt).reshape(-1) * n, strict=False) < 1e-6

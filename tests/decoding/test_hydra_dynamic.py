@@ -1,0 +1,122 @@
+"""Hydra heads and dynamic trees decode losslessly: greedy == HF greedy (stories260K with fitted heads, batch 1
+and a left-padded batch of 3; tiny models) and ``acceptance="sample"`` passes the chi-square test."""
+
+import pytest
+import torch
+from chi_square import chi2_pvalue, exact_joint
+from decoding_helpers import left_padded_batch
+
+from medusa import MedusaModel, MedusaTree
+from medusa.decoding.acceptance import warp_logits
+from medusa.decoding.dynamic_tree import DynamicTree
+from medusa.errors import MedusaError
+
+from fit_heads import fitted_stories_heads, stories_prompts
+from tiny_models import stories_tokenizer, tiny_model
+
+NEW = 96
+
+
+@pytest.fixture(scope="module")
+def hydra():
+    return fitted_stories_heads(num_heads=4, num_layers=1, head_type="hydra")
+
+
+@pytest.fixture(scope="module")
+def medusa():
+    return fitted_stories_heads(num_heads=4, num_layers=1)
+
+
+def _batch():
+    tok = stories_tokenizer()
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.unk_token or tok.eos_token
+    enc = tok(stories_prompts(3), return_tensors="pt", padding=True)
+    assert (enc["attention_mask"] == 0).any()  # a real left-padded batch
+    return enc, tok.pad_token_id
+
+
+def _check_greedy(model, tree, min_tokens_per_step):
+    base = model.base_model
+    enc, pad = _batch()
+    ref = base.generate(**enc, do_sample=False, max_new_tokens=NEW, pad_token_id=pad)
+    out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=NEW, tree=tree,
+                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    one = model.generate(enc["input_ids"][2:], max_new_tokens=NEW, tree=tree, return_dict_in_generate=True)
+    assert torch.equal(one.sequences, base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=NEW))
+    assert max(max(a) for a in out.accept_lengths) >= 4  # long accepted runs: cache compaction exercised
+    assert out.tokens_per_step > min_tokens_per_step and one.tokens_per_step > min_tokens_per_step, (
+        out.tokens_per_step, one.tokens_per_step)
+    return out.tokens_per_step
+
+
+@pytest.mark.parametrize("tree", [None, "dynamic:16", DynamicTree(num_nodes=48, branch=8)],
+                         ids=["static", "dynamic16", "dynamic48-branch8"])
+def test_hydra_greedy_equals_hf(hydra, tree):
+    _check_greedy(hydra, tree, 1.8)
+
+
+@pytest.mark.parametrize("nodes", [8, 32])
+def test_medusa_dynamic_tree_greedy_equals_hf(medusa, nodes):
+    _check_greedy(medusa, f"dynamic:{nodes}", 1.8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
+@pytest.mark.parametrize("head_type", ["linear", "hydra"])
+def test_greedy_tiny_models_static_and_dynamic(arch, head_type):
+    base = tiny_model(arch)
+    ids, mask = left_padded_batch(base.config.vocab_size, seed=3)
+    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
+    model = MedusaModel.from_base(base, num_heads=3, head_type=head_type)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    small = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    for tree in (small, "dynamic:10"):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=40, tree=tree)
+        assert torch.equal(out, ref), (head_type, tree)
+
+
+def test_dynamic_tree_refuses_logits_processors(medusa):
+    ids = torch.tensor([[1, 20, 30]])
+    with pytest.raises(MedusaError, match="tree='dynamic'.*repetition_penalty"):
+        medusa.generate(ids, max_new_tokens=4, tree="dynamic", repetition_penalty=1.2)
+
+
+V = 8
+FULL_TREE = [[r] for r in range(V)] + [[0, r] for r in range(V)] + [[1, 0], [1, 1], [0, 0, 0]]
+PARTIAL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
+
+
+def _sampler(head_type):
+    base = tiny_model("llama", vocab_size=V, seed=0)
+    with torch.no_grad():  # soften the scaled LM head so that many tokens have real mass
+        base.lm_head.weight.mul_(0.3)
+    model = MedusaModel.from_base(base, num_heads=3, head_type=head_type)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            if p.dim() == 2 and p.shape[0] != V:  # ResBlocks / Hydra input layers, not W2
+                p.copy_(torch.randn(p.shape, generator=g))
+    return base, model
+
+
+@pytest.mark.parametrize("setting", [{"temperature": 1.0, "top_k": 0}, {"temperature": 0.7, "top_k": 4}],
+                         ids=["t1", "t0.7-topk4"])
+@pytest.mark.parametrize("head_type,tree", [("hydra", FULL_TREE), ("hydra", PARTIAL_TREE), ("hydra", "dynamic:12"),
+                                            ("linear", "dynamic:12"), ("linear", "dynamic:5")])
+def test_sample_is_lossless_chi_square(head_type, tree, setting):
+    base, model = _sampler(head_type)
+    prompt = torch.tensor([[3, 5, 4, 6]])
+    n = 6000
+    g = torch.Generator().manual_seed(1234)
+    tree = MedusaTree.from_choices(tree) if isinstance(tree, list) else tree
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[], tree=tree,
+                         generator=g, **setting)
+    x1, x2 = out[:, 4], out[:, 5]
+    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2, torch.ones(n, dtype=torch.float64))
+    expected = exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
+    assert chi2_pvalue(counts, expected) > 1e-3
