@@ -10,11 +10,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from medusa.data.readers import read_prompts
+    from medusa.decoding.dynamic_tree import tree_option
     from medusa.errors import MedusaError
     from medusa.eval.bench import bench
     from medusa.eval.report import format_summary, write_report
     from medusa.modeling.loading import load_for_generation
-    from medusa.tree import MedusaTree
 
     if args.threads is not None:
         if args.threads < 1:
@@ -23,7 +23,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)  # before any model loads: a bad file fails fast
     if args.limit:
         prompts = prompts[: args.limit]
-    tree = MedusaTree.from_json(args.tree) if args.tree else None
+    tree = tree_option(args.tree, args.nodes)
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
     assistant, assistant_tok = None, None
     if args.assistant_model:
@@ -69,7 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=None, help="unset: the generation_config's (as HF)")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")
+    p.add_argument("--tree", default=None,
+                   help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths under the "
+                        "heads (default: the checkpoint's tree, else built-in)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes of the dynamic tree (default 32)")
     p.add_argument("--assistant-model", default=None,
                    help="also measure HF assisted generation with this draft model (speculative decoding)")
     p.add_argument("--prompt-lookup", action="store_true", help="also measure HF prompt-lookup decoding")

@@ -11,7 +11,7 @@ from medusa.errors import MedusaError
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from medusa.tree import MedusaTree
+    from medusa.decoding.dynamic_tree import tree_option
 
     if args.prompt is None and args.prompts is None:
         raise MedusaError("give --prompt TEXT or --prompts FILE")
@@ -20,7 +20,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
-    tree = MedusaTree.from_json(args.tree) if args.tree else None
+    tree = tree_option(args.tree, args.nodes)
     if args.profile:
         from medusa.eval.profile import format_profile, profile_decoding
 
@@ -73,7 +73,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="as HF generate (unset: generation_config, then 1.0)")
     p.add_argument("--posterior-threshold", type=float, default=0.09, help="typical acceptance epsilon")
     p.add_argument("--posterior-alpha", type=float, default=0.3, help="typical acceptance delta")
-    p.add_argument("--tree", default=None, help="a tree.json (default: the checkpoint's, else built-in)")
+    p.add_argument("--tree", default=None,
+                   help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths under the "
+                        "heads (default: the checkpoint's tree, else built-in)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes of the dynamic tree (default 32)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--compile", action="store_true",

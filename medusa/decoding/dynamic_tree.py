@@ -19,8 +19,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from medusa.errors import MedusaError
 
 # (d, paths [B, W, d] tokens root first) -> (log-probs [B, W, c], tokens [B, W, c]) of head d's top-c
 ChildrenFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -40,14 +43,34 @@ class DynamicTree:
 
     def __post_init__(self) -> None:
         if self.num_nodes < 2:
-            raise ValueError(f"a dynamic tree needs at least 2 nodes, got {self.num_nodes}")
+            raise MedusaError(f"a dynamic tree needs at least 2 nodes, got {self.num_nodes}")
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+
+def tree_option(tree: str | None, nodes: int | None = None) -> Any:
+    """The CLI's ``--tree`` / ``--nodes``: None (the checkpoint's tree), ``dynamic`` (a :class:`DynamicTree` of
+    ``nodes`` nodes, default 32) or a tree.json path."""
+    if tree == "dynamic":
+        return DynamicTree(nodes if nodes is not None else 32)
+    if nodes is not None:
+        raise MedusaError("--nodes applies to --tree dynamic only (a tree.json fixes its own size)")
+    if tree is None:
+        return None
+    from medusa.tree import MedusaTree
+
+    return MedusaTree.from_json(tree)
 
 
 def resolve_dynamic(tree: object, num_heads: int, default_nodes: int = 32) -> DynamicTree | None:
     """``"dynamic"``, ``"dynamic:N"`` or a :class:`DynamicTree` -> a DynamicTree with its depth resolved
     (all heads); anything else -> None (a static tree)."""
-    if isinstance(tree, str) and (tree == "dynamic" or tree.startswith("dynamic:")):
-        tree = DynamicTree(int(tree.split(":", 1)[1]) if ":" in tree else default_nodes)
+    if isinstance(tree, str):
+        size = tree.split(":", 1)[1] if tree.startswith("dynamic:") else (str(default_nodes) if tree == "dynamic" else "")
+        if not size.isdigit():
+            raise MedusaError(f"tree must be a MedusaTree, a DynamicTree, 'dynamic' or 'dynamic:N', got {tree!r}")
+        tree = DynamicTree(int(size))
     if not isinstance(tree, DynamicTree):
         return None
     return tree if tree.depth is not None else dataclasses.replace(tree, depth=num_heads)
@@ -192,4 +215,4 @@ def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
                     valid[..., 1:], anc * valid, float_mask)
 
 
-__all__ = ["DynamicTree", "StepTree", "resolve_dynamic", "build_step_tree", "hydra_children", "is_per_row", "medusa_children", "rows_at"]
+__all__ = ["DynamicTree", "StepTree", "resolve_dynamic", "tree_option", "build_step_tree", "hydra_children", "is_per_row", "medusa_children", "rows_at"]
