@@ -120,3 +120,19 @@ def test_sample_is_lossless_chi_square(head_type, tree, setting):
     counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2, torch.ones(n, dtype=torch.float64))
     expected = exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
     assert chi2_pvalue(counts, expected) > 1e-3
+
+
+def test_cli_generate_hydra_with_dynamic_tree(hydra, tmp_path, capsys):
+    from medusa.cli import main
+
+    heads = tmp_path / "hydra"
+    hydra.save_pretrained(heads)
+    prompt = stories_prompts(1)[0]
+    assert main(["generate", "--heads", str(heads), "--prompt", prompt, "--max-new-tokens", "40",
+                 "--tree", "dynamic", "--nodes", "16"]) == 0
+    text = capsys.readouterr().out
+    tok = stories_tokenizer()
+    ref = hydra.base_model.generate(tok(prompt, return_tensors="pt").input_ids, do_sample=False, max_new_tokens=40)
+    assert tok.decode(ref[0], skip_special_tokens=True) in text and "tokens/step" in text
+    assert main(["generate", "--heads", str(heads), "--prompt", prompt, "--nodes", "16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --nodes")
