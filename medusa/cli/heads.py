@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--base", required=True, help="base model: local path or hub id")
     init.add_argument("--num-heads", type=int, default=5)
     init.add_argument("--num-layers", type=int, default=1)
-    init.add_argument("--head-type", choices=["linear", "shared_lm_head"], default="linear")
+    init.add_argument("--head-type", choices=["linear", "shared_lm_head", "hydra"], default="linear")
     init.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the base's)")
     init.add_argument("--out", required=True, help="output directory")
     init.set_defaults(func=_cmd_heads_init)

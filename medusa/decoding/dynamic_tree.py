@@ -181,7 +181,8 @@ def build_step_tree(root: torch.Tensor, children: ChildrenFn, num_nodes: int, de
     level = torch.cat([torch.full((s,), d, dtype=torch.long, device=device)
                        for d, s in enumerate(sizes, start=1)])  # [P] depth of each pool entry
     if score.shape[1] < n - 1:
-        raise ValueError(f"the heads' trees hold {score.shape[1]} nodes, fewer than the {n - 1} asked for")
+        raise MedusaError(f"a dynamic tree of {n} nodes needs {n - 1} candidates below the root; {depth} head(s) "
+                          f"with {branch} children per node give only {score.shape[1]}")
     picked = score.topk(n - 1, dim=-1).indices.sort(dim=-1).values  # [B, N-1]: level order = parents first
     where = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=device)  # [B, P+1]: pool -> node
     where.scatter_(1, picked + 1, torch.arange(1, n, device=device).expand(b, n - 1))
