@@ -207,7 +207,8 @@ def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
     allowed = torch.zeros(b, n, n, device=device).scatter_add_(2, anc, valid.float()) > 0  # [B, N, N]
     float_mask = torch.zeros(b, n, n, dtype=dtype, device=device)
     float_mask.masked_fill_(~allowed, torch.finfo(dtype).min)  # [B, N, N]
-    onehot = torch.nn.functional.one_hot(parents[:, 1:], n)  # [B, N-1, N]: child -> parent
+    onehot = torch.zeros(b, n - 1, n, dtype=torch.long, device=device)  # [B, N-1, N]: child -> parent
+    onehot.scatter_(2, parents[:, 1:].unsqueeze(-1), 1)  # (F.one_hot would check its input on the host)
     rank = (onehot.cumsum(1) * onehot).sum(-1) - 1  # [B, N-1] sibling rank
     children = torch.full((b, n * kmax), -1, dtype=torch.long, device=device)  # [B, N * kmax]
     children.scatter_(1, parents[:, 1:] * kmax + rank,
