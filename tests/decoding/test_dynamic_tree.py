@@ -90,3 +90,44 @@ def test_hydra_dynamic_tree_is_the_top_n_paths():
             best = {p for _, p in sorted(scored, reverse=True)[:n - 1]}
             assert set(_paths_of(tree, row)) == best
             _check_buffers(tree, row)
+
+
+def _static_twin(tree, b):
+    """Row ``b`` of a StepTree as a static MedusaTree (sibling ranks as choices) and its node order."""
+    from medusa import MedusaTree
+
+    ranks = {0: ()}
+    for i in range(1, tree.num_nodes):
+        p = int(tree.parents[b, i])
+        ranks[i] = ranks[p] + (tree.children[b, p].tolist().index(i),)
+    static = MedusaTree.from_choices([ranks[i] for i in range(1, tree.num_nodes)])
+    order = [next(i for i in range(tree.num_nodes) if ranks[i] == path) for path in static.paths]
+    return static, order
+
+
+def test_acceptance_on_per_row_trees_equals_each_row_on_its_static_twin():
+    from medusa.decoding.acceptance import greedy_accept, typical_accept
+    from medusa.decoding.candidates import decode_tree
+
+    torch.manual_seed(5)
+    k, b, v, n = 3, 4, 7, 10
+    logp = torch.log_softmax(torch.randn(k, b, v) * 2, dim=-1)
+    tree = build_step_tree(torch.tensor([1, 2, 3, 4]), medusa_children(logp, min(n - 1, v)), n, k,
+                           torch.float32, branch=min(n - 1, v))
+    logits = torch.randn(b, n, v) * 3  # [B, N, V] verification logits
+    logits[:, :, :] += 4 * torch.nn.functional.one_hot(tree.tokens.roll(-1, 1), v)  # some nodes get accepted
+    path, n_acc, nxt = greedy_accept(logits, tree.tokens, tree)
+    tpath, tn, _ = typical_accept(logits, tree.tokens, tree, None, 1.0, 0.2, 0.3)
+    assert n_acc.max() >= 1
+    for row in range(b):
+        static, order = _static_twin(tree, row)
+        dt = decode_tree(static, torch.device("cpu"), torch.float32)
+        idx = torch.tensor(order)
+        s_path, s_n, s_nxt = greedy_accept(logits[row:row + 1, idx], tree.tokens[row:row + 1, idx], dt)
+        got = tree.tokens[row, path[row, :int(n_acc[row]) + 1]].tolist()
+        want = tree.tokens[row, idx[s_path[0, :int(s_n[0]) + 1]]].tolist()
+        assert got == want and int(nxt[row]) == int(s_nxt[0])
+        t_path, t_n, _ = typical_accept(logits[row:row + 1, idx], tree.tokens[row:row + 1, idx], dt, None, 1.0, 0.2, 0.3)
+        assert int(tn[row]) == int(t_n[0])
+        assert tree.tokens[row, tpath[row, :int(tn[row]) + 1]].tolist() == \
+            tree.tokens[row, idx[t_path[0, :int(t_n[0]) + 1]]].tolist()
