@@ -62,12 +62,14 @@ def _best_path(ok: torch.Tensor, dt: DecodeTree | StepTree, score: torch.Tensor 
         best = lengths.argmax(dim=-1)  # [B]
     else:
         best_len = lengths.max(dim=-1, keepdim=True).values  # [B, 1]
-        like = (rows_at(score, nodes, per_row) * run).sum(dim=-1)  # [B, L] log-likelihood of each accepted prefix
+        like = (rows_at(score, nodes, per_row) * run).sum(dim=-1)  # [B, L] log-likelihood of the prefixes
         like = like.masked_fill(lengths < best_len, float("-inf"))
         best = like.argmax(dim=-1)
     n = lengths.gather(1, best.view(b, 1)).view(b)  # [B]
-    path = dt.retrieve[torch.arange(b, device=ok.device), best] if per_row else dt.retrieve.index_select(0, best)
-    # path: [B, D+1]
+    if per_row:
+        path = dt.retrieve[torch.arange(b, device=ok.device), best]  # [B, D+1]
+    else:
+        path = dt.retrieve.index_select(0, best)  # [B, D+1]
     last = path.gather(1, n.view(b, 1)).view(b)  # [B]
     return path, n, last
 

@@ -50,8 +50,8 @@ class DynamicTree:
 
 
 def tree_option(tree: str | None, nodes: int | None = None) -> Any:
-    """The CLI's ``--tree`` / ``--nodes``: None (the checkpoint's tree), ``dynamic`` (a :class:`DynamicTree` of
-    ``nodes`` nodes, default 32) or a tree.json path."""
+    """The CLI's ``--tree`` / ``--nodes``: None (the checkpoint's tree), ``dynamic`` (a :class:`DynamicTree`
+    of ``nodes`` nodes, default 32) or a tree.json path."""
     if tree == "dynamic":
         return DynamicTree(nodes if nodes is not None else 32)
     if nodes is not None:
@@ -67,9 +67,12 @@ def resolve_dynamic(tree: object, num_heads: int, default_nodes: int = 32) -> Dy
     """``"dynamic"``, ``"dynamic:N"`` or a :class:`DynamicTree` -> a DynamicTree with its depth resolved
     (all heads); anything else -> None (a static tree)."""
     if isinstance(tree, str):
-        size = tree.split(":", 1)[1] if tree.startswith("dynamic:") else (str(default_nodes) if tree == "dynamic" else "")
+        size = str(default_nodes) if tree == "dynamic" else ""
+        if tree.startswith("dynamic:"):
+            size = tree.split(":", 1)[1]
         if not size.isdigit():
-            raise MedusaError(f"tree must be a MedusaTree, a DynamicTree, 'dynamic' or 'dynamic:N', got {tree!r}")
+            raise MedusaError(f"tree must be a MedusaTree, a DynamicTree, 'dynamic' or 'dynamic:N', "
+                              f"got {tree!r}")
         tree = DynamicTree(int(size))
     if not isinstance(tree, DynamicTree):
         return None
@@ -159,8 +162,9 @@ def _grow(root: torch.Tensor, children: ChildrenFn, depth: int, width: int, bran
         if d < depth:
             keep = min(width, w * c)
             best = score.topk(keep, dim=-1).indices  # [B, W']
-            paths = torch.cat([paths.gather(1, (best // c).view(b, keep, 1).expand(-1, -1, d)),
-                               tok.reshape(b, w * c).gather(1, best).view(b, keep, 1)], dim=-1)  # [B, W', d+1]
+            parent_paths = paths.gather(1, (best // c).view(b, keep, 1).expand(-1, -1, d))  # [B, W', d]
+            best_tok = tok.reshape(b, w * c).gather(1, best).view(b, keep, 1)  # [B, W', 1]
+            paths = torch.cat([parent_paths, best_tok], dim=-1)  # [B, W', d+1]
             front_score = score.gather(1, best)
             front_id = best + offset + 1
         offset += w * c
@@ -181,8 +185,8 @@ def build_step_tree(root: torch.Tensor, children: ChildrenFn, num_nodes: int, de
     level = torch.cat([torch.full((s,), d, dtype=torch.long, device=device)
                        for d, s in enumerate(sizes, start=1)])  # [P] depth of each pool entry
     if score.shape[1] < n - 1:
-        raise MedusaError(f"a dynamic tree of {n} nodes needs {n - 1} candidates below the root; {depth} head(s) "
-                          f"with {branch} children per node give only {score.shape[1]}")
+        raise MedusaError(f"a dynamic tree of {n} nodes needs {n - 1} candidates below the root; "
+                          f"{depth} head(s) with {branch} children per node give only {score.shape[1]}")
     picked = score.topk(n - 1, dim=-1).indices.sort(dim=-1).values  # [B, N-1]: level order = parents first
     where = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=device)  # [B, P+1]: pool -> node
     where.scatter_(1, picked + 1, torch.arange(1, n, device=device).expand(b, n - 1))
@@ -217,4 +221,5 @@ def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
                     valid[..., 1:], anc * valid, float_mask)
 
 
-__all__ = ["DynamicTree", "StepTree", "resolve_dynamic", "tree_option", "build_step_tree", "hydra_children", "is_per_row", "medusa_children", "rows_at"]
+__all__ = ["DynamicTree", "StepTree", "build_step_tree", "hydra_children", "is_per_row", "medusa_children",
+           "resolve_dynamic", "rows_at", "tree_option"]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
-from medusa.decoding.candidates import DecodeTree, decode_tree
+from medusa.decoding.candidates import DecodeTree
 from medusa.decoding.dynamic_tree import DynamicTree, resolve_dynamic
 from medusa.decoding.kv_cache import check_supported, compact_cache, new_cache
 from medusa.decoding.processors import (
@@ -24,7 +24,7 @@ from medusa.decoding.processors import (
     resolve_generation,
     warp_scores,
 )
-from medusa.decoding.proposals import for_decoding, step_candidates
+from medusa.decoding.proposals import check_tree_support, decoding_tree, step_candidates
 from medusa.errors import MedusaError
 from medusa.modeling.base import unwrap
 
@@ -90,8 +90,8 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.
         raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
         raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    dynamic = resolve_dynamic(tree, model.num_heads)
-    tree = dynamic or (tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model)))
+    tree = resolve_dynamic(tree, model.num_heads) or tree  # "dynamic[:N]" -> DynamicTree
+    tree = tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model))
     if tree.depth > model.num_heads:
         raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
     if streamer is not None and input_ids.shape[0] != 1:
@@ -116,14 +116,11 @@ def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any,
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32
     history = None
-    if gen.needs_ids and isinstance(tree, DynamicTree):
-        raise MedusaError("tree='dynamic' cannot apply generation_config logits processors (repetition_penalty, "
-                          "no_repeat_ngram_size, min_new_tokens, suppress / bad words...); use a static tree")
     if gen.needs_ids:
         # history: [B, P + new]
         history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)
         history[:, :p] = input_ids
-    dt = for_decoding(tree, dtype) if isinstance(tree, DynamicTree) else decode_tree(tree, input_ids.device, dtype)
+    dt = decoding_tree(tree, input_ids.device, dtype)
     return _Run(dt, gen, acceptance, max_new_tokens,
                 (settings.pop("posterior_threshold"), settings.pop("posterior_alpha")),
                 settings.pop("generator"),
@@ -257,6 +254,7 @@ def _path(model: Any, run: _Run, shape: torch.Size, compile: bool, cache_impleme
     b, p = shape
     if cache_implementation not in (None, "dynamic", "static"):
         raise MedusaError(f"cache_implementation must be 'dynamic' or 'static', got {cache_implementation!r}")
+    check_tree_support(model.heads, run.dt, run.gen.needs_ids, compile or cache_implementation == "static")
     if not compile and cache_implementation != "static":
         return prefill, decode_step, p + 2 * run.max_new_tokens + run.dt.num_nodes
     from medusa.decoding.compiled import step_functions, with_greedy
@@ -358,7 +356,7 @@ def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
         grown = torch.full((b, 1, n, 2 * state.mask.shape[-1]), neg, dtype=dtype, device=device)
         grown[..., :past_len] = state.mask[..., :past_len]
         state.mask = grown
-    tokens, tree = step_candidates(model.heads, state.root, state.hidden, dt)  # [B, N]; static or per-row tree
+    tokens, tree = step_candidates(model.heads, state.root, state.hidden, dt)  # [B, N]; static / per-row tree
     pos = state.n_valid.view(b, 1) + tree.depths  # [B, N] position ids (depths [N] or [B, N])
     state.mask[:, 0, :, past_len:past_len + n] = tree.float_mask  # [N, N] or [B, N, N]
     # mask: [B, 1, N, past_len + N]

@@ -45,14 +45,15 @@ def hydra_levels(dt: DecodeTree) -> list[HydraLevel]:
             paths=torch.tensor([ancestors[p][:d] for p in parents], dtype=torch.long, device=device),
             topk=topk,
             children=torch.tensor(kids, dtype=torch.long, device=device),
-            source=torch.tensor([parents.index(parent_of[i]) * topk + rank[i] for i in kids], dtype=torch.long,
-                                device=device),
+            source=torch.tensor([parents.index(parent_of[i]) * topk + rank[i] for i in kids],
+                                dtype=torch.long, device=device),
         ))
     dt.__dict__["_hydra_levels"] = levels
     return levels
 
 
-def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor, dt: DecodeTree) -> torch.Tensor:
+def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor, dt: DecodeTree
+                  ) -> torch.Tensor:
     """Tree tokens ``[B, N]`` grown by Hydra heads from ``root [B]`` and ``hidden [B, d]``.
 
     Node 0 is the root; a depth-d node with rank r under parent p holds head d's rank-r token on the input

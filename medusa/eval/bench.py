@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from medusa.decoding.dynamic_tree import DynamicTree
 from medusa.errors import MedusaError
 from medusa.eval.report import summarize
 from medusa.eval.timing import plain_step_time, timed
@@ -369,9 +368,7 @@ def bench_config(s: BenchSetup, assistant_model: Any, prompt_lookup: bool, looku
         "base_model": model.config.base_model_name_or_path,
         "num_heads": model.num_heads,
         "num_layers": model.config.num_layers,
-        "head_type": model.config.head_type,
         "tree_nodes": len(tree) if tree is not None else None,
-        "tree_kind": "dynamic" if isinstance(tree, DynamicTree) else "static",
         "tree_source": "given" if tree is not None else "built-in default",
         "max_new_tokens": s.max_new_tokens,
         "acceptance": s.acceptance,

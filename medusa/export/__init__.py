@@ -66,8 +66,9 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     _check_paths(src, out)
     pre = MedusaConfig.load(src)
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
-        raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to {format}: "
-                              f"it serves MEDUSA heads of head_type {' or '.join(EXPORTABLE_HEAD_TYPES)} only")
+        raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to "
+                              f"{format}: it serves MEDUSA heads of head_type "
+                              f"{' or '.join(EXPORTABLE_HEAD_TYPES)} only")
     if pre.draft_vocab and format != "vllm":
         raise MedusaError(f"{src}: --format {format} cannot express a draft vocabulary (heads.draft_vocab: "
                           f"{pre.draft_vocab}); export it with --format vllm, or train with "

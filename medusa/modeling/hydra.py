@@ -28,7 +28,7 @@ from medusa.modeling.heads import ResBlock
 
 
 class ConditionedResBlock(nn.Module):
-    """``R x + SiLU(W1 x + b)`` for ``x [..., d_in]`` -> ``[..., d]``; R starts as ``[I, 0]``, W1 and b zero."""
+    """``R x + SiLU(W1 x + b)``: ``x [..., d_in]`` -> ``[..., d]``; R starts as ``[I, 0]``, W1 and b zero."""
 
     def __init__(self, in_features: int, hidden_size: int) -> None:
         super().__init__()
@@ -60,7 +60,8 @@ class HydraHeads(nn.Module):
                  embedding: nn.Module | None = None) -> None:
         super().__init__()
         if num_heads < 1 or num_layers < 1:
-            raise ValueError(f"hydra heads need num_heads >= 1 and num_layers >= 1, got {num_heads}, {num_layers}")
+            raise ValueError(f"hydra heads need num_heads >= 1 and num_layers >= 1, "
+                             f"got {num_heads}, {num_layers}")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_heads, self.num_layers = num_heads, num_layers
         self.blocks = nn.ModuleList(
@@ -68,7 +69,8 @@ class HydraHeads(nn.Module):
                           *[ResBlock(hidden_size) for _ in range(num_layers - 1)])
             for k in range(num_heads)
         )
-        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False)
+                                      for _ in range(num_heads))
         # Held outside the module tree: the embedding belongs to the base model.
         self._embedding = [embedding]
 

@@ -96,7 +96,8 @@ class MedusaModel(nn.Module):
             heads_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         heads_dtype = resolve_dtype(heads_dtype)
         draft_vocab = 0 if token_map is None else int(token_map.shape[0])
-        heads = build_heads(base, cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type, draft_vocab)
+        heads = build_heads(base, cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
+                            draft_vocab)
         if token_map is not None:
             heads.set_token_map(token_map)
         heads.to(device=weight.device, dtype=heads_dtype)
@@ -162,7 +163,8 @@ class MedusaModel(nn.Module):
         picked = _gather_positions(hidden, positions)  # [B, P, d]
         logits = base_logits(self.base_model, picked)  # [B, P, V]
         # Hydra heads also read draft tokens: decoding and training build their inputs themselves.
-        head_logits = self.heads(picked) if compute_heads and not needs_tokens(self.heads) else None  # [K, B, P, V]
+        run_heads = compute_heads and not needs_tokens(self.heads)
+        head_logits = self.heads(picked) if run_heads else None  # [K, B, P, V]
         return MedusaOutput(logits, head_logits, hidden, getattr(out, "past_key_values", None))
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -266,7 +268,8 @@ def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: i
     embeddings) for hydra, which have no draft vocabulary yet."""
     if head_type == "hydra":
         if draft_vocab:
-            raise CheckpointError(f"hydra heads do not support a draft vocabulary yet (draft_vocab {draft_vocab})")
+            raise CheckpointError(f"hydra heads do not support a draft vocabulary yet "
+                                  f"(draft_vocab {draft_vocab})")
         return HydraHeads(hidden_size, vocab_size, num_heads, num_layers,
                           embedding=unwrap(base).get_input_embeddings())
     return MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, head_type,

@@ -247,7 +247,8 @@ def naive_head_loss(
         loss = ce
         if teacher is not None:
             base = teacher.logits_fn(teacher.hidden[:, shift - 1: T - 1]).detach().float()  # [B, T-shift, V]
-            kl = (F.softmax(base, -1) * (F.log_softmax(base, -1) - F.log_softmax(lg, -1))).sum(-1)  # [B, T-shift]
+            log_pt = F.log_softmax(base, -1)  # [B, T-shift, V]
+            kl = (log_pt.exp() * (log_pt - F.log_softmax(lg, -1))).sum(-1)  # [B, T-shift]
             loss = (1 - teacher.weight) * ce + teacher.weight * (kl * mask).sum()
         with torch.no_grad():
             top = lg.topk(min(5, lg.shape[-1]), dim=-1).indices  # [B, T - shift, 5]

@@ -159,8 +159,12 @@ class Medusa2Module(nn.Module):
         out = decoder_of(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         hidden = out.last_hidden_state  # [B, T, d]; the heads' gradients flow into the backbone
         logits = base_logits(base, hidden)  # [B, T, V]
-        heads_in = self.model.heads.teacher_inputs(hidden, input_ids) if needs_tokens(self.model.heads) else hidden
-        kl_to = Teacher(hidden, lambda h: base_logits(base, h), self.teacher_loss) if self.teacher_loss > 0 else None
+        heads_in = hidden
+        if needs_tokens(self.model.heads):
+            heads_in = self.model.heads.teacher_inputs(hidden, input_ids)  # [B, T, d * (K+1)]
+        kl_to = None
+        if self.teacher_loss > 0:
+            kl_to = Teacher(hidden, lambda h: base_logits(base, h), self.teacher_loss)
         heads = medusa_head_loss(heads_in, labels, self.model.heads.head_logits, self.model.heads.num_heads,
                                  decay=self.decay, chunk_size=self.chunk_size,
                                  label_map=self.model.heads.target_to_draft(), teacher=kl_to)
@@ -204,7 +208,8 @@ def setup_model(recipe: Recipe, device: torch.device,
     model, reference = _build_trained(base, recipe)
     model.heads.to(device=device, dtype=torch.float32)
     model.train()
-    trainable = Medusa2Module(model, recipe.heads.decay, recipe.train.loss_chunk_size, recipe.heads.teacher_loss)
+    trainable = Medusa2Module(model, recipe.heads.decay, recipe.train.loss_chunk_size,
+                              recipe.heads.teacher_loss)
     return model, trainable, Medusa2State(total_steps=total_steps, reference=reference)
 
 

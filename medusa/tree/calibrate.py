@@ -2,8 +2,9 @@
 
 For every labelled position t of every example, head k (0-based) proposes its top-``topk`` tokens for
 position t+k+2 (the base LM head predicts t+1). Hydra heads read the example's own tokens t+1..t+k+1: on
-a path that greedy verification accepts those are the draft tokens, so the ranks are the same quantity. The *hit rank* of head k at t is the rank of the true
-token among them (-1: not in the top-k; -2: the target is past the end or not an assistant token).
+a path that greedy verification accepts those are the draft tokens, so the ranks are the same quantity.
+The *hit rank* of head k at t is the rank of the true token among them (-1: not in the top-k; -2: the
+target is past the end or not an assistant token).
 
 From the hit ranks ``[T, D]`` of every example we get
 - ``accuracy[k][r]``: how often head k's rank-r token is right (a_k^r, over positions with a target);

@@ -43,7 +43,8 @@ def test_medusa_dynamic_tree_is_the_top_n_paths():
     k, b, v, n = 3, 3, 6, 14
     logp = torch.log_softmax(torch.randn(k, b, v) * 2, dim=-1)  # [K, B, V]
     root = torch.tensor([1, 3, 4])
-    tree = build_step_tree(root, medusa_children(logp, min(n - 1, v)), n, k, torch.float32, branch=min(n - 1, v))
+    c = min(n - 1, v)
+    tree = build_step_tree(root, medusa_children(logp, c), n, k, torch.float32, branch=c)
     assert tree.tokens.shape == (b, n) and tree.float_mask.shape == (b, n, n)
     for row in range(b):
         scored = []
@@ -77,7 +78,8 @@ def test_hydra_dynamic_tree_is_the_top_n_paths():
     root = torch.tensor([4, 7])
     n, v = 9, 12
     with torch.no_grad():
-        tree = build_step_tree(root, hydra_children(model.heads, hidden, n - 1), n, 2, torch.float32, branch=n - 1)
+        tree = build_step_tree(root, hydra_children(model.heads, hidden, n - 1), n, 2, torch.float32,
+                               branch=n - 1)
         for row in range(2):
             wide1 = torch.cat([hidden[row], model.heads.embed(root[row])])
             lp1 = torch.log_softmax(model.heads.head_logits(0, wide1), -1)  # [V]
@@ -86,7 +88,8 @@ def test_hydra_dynamic_tree_is_the_top_n_paths():
                                model.heads.embed(firsts)], dim=-1)  # [V, 3 * 16]
             lp2 = torch.log_softmax(model.heads.head_logits(1, wide2), -1)  # [V, V]
             scored = [(float(lp1[a]) - TIE_BREAK, (a,)) for a in range(v)]
-            scored += [(float(lp1[a] + lp2[a, c]) - 2 * TIE_BREAK, (a, c)) for a in range(v) for c in range(v)]
+            scored += [(float(lp1[a] + lp2[a, c]) - 2 * TIE_BREAK, (a, c))
+                       for a in range(v) for c in range(v)]
             best = {p for _, p in sorted(scored, reverse=True)[:n - 1]}
             assert set(_paths_of(tree, row)) == best
             _check_buffers(tree, row)
@@ -127,7 +130,8 @@ def test_acceptance_on_per_row_trees_equals_each_row_on_its_static_twin():
         got = tree.tokens[row, path[row, :int(n_acc[row]) + 1]].tolist()
         want = tree.tokens[row, idx[s_path[0, :int(s_n[0]) + 1]]].tolist()
         assert got == want and int(nxt[row]) == int(s_nxt[0])
-        t_path, t_n, _ = typical_accept(logits[row:row + 1, idx], tree.tokens[row:row + 1, idx], dt, None, 1.0, 0.2, 0.3)
+        t_path, t_n, _ = typical_accept(logits[row:row + 1, idx], tree.tokens[row:row + 1, idx], dt, None,
+                                        1.0, 0.2, 0.3)
         assert int(tn[row]) == int(t_n[0])
         assert tree.tokens[row, tpath[row, :int(tn[row]) + 1]].tolist() == \
             tree.tokens[row, idx[t_path[0, :int(t_n[0]) + 1]]].tolist()

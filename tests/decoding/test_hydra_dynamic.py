@@ -1,5 +1,5 @@
-"""Hydra heads and dynamic trees decode losslessly: greedy == HF greedy (stories260K with fitted heads, batch 1
-and a left-padded batch of 3; tiny models) and ``acceptance="sample"`` passes the chi-square test."""
+"""Hydra heads and dynamic trees decode losslessly: greedy == HF greedy (stories260K with fitted heads,
+batch 1 and a left-padded batch of 3; tiny models) and ``acceptance="sample"`` passes the chi-square test."""
 
 import pytest
 import torch
@@ -41,11 +41,12 @@ def _check_greedy(model, tree, min_tokens_per_step):
     base = model.base_model
     enc, pad = _batch()
     ref = base.generate(**enc, do_sample=False, max_new_tokens=NEW, pad_token_id=pad)
-    out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=NEW, tree=tree,
-                         return_dict_in_generate=True)
+    out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=NEW,
+                         tree=tree, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     one = model.generate(enc["input_ids"][2:], max_new_tokens=NEW, tree=tree, return_dict_in_generate=True)
-    assert torch.equal(one.sequences, base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=NEW))
+    ref1 = base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=NEW)
+    assert torch.equal(one.sequences, ref1)
     assert max(max(a) for a in out.accept_lengths) >= 4  # long accepted runs: cache compaction exercised
     assert out.tokens_per_step > min_tokens_per_step and one.tokens_per_step > min_tokens_per_step, (
         out.tokens_per_step, one.tokens_per_step)
@@ -106,18 +107,20 @@ def _sampler(head_type):
 
 @pytest.mark.parametrize("setting", [{"temperature": 1.0, "top_k": 0}, {"temperature": 0.7, "top_k": 4}],
                          ids=["t1", "t0.7-topk4"])
-@pytest.mark.parametrize("head_type,tree", [("hydra", FULL_TREE), ("hydra", PARTIAL_TREE), ("hydra", "dynamic:12"),
-                                            ("linear", "dynamic:12"), ("linear", "dynamic:5")])
+@pytest.mark.parametrize("head_type,tree", [("hydra", FULL_TREE), ("hydra", PARTIAL_TREE),
+                                            ("hydra", "dynamic:12"), ("linear", "dynamic:12"),
+                                            ("linear", "dynamic:5")])
 def test_sample_is_lossless_chi_square(head_type, tree, setting):
     base, model = _sampler(head_type)
     prompt = torch.tensor([[3, 5, 4, 6]])
     n = 6000
     g = torch.Generator().manual_seed(1234)
     tree = MedusaTree.from_choices(tree) if isinstance(tree, list) else tree
-    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[], tree=tree,
-                         generator=g, **setting)
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[],
+                         tree=tree, generator=g, **setting)
     x1, x2 = out[:, 4], out[:, 5]
-    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2, torch.ones(n, dtype=torch.float64))
+    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2,
+                                                                torch.ones(n, dtype=torch.float64))
     expected = exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
     assert chi2_pvalue(counts, expected) > 1e-3
 
@@ -132,7 +135,8 @@ def test_cli_generate_hydra_with_dynamic_tree(hydra, tmp_path, capsys):
                  "--tree", "dynamic", "--nodes", "16"]) == 0
     text = capsys.readouterr().out
     tok = stories_tokenizer()
-    ref = hydra.base_model.generate(tok(prompt, return_tensors="pt").input_ids, do_sample=False, max_new_tokens=40)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = hydra.base_model.generate(ids, do_sample=False, max_new_tokens=40)
     assert tok.decode(ref[0], skip_special_tokens=True) in text and "tokens/step" in text
     assert main(["generate", "--heads", str(heads), "--prompt", prompt, "--nodes", "16"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --nodes")

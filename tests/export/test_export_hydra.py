@@ -11,7 +11,8 @@ from tiny_models import tiny_model
 
 @pytest.mark.parametrize("format", EXPORT_FORMATS)
 def test_export_refuses_hydra_heads(tmp_path, format):
-    MedusaModel.from_base(tiny_model("llama"), num_heads=2, head_type="hydra").save_pretrained(tmp_path / "ck")
+    model = MedusaModel.from_base(tiny_model("llama"), num_heads=2, head_type="hydra")
+    model.save_pretrained(tmp_path / "ck")
     with pytest.raises(CheckpointError) as err:
         export_checkpoint(tmp_path / "ck", tmp_path / "out", format)
     message = str(err.value)

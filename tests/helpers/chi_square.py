@@ -1,4 +1,5 @@
-"""Chi-square goodness of fit for the lossless-sampling tests, and the exact two-token joint they compare to."""
+"""Chi-square goodness of fit for the lossless-sampling tests, and the exact two-token joint they
+compare to."""
 
 import torch
 

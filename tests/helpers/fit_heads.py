@@ -155,7 +155,8 @@ def fitted_stories_heads(num_heads: int = 4, num_layers: int = 1, head_type: str
     from tiny_models import stories_model
 
     state = _fitted_state(num_heads, num_layers, head_type)
-    model = MedusaModel.from_base(stories_model(), num_heads=num_heads, num_layers=num_layers, head_type=head_type)
+    model = MedusaModel.from_base(stories_model(), num_heads=num_heads, num_layers=num_layers,
+                                  head_type=head_type)
     model.heads.load_state_dict(state)
     model.freeze_base()
     return model.eval()

@@ -33,7 +33,8 @@ def test_chunked_equals_naive_with_teacher(weight, chunk):
     naive.loss.backward()
     ref = [p.grad.clone() for p in heads.parameters()]
     heads.zero_grad()
-    chunked = medusa_head_loss(wide, labels, heads.head_logits, 3, decay=0.8, chunk_size=chunk, teacher=teacher)
+    chunked = medusa_head_loss(wide, labels, heads.head_logits, 3, decay=0.8, chunk_size=chunk,
+                               teacher=teacher)
     chunked.loss.backward()
     torch.testing.assert_close(chunked.loss, naive.loss, rtol=1e-5, atol=1e-6)
     for name in ("ce_sum", "correct1", "correct5", "count"):

@@ -63,14 +63,15 @@ def test_recipe_checks_hydra_keys(tmp_path):
 def test_medusa2_lora_trains_hydra_heads_with_the_teacher_loss(tmp_path):
     recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml",
                          [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=2",
-                          "data.eval_split=0.0", "train.eval_steps=0", "train.max_steps=6", "heads.head_type=hydra",
-                          "heads.teacher_loss=0.5"])
+                          "data.eval_split=0.0", "train.eval_steps=0", "train.max_steps=6",
+                          "heads.head_type=hydra", "heads.teacher_loss=0.5"])
     result = train(recipe)
     loaded = MedusaModel.from_pretrained(result.final_dir)
     assert isinstance(loaded.heads, HydraHeads) and loaded.config.base_model_subdir == "base_model"
     ids = torch.tensor([[1, 403, 407, 261, 378, 29, 261, 269, 363, 260, 365, 267]])  # [1, T]
     result.model.eval()
     with torch.no_grad():
-        want = result.model.heads(result.model.heads.teacher_inputs(result.model(input_ids=ids).hidden_states, ids))
+        trained = result.model.heads
+        want = trained(trained.teacher_inputs(result.model(input_ids=ids).hidden_states, ids))
         got = loaded.heads(loaded.heads.teacher_inputs(loaded(input_ids=ids).hidden_states, ids))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,5 @@
-"""Calibration of Hydra heads: their teacher-forced hit ranks replay the decode loop exactly on the model's own
-greedy replies, and the calibrated tree predicts held-out tokens/step."""
+"""Calibration of Hydra heads: their teacher-forced hit ranks replay the decode loop exactly on the model's
+own greedy replies, and the calibrated tree predicts held-out tokens/step."""
 
 import pytest
 import torch
