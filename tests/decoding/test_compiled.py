@@ -3,7 +3,8 @@ recompilation (one compilation per tree size)."""
 
 import pytest
 import torch
-from test_acceptance import FULL_TREE, _chi2_pvalue, _exact_joint, _sampler_model
+from chi_square import chi2_pvalue, exact_joint
+from test_acceptance import FULL_TREE, _sampler_model
 from test_static import NEW, fitted_llama
 
 from medusa import MedusaTree
@@ -67,5 +68,5 @@ def test_compiled_sample_is_lossless_chi_square():
     x1, x2 = out[:, 4], out[:, 5]
     counts = torch.zeros(64, dtype=torch.float64).index_add_(0, x1 * 8 + x2,
                                                              torch.ones(n, dtype=torch.float64))
-    expected = _exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
-    assert _chi2_pvalue(counts, expected) > 1e-3
+    expected = exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
+    assert chi2_pvalue(counts, expected) > 1e-3

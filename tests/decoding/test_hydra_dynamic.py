@@ -87,6 +87,16 @@ def test_dynamic_tree_refuses_logits_processors(medusa):
         medusa.generate(ids, max_new_tokens=4, tree="dynamic", repetition_penalty=1.2)
 
 
+def test_static_cache_path_refuses_hydra_heads_and_dynamic_trees(medusa, hydra):
+    ids = torch.tensor([[1, 20, 30]])
+    with pytest.raises(MedusaError, match="hydra heads and tree='dynamic' use the default"):
+        hydra.generate(ids, max_new_tokens=4, cache_implementation="static")
+    with pytest.raises(MedusaError, match="hydra heads and tree='dynamic' use the default"):
+        medusa.generate(ids, max_new_tokens=4, tree="dynamic:8", cache_implementation="static")
+    with pytest.raises(MedusaError, match="'dynamic' or 'dynamic:N'"):
+        medusa.generate(ids, max_new_tokens=4, tree="dynamic:many")
+
+
 V = 8
 FULL_TREE = [[r] for r in range(V)] + [[0, r] for r in range(V)] + [[1, 0], [1, 1], [0, 0, 0]]
 PARTIAL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
