@@ -7,6 +7,9 @@
 ``python -m medusa.eval.training throughput [RECIPE] [--steps 30] [key=value ...]``
     Training tokens/s of the recipe's MEDUSA-1 step (backbone forward without autograd + chunked head
     loss forward/backward + AdamW) vs a loop that only runs the backbone forward, on the same batches.
+``python -m medusa.eval.training heads-size [--hidden 4096 --vocab 128256 --heads 5 --draft-vocab 32768]``
+    Parameters of the heads with the full vocabulary and with a draft vocabulary (built on the meta device:
+    nothing is allocated).
 """
 
 from __future__ import annotations
@@ -124,6 +127,20 @@ def measure_throughput(args: argparse.Namespace) -> dict:
     return result
 
 
+def heads_size(args: argparse.Namespace) -> dict:
+    """Head parameters, full vocabulary vs ``--draft-vocab``, and their ratio (meta tensors, no memory)."""
+    from medusa.modeling.heads import MedusaHeads
+
+    with torch.device("meta"):
+        sizes = {name: sum(p.numel() for p in MedusaHeads(args.hidden, args.vocab, args.heads, args.layers,
+                                                          "linear", draft_vocab=n).parameters())
+                 for name, n in (("full", 0), ("draft", args.draft_vocab))}
+    result = {**vars(args), "full_parameters": sizes["full"], "draft_parameters": sizes["draft"],
+              "ratio": sizes["full"] / sizes["draft"]}
+    print(json.dumps(result))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "_memory_child":
@@ -145,11 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     thr.add_argument("recipe", nargs="?", default="recipes/tiny/medusa1.yaml")
     thr.add_argument("overrides", nargs="*")
     thr.add_argument("--steps", type=int, default=30)
+    size = sub.add_parser("heads-size")
+    size.add_argument("--hidden", type=int, default=4096)
+    size.add_argument("--vocab", type=int, default=128_256)
+    size.add_argument("--heads", type=int, default=5)
+    size.add_argument("--layers", type=int, default=1)
+    size.add_argument("--draft-vocab", type=int, default=32_768)
     args = parser.parse_args(argv)
-    if args.what == "memory":
-        measure_memory(args)
-    else:
-        measure_throughput(args)
+    {"memory": measure_memory, "throughput": measure_throughput, "heads-size": heads_size}[args.what](args)
     return 0
 
 
