@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -252,11 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
     parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
-    parser.add_argument("--set", action="append", default=[], metavar="key=value",
-                        help="MEDUSA-1 recipe override (repeatable)")
-    parser.add_argument("--debug", action="store_true")
-    parser.add_argument("--no-progress", action="store_true")
+    S.add_common_arguments(parser)
     args = parser.parse_args(argv)
     s = Settings(out=args.out, shared=args.shared, cache=args.cache, device=args.device,
                  per_category=args.per_category, max_new_tokens=args.max_new_tokens, nodes=args.nodes,
@@ -266,16 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  progress=not args.no_progress)
     if args.all_prompts:
         s.sharegpt_prompts, s.alpaca_prompts, s.per_category = None, 5000 - s.calib_prompts, None
-    try:
-        summary = run(s)
-    except MedusaError as exc:
-        if args.debug or os.environ.get("MEDUSA_DEBUG") == "1":
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_summary(summary))
-    print(f"summary: {Path(s.out) / 'summary.json'}")
-    return 0
+    return S.run_main(run, s, format_summary, f"summary: {Path(s.out) / 'summary.json'}", args.debug)
 
 
 if __name__ == "__main__":

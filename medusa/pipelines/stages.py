@@ -188,6 +188,34 @@ def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str 
     return {**{k: report[k] for k in keys}, **optional, "files": [str(f) for f in files]}
 
 
-__all__ = ["StageError", "bench_stage", "calibrate_stage", "concat_jsonl",
-           "distill", "distill_chat", "export_stage", "marker_path", "run_stage",
+def add_common_arguments(parser: Any) -> None:
+    """The flags every benchmark pipeline takes: --medusa2, --set, --debug, --no-progress."""
+    parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
+    parser.add_argument("--set", action="append", default=[], metavar="key=value",
+                        help="MEDUSA-1 recipe override (repeatable), e.g. --set train.epochs=1")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_main(run: Callable[[Any], dict[str, Any]], settings: Any, describe: Callable[[dict[str, Any]], str],
+             footer: str, debug: bool) -> int:
+    """A benchmark's ``main``: run it, print its summary and ``footer``; a user error is one ``error:`` line
+    and exit status 2 (the traceback with ``--debug`` or MEDUSA_DEBUG=1)."""
+    import os
+    import sys
+
+    try:
+        summary = run(settings)
+    except MedusaError as exc:
+        if debug or os.environ.get("MEDUSA_DEBUG") == "1":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(summary))
+    print(footer)
+    return 0
+
+
+__all__ = ["StageError", "add_common_arguments", "bench_stage", "calibrate_stage", "concat_jsonl",
+           "distill", "distill_chat", "export_stage", "marker_path", "run_main", "run_stage",
            "train_recipe", "write_jsonl"]

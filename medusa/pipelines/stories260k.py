@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -316,26 +315,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="torch threads while timing (calibration, bench; default 1: "
                              "stories260K is tiny)")
     parser.add_argument("--samples", type=int, default=Settings.samples)
-    parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
-    parser.add_argument("--set", action="append", default=[], metavar="key=value",
-                        help="MEDUSA-1 recipe override (repeatable), e.g. --set train.epochs=1")
-    parser.add_argument("--debug", action="store_true")
-    parser.add_argument("--no-progress", action="store_true")
+    S.add_common_arguments(parser)
     args = parser.parse_args(argv)
     s = Settings(out=args.out, shared=args.shared, nodes=args.nodes, max_new_tokens=args.max_new_tokens,
                  repeats=args.repeats, threads=args.threads, timing_threads=args.timing_threads,
                  samples=args.samples, medusa2=args.medusa2,
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
-    try:
-        summary = run(s)
-    except MedusaError as exc:
-        if args.debug or os.environ.get("MEDUSA_DEBUG") == "1":
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_summary(summary))
-    print(f"report: {Path(s.out) / 'report.json'}; summary: {Path(s.out) / 'summary.json'}")
-    return 0
+    footer = f"report: {Path(s.out) / 'report.json'}; summary: {Path(s.out) / 'summary.json'}"
+    return S.run_main(run, s, format_summary, footer, args.debug)
 
 
 if __name__ == "__main__":
