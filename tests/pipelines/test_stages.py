@@ -2,11 +2,11 @@
 
 import json
 
-from tiny_models import STORIES, require_shared
-
 from medusa import MedusaModel
 from medusa.modeling.config import TREE_NAME
 from medusa.pipelines.stages import calibrate_stage
+
+from tiny_models import STORIES, require_shared
 
 
 def test_calibrate_stage_in_place_keeps_subdirectories(tmp_path):
