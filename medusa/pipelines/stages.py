@@ -153,7 +153,7 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
     tree = calibrate(model, examples, nodes=nodes if nodes == "auto" else int(nodes), data_name=str(data),
                      progress=progress)
     with atomic_directory(final_dir) as tmp:
-        for item in Path(heads_dir).iterdir():  # everything, the merged backbone of MEDUSA-2 (base_model/) too
+        for item in Path(heads_dir).iterdir():  # everything, MEDUSA-2's merged base_model/ too
             if item.is_dir():
                 shutil.copytree(item, tmp / item.name)
             elif item.name != TREE_NAME:

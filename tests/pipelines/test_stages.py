@@ -16,7 +16,7 @@ def test_calibrate_stage_in_place_keeps_subdirectories(tmp_path):
     (heads / "base_model").mkdir()  # what a MEDUSA-2 checkpoint holds beside the heads
     (heads / "base_model" / "marker.txt").write_text("merged backbone")
     data = tmp_path / "calib.jsonl"
-    rows = [{"prompt": "Once upon a time", "completion": " there was a little girl named Lily. She liked"}] * 3
+    rows = [{"prompt": "Once upon a time", "completion": " there was a girl named Lily. She liked"}] * 3
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = calibrate_stage(heads, heads, data, nodes=4, progress=False)
     assert result["nodes"] == 4 and (heads / TREE_NAME).is_file()
