@@ -15,7 +15,13 @@ import torch
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
 from medusa.decoding.candidates import DecodeTree
 from medusa.decoding.dynamic_tree import DynamicTree, resolve_dynamic
-from medusa.decoding.kv_cache import check_supported, compact_cache, new_cache
+from medusa.decoding.kv_cache import (
+    check_supported,
+    compact_cache,
+    new_cache,
+    prompt_position_ids,
+    tree_mask_buffer,
+)
 from medusa.decoding.processors import (
     Generation,
     apply_processors,
@@ -56,11 +62,12 @@ def _default_tree(model: Any) -> Any:
     return cache[model.num_heads]
 
 
-def sampling_defaults(model: Any, top_k: int | None, top_p: float | None) -> tuple[int | None, float | None]:
-    """Unset top_k / top_p resolve as HF ``generate`` resolves them: the model's generation_config, then HF's
-    global defaults (top_k 50, top_p 1.0). Pass ``top_k=0`` to turn top-k filtering off."""
-    cfg = merged_config(model.base_model, None, {"top_k": top_k, "top_p": top_p})
-    return cfg.top_k, cfg.top_p
+def sampling_defaults(model: Any, temperature: float | None, top_k: int | None, top_p: float | None
+                      ) -> tuple[float, int | None, float | None]:
+    """Unset temperature / top_k / top_p resolve as HF ``generate`` resolves them: the model's
+    generation_config, then HF's global defaults (1.0, 50, 1.0). Pass ``top_k=0`` to turn top-k off."""
+    cfg = merged_config(model.base_model, None, {"temperature": temperature, "top_k": top_k, "top_p": top_p})
+    return cfg.temperature, cfg.top_k, cfg.top_p
 
 
 @dataclass
@@ -80,8 +87,7 @@ class _Run:
     done: list[bool] = field(default_factory=list)
 
 
-def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                     acceptance: str,
+def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | None, acceptance: str,
                      max_new_tokens: int, tree: Any, streamer: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Validate the call; returns the tree, the prompt ``[B, P]`` and its mask ``[B, P]`` on model.device."""
     if acceptance not in ACCEPTANCE:
@@ -97,8 +103,8 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, attention_mask: torch.
     if streamer is not None and input_ids.shape[0] != 1:
         raise MedusaError(f"streamers need batch size 1, got {input_ids.shape[0]}")
     input_ids = input_ids.to(model.device)
-    mask2d = (torch.ones_like(input_ids) if attention_mask is None
-              else attention_mask.to(model.device)).long()
+    mask2d = (torch.ones_like(input_ids) if mask is None
+              else mask.to(model.device)).long()
     if input_ids.shape[0] > 1 and bool((mask2d[:, -1] == 0).any()):
         raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
     return tree, input_ids, mask2d
@@ -324,20 +330,15 @@ def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: Decod
             capacity: int | None = None) -> DecodeState:
     """Run the prompt (left-padded ``[B, P]``) like HF generate does; pick the root with ``choose_root``
     (last logits ``[B, V]`` -> ``[B]``; default argmax); keep the last hidden state for the heads."""
-    b, p = input_ids.shape
-    device = input_ids.device
-    dtype = dt.dtype
+    p = input_ids.shape[1]
     cache = new_cache()
-    position_ids = mask2d.cumsum(-1) - 1  # [B, P], as HF generate builds them for left padding
-    position_ids.masked_fill_(mask2d == 0, 1)
-    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=position_ids, past_key_values=cache,
-                use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=False)
+    last_position = torch.tensor([p - 1], device=input_ids.device)
+    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=prompt_position_ids(mask2d),
+                past_key_values=cache, use_cache=True, positions=last_position, compute_heads=False)
     last = out.logits[:, -1]  # [B, V]
     root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
-    neg = torch.finfo(dtype).min
     capacity = max(capacity or 0, p + 2 * dt.num_nodes)
-    mask = torch.full((b, 1, dt.num_nodes, capacity), neg, dtype=dtype, device=device)  # [B, 1, N, cap]
-    mask[:, 0, :, :p] = torch.where(mask2d.bool(), 0.0, neg).to(dtype).unsqueeze(1)
+    mask = tree_mask_buffer(mask2d, dt.num_nodes, capacity, dt.dtype)  # [B, 1, N, capacity]
     return DecodeState(dt, cache, mask, p, mask2d.sum(-1), root, out.hidden_states[:, -1])
 
 

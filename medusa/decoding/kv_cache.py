@@ -17,6 +17,22 @@ def new_cache() -> Any:
     return DynamicCache()
 
 
+def prompt_position_ids(mask2d: torch.Tensor) -> torch.Tensor:
+    """``[B, P]`` position ids of a left-padded prompt (``mask2d [B, P]``), as HF generate builds them."""
+    position_ids = mask2d.cumsum(-1) - 1
+    return position_ids.masked_fill_(mask2d == 0, 1)
+
+
+def tree_mask_buffer(mask2d: torch.Tensor, num_nodes: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """The decode loop's float mask ``[B, 1, N, capacity]``: the prompt's columns 0 (real token) or dtype-min
+    (left padding), every later column dtype-min until a step writes it."""
+    b, p = mask2d.shape
+    neg = torch.finfo(dtype).min
+    mask = torch.full((b, 1, num_nodes, capacity), neg, dtype=dtype, device=mask2d.device)
+    mask[:, 0, :, :p] = torch.where(mask2d.bool(), 0.0, neg).to(dtype).unsqueeze(1)
+    return mask
+
+
 def check_supported(model: torch.nn.Module, total_length: int) -> None:
     """Raise :class:`MedusaError` when the model's attention cannot verify a tree with a 4-D float mask."""
     inner = unwrap(model)

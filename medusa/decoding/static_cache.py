@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from medusa.decoding.candidates import DecodeTree, propose
+from medusa.decoding.kv_cache import prompt_position_ids, tree_mask_buffer
 from medusa.errors import MedusaError
 from medusa.modeling.base import text_config, unwrap
 
@@ -82,21 +83,17 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt
     max_len = capacity or cache_bucket(p + 2 * dt.num_nodes)
     cache = new_static_cache(model, max_len)
     neg = torch.finfo(dtype).min
-    position_ids = mask2d.cumsum(-1) - 1  # [B, P]
-    position_ids.masked_fill_(mask2d == 0, 1)
     causal = torch.ones(p, max_len, dtype=torch.bool, device=device).tril()  # [P, L]: key j <= query i
-    keep = causal.view(1, 1, p, max_len) & torch.nn.functional.pad(mask2d.bool(),
-                                                                   (0, max_len - p)).view(b, 1, 1,
-                                                                                                          max_len)
+    real = torch.nn.functional.pad(mask2d.bool(), (0, max_len - p))  # [B, L]: the prompt's real tokens
+    keep = causal.view(1, 1, p, max_len) & real.view(b, 1, 1, max_len)
     prompt_mask = torch.where(keep, 0.0, neg).to(dtype)  # [B, 1, P, L]
-    out = model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True, positions=torch.tensor([p - 1], device=device), compute_heads=True)
+    out = model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=prompt_position_ids(mask2d),
+                past_key_values=cache, use_cache=True, positions=torch.tensor([p - 1], device=device),
+                compute_heads=True)
     last = out.logits[:, -1]  # [B, V]
     root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
     head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
-    mask = torch.full((b, 1, dt.num_nodes, max_len), neg, dtype=dtype, device=device)  # [B, 1, N, L]
-    mask[:, 0, :, :p] = torch.where(mask2d.bool(), 0.0, neg).to(dtype).unsqueeze(1)
+    mask = tree_mask_buffer(mask2d, dt.num_nodes, max_len, dtype)  # [B, 1, N, L]
     past = torch.tensor(p, dtype=torch.long, device=device)
     arange_n = torch.arange(dt.num_nodes, device=device)
     for t in (mask, past):  # mutated inside the compiled step: fixed addresses (CUDA graphs need them)

@@ -87,17 +87,15 @@ def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str,
                top_k: int | None, top_p: float | None, tree: Any, ignore_eos: bool, seed: int,
                prompt_lookup_num_tokens: int, assistant_model: Any = None,
                assistant_tokenizer: Any = None) -> BenchSetup:
-    """HF generation configs matching MEDUSA's decoding parameters (unset top_k / top_p resolve as
-    ``medusa_generate`` and HF resolve them) and the state the runners share."""
+    """HF generation configs matching MEDUSA's decoding parameters (unset temperature / top_k / top_p
+    resolve as ``medusa_generate`` and HF resolve them) and the state the runners share."""
     from medusa.decoding.generate import sampling_defaults
 
     base = model.base_model
     pad = _pad_id(base, tokenizer)
     hf_sampling: dict[str, Any] = {}
     if acceptance != "greedy":
-        if temperature is None:  # unset: the model's generation_config, as HF resolves it
-            temperature = getattr(getattr(base, "generation_config", None), "temperature", None) or 1.0
-        k, p = sampling_defaults(model, top_k, top_p)
+        temperature, k, p = sampling_defaults(model, temperature, top_k, top_p)  # unset: as HF resolves them
         hf_sampling = {"temperature": temperature, "top_k": k, "top_p": 1.0 if p is None else p}
     return BenchSetup(
         model=model, tokenizer=tokenizer, max_new_tokens=max_new_tokens, acceptance=acceptance,
