@@ -11,8 +11,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # (accelerate launches, servers) from oversubscribing the 2 cores CI has.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))  # tests/helpers: shared test code
+
+
+@pytest.fixture
+def tiny_recipe_env(monkeypatch):
+    """For tests that run the tiny recipes on stories260K: the model must be present, paths in the recipes
+    are relative to the repository root, and the tiny model is fastest on one torch thread."""
+    from tiny_models import STORIES, require_shared
+
+    require_shared(STORIES)
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

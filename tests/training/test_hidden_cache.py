@@ -13,20 +13,14 @@ from medusa.errors import ConfigError, MedusaError
 from medusa.training import setup as S
 from medusa.training.loop import train
 
-from tiny_models import STORIES, require_shared, stories_model, tiny_model
+from tiny_models import stories_model, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    require_shared(STORIES)
-    monkeypatch.chdir(ROOT)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# stories260K present, run from the repository root (recipe paths), one torch thread (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("tiny_recipe_env")
 
 
 def _recipe(out, *overrides):

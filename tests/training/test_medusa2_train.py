@@ -17,21 +17,15 @@ from medusa.modeling.model import MedusaModel
 from medusa.training.loop import train
 from medusa.training.medusa2 import check_recipe
 
-from tiny_models import STORIES, require_module, require_shared, stories_model
+from tiny_models import require_module, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny"
 IDS = torch.tensor([[1, 403, 407, 261, 378, 29, 261, 269, 363, 260, 365, 267]])  # [1, T]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
-    require_shared(STORIES)
-    monkeypatch.chdir(ROOT)  # the recipes' paths are relative to the repository root
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# stories260K present, run from the repository root (recipe paths), one torch thread (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("tiny_recipe_env")
 
 
 def _recipe(name, tmp_path, *overrides):
