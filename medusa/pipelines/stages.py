@@ -87,7 +87,7 @@ def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_token
             num_samples: int = 1, batch_size: int = 64, seed: int = 0, progress: bool = True,
             model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Completion-mode self-distillation with the local backend (``{"prompt", "completion"}`` rows)."""
-    from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+    from medusa.selfdistill import Sampling, SelfDistillConfig
 
     cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="completion",
                             prompt_format="prompt",
@@ -95,28 +95,31 @@ def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_token
                                               max_new_tokens=max_new_tokens, seed=seed),
                             num_samples=num_samples, batch_size=batch_size, on_length="keep",
                             progress=progress)
-    s = self_distill(cfg, model=model, tokenizer=tokenizer)
-    if s["written"] + s["already_done"] == 0:
-        raise MedusaError(f"{out}: self-distillation wrote no rows (see {s['errors_file']})")
-    return {k: s[k] for k in ("out", "prompts", "written", "already_done", "errors", "completion_tokens",
-                              "tokens_per_s") if k in s}
+    return _self_distill(cfg, model, tokenizer)
 
 
 def distill_chat(model_path: str, prompts: str | Path, out: str | Path, max_new_tokens: int,
                  prompt_format: str = "auto", limit: int | None = None, batch_size: int = 32,
                  device: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Replay-mode self-distillation, greedy, through the model's chat template: the model answers each
-    conversation's first user turn (``{"conversations": [...]}`` rows); a reply cut at the budget is kept."""
-    from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+    conversation's first user turn (``{"messages": [...]}`` rows); a reply cut at the budget is kept."""
+    from medusa.selfdistill import Sampling, SelfDistillConfig
 
     cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="replay",
                             prompt_format=prompt_format, limit=limit, turns=1,
                             sampling=Sampling(temperature=0.0, top_p=1.0,
                                               max_new_tokens=max_new_tokens, seed=0),
                             batch_size=batch_size, device=device, on_length="keep", progress=progress)
-    s = self_distill(cfg)
+    return _self_distill(cfg)
+
+
+def _self_distill(cfg: Any, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Run a self-distillation config; an output with no row at all is a stage error."""
+    from medusa.selfdistill import self_distill
+
+    s = self_distill(cfg, model=model, tokenizer=tokenizer)
     if s["written"] + s["already_done"] == 0:
-        raise MedusaError(f"{out}: self-distillation wrote no rows (see {s['errors_file']})")
+        raise MedusaError(f"{cfg.out}: self-distillation wrote no rows (see {s['errors_file']})")
     return {k: s[k] for k in ("out", "prompts", "written", "already_done", "errors", "completion_tokens",
                               "tokens_per_s") if k in s}
 
