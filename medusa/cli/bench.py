@@ -71,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--tree", default=None,
                    help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
-                        "under the heads (default: the checkpoint's tree, else built-in)")
+                        "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
+                        "the heads' raw probabilities) (default: the checkpoint's tree, else built-in)")
     p.add_argument("--nodes", type=int, default=None, help="nodes of the dynamic tree (default 32)")
     p.add_argument("--assistant-model", default=None,
                    help="also measure HF assisted generation with this draft model (speculative decoding)")

@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--posterior-alpha", type=float, default=0.3, help="typical acceptance delta")
     p.add_argument("--tree", default=None,
                    help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
-                        "under the heads (default: the checkpoint's tree, else built-in)")
+                        "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
+                        "the heads' raw probabilities) (default: the checkpoint's tree, else built-in)")
     p.add_argument("--nodes", type=int, default=None, help="nodes of the dynamic tree (default 32)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--seed", type=int, default=None)

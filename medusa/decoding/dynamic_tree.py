@@ -2,7 +2,12 @@
 
 A node's path probability is the product of the heads' own softmax probabilities of the tokens on its path
 (MEDUSA heads: head d's distribution at the root position; Hydra heads: head d's distribution given the
-path's tokens). The tree is grown level by level as EAGLE-2 grows it: level d's candidates are the top
+path's tokens). A calibrated checkpoint (``tree.json`` from ``medusa calibrate``) carries a ``path_score``:
+each factor becomes the fitted probability that verification accepts the token given its path
+(:mod:`medusa.tree.path_score`), which ranks nodes of different depths against each other better than raw
+head probabilities; ``DynamicTree(calibrated=False)`` / ``--tree dynamic-raw`` keep the raw product.
+
+The tree is grown level by level as EAGLE-2 grows it: level d's candidates are the top
 ``branch`` children of each of the ``width`` best level-(d-1) candidates; all candidates of all levels
 are pooled and the best ``N - 1`` are kept with the root. A child's log-probability is its parent's plus a
 log-probability <= 0 (and a ``1e-6`` per-depth tie-break), so the kept set is prefix-closed; with
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 
 from medusa.errors import MedusaError
+from medusa.tree.path_score import score_log_probs
 
 # (d, paths [B, W, d] tokens root first) -> (log-probs [B, W, c], tokens [B, W, c]) of head d's top-c
 ChildrenFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -34,12 +40,17 @@ TIE_BREAK = 1e-6
 class DynamicTree:
     """``tree="dynamic"``: every step, each row's tree of the ``num_nodes`` nodes (root included) of highest
     path probability, ``depth`` levels deep (default: one per head). ``branch``: children proposed under
-    each expanded node (default ``num_nodes - 1``, which makes the tree exactly the best N nodes)."""
+    each expanded node (default ``num_nodes - 1``, which makes the tree exactly the best N nodes).
+    ``calibrated``: score paths with the checkpoint's fitted ``path_score`` when it has one (``score``, set
+    by :func:`resolve_dynamic`); False: the raw product of head probabilities."""
 
     num_nodes: int = 32
     depth: int | None = None
     branch: int | None = None
     dtype: torch.dtype = torch.float32
+    calibrated: bool = True
+    # medusa.tree.path_score.fit_path_score's record, or None: raw (not part of equality / hash)
+    score: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.num_nodes < 2:
@@ -51,9 +62,10 @@ class DynamicTree:
 
 def tree_option(tree: str | None, nodes: int | None = None) -> Any:
     """The CLI's ``--tree`` / ``--nodes``: None (the checkpoint's tree), ``dynamic`` (a :class:`DynamicTree`
-    of ``nodes`` nodes, default 32) or a tree.json path."""
-    if tree == "dynamic":
-        return DynamicTree(nodes if nodes is not None else 32)
+    of ``nodes`` nodes, default 32, calibrated path score when the checkpoint has one), ``dynamic-raw``
+    (raw head probabilities) or a tree.json path."""
+    if tree in ("dynamic", "dynamic-raw"):
+        return DynamicTree(nodes if nodes is not None else 32, calibrated=tree == "dynamic")
     if nodes is not None:
         raise MedusaError("--nodes applies to --tree dynamic only (a tree.json fixes its own size)")
     if tree is None:
@@ -63,9 +75,11 @@ def tree_option(tree: str | None, nodes: int | None = None) -> Any:
     return MedusaTree.from_json(tree)
 
 
-def resolve_dynamic(tree: object, num_heads: int, default_nodes: int = 32) -> DynamicTree | None:
+def resolve_dynamic(tree: object, num_heads: int, checkpoint_tree: Any = None,
+                    default_nodes: int = 32) -> DynamicTree | None:
     """``"dynamic"``, ``"dynamic:N"`` or a :class:`DynamicTree` -> a DynamicTree with its depth resolved
-    (all heads); anything else -> None (a static tree)."""
+    (all heads) and, when ``calibrated``, the ``path_score`` of ``checkpoint_tree``'s calibration record
+    (the model's calibrated ``MedusaTree``); anything else -> None (a static tree)."""
     if isinstance(tree, str):
         size = str(default_nodes) if tree == "dynamic" else ""
         if tree.startswith("dynamic:"):
@@ -76,7 +90,22 @@ def resolve_dynamic(tree: object, num_heads: int, default_nodes: int = 32) -> Dy
         tree = DynamicTree(int(size))
     if not isinstance(tree, DynamicTree):
         return None
-    return tree if tree.depth is not None else dataclasses.replace(tree, depth=num_heads)
+    if tree.depth is None:
+        tree = dataclasses.replace(tree, depth=num_heads)
+    record = getattr(checkpoint_tree, "calibration", None) or {}
+    if tree.calibrated and tree.score is None and record.get("path_score"):
+        tree = dataclasses.replace(tree, score=record["path_score"])
+    return tree
+
+
+def tree_kind(tree: object, checkpoint_tree: Any = None) -> str:
+    """How a benchmark report names ``tree``: ``static``, ``dynamic (calibrated path score)`` or ``dynamic
+    (raw head probabilities)`` (``checkpoint_tree``: the model's calibrated tree, whose record holds the
+    score)."""
+    dynamic = resolve_dynamic(tree, 1, checkpoint_tree)
+    if dynamic is None:
+        return "static"
+    return f"dynamic ({'calibrated path score' if dynamic.score else 'raw head probabilities'})"
 
 
 @dataclass
@@ -140,6 +169,19 @@ def hydra_children(heads: torch.nn.Module, hidden: torch.Tensor, branch: int) ->
     return children
 
 
+def scored(children: ChildrenFn, score: dict[str, Any] | None) -> ChildrenFn:
+    """``children`` with each log-probability turned into the calibrated score increment of its depth
+    (:func:`medusa.tree.path_score.score_log_probs`; the identity without a ``score``)."""
+    if score is None:
+        return children
+
+    def calibrated(d: int, paths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp, tokens = children(d, paths)  # [B, W, c]
+        return score_log_probs(logp.float(), d, score), tokens
+
+    return calibrated
+
+
 def _grow(root: torch.Tensor, children: ChildrenFn, depth: int, width: int, branch: int
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """Candidate pool over all levels: ``(score [B, P], token [B, P], parent [B, P], level_sizes)``.
@@ -172,16 +214,18 @@ def _grow(root: torch.Tensor, children: ChildrenFn, depth: int, width: int, bran
 
 
 def build_step_tree(root: torch.Tensor, children: ChildrenFn, num_nodes: int, depth: int, dtype: torch.dtype,
-                    branch: int, width: int | None = None) -> StepTree:
+                    branch: int, width: int | None = None, path_score: dict[str, Any] | None = None
+                    ) -> StepTree:
     """Each row's tree of the ``num_nodes`` nodes (root included) of highest path probability.
 
     ``root [B]``; ``children`` proposes head d's top-``branch`` (log-prob, token) under each frontier path;
-    ``width`` frontier paths are expanded per level (default ``num_nodes - 1``).
+    ``width`` frontier paths are expanded per level (default ``num_nodes - 1``); ``path_score``: the
+    calibrated score (:attr:`DynamicTree.score`), or None for the raw log-probabilities.
     """
     b, n = root.shape[0], num_nodes
     device = root.device
     width = n - 1 if width is None else width
-    score, token, parent, sizes = _grow(root, children, depth, width, branch)  # [B, P]
+    score, token, parent, sizes = _grow(root, scored(children, path_score), depth, width, branch)  # [B, P]
     level = torch.cat([torch.full((s,), d, dtype=torch.long, device=device)
                        for d, s in enumerate(sizes, start=1)])  # [P] depth of each pool entry
     if score.shape[1] < n - 1:
@@ -222,4 +266,4 @@ def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
 
 
 __all__ = ["DynamicTree", "StepTree", "build_step_tree", "hydra_children", "is_per_row", "medusa_children",
-           "resolve_dynamic", "rows_at", "tree_option"]
+           "resolve_dynamic", "rows_at", "tree_kind", "tree_option"]

@@ -96,7 +96,7 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | N
         raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
         raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    tree = resolve_dynamic(tree, model.num_heads) or tree  # "dynamic[:N]" -> DynamicTree
+    tree = resolve_dynamic(tree, model.num_heads, model.tree) or tree  # "dynamic[:N]" -> DynamicTree
     tree = tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model))
     if tree.depth > model.num_heads:
         raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")

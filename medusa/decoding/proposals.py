@@ -36,7 +36,7 @@ def step_candidates(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Te
         else:
             logits = heads(hidden.unsqueeze(1))[:dt.depth, :, 0]  # [D, B, V] (-inf outside a draft vocab)
             children = medusa_children(torch.log_softmax(logits.float(), dim=-1), branch)
-        step = build_step_tree(root, children, dt.num_nodes, dt.depth, dt.dtype, branch)
+        step = build_step_tree(root, children, dt.num_nodes, dt.depth, dt.dtype, branch, path_score=dt.score)
         return step.tokens, step
     if needs_tokens(heads):
         return hydra_propose(heads, root, hidden, dt), dt

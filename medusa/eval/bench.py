@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.dynamic_tree import tree_kind
 from medusa.errors import MedusaError
 from medusa.eval.report import summarize
 from medusa.eval.timing import plain_step_time, timed
@@ -368,6 +369,7 @@ def bench_config(s: BenchSetup, assistant_model: Any, prompt_lookup: bool, looku
         "num_layers": model.config.num_layers,
         "tree_nodes": len(tree) if tree is not None else None,
         "tree_source": "given" if tree is not None else "built-in default",
+        "tree_kind": tree_kind(tree, model.tree),
         "max_new_tokens": s.max_new_tokens,
         "acceptance": s.acceptance,
         "temperature": None if s.acceptance == "greedy" else s.temperature,

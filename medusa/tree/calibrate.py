@@ -37,6 +37,7 @@ from medusa.modeling.draft_vocab import draft_vocab_summary
 from medusa.modeling.hydra import needs_tokens
 from medusa.tree.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.tree.build import build_tree_choices, expected_tokens_per_step
+from medusa.tree.path_score import fit_path_score
 from medusa.tree.tree import MedusaTree
 
 MISS, NO_TARGET = -1, -2
@@ -51,6 +52,7 @@ class HeadStats:
     starts: list[int]  # index of the first labelled token of each example (the first one the model writes)
     topk: int
     num_tokens: int
+    logp: list[torch.Tensor] | None = None  # per example [T_e, D, topk] float16: the heads' top-k log-probs
 
     @property
     def depth(self) -> int:
@@ -75,11 +77,11 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
         raise DataError("no example has labelled (assistant) tokens to calibrate on")
     order = sorted(range(len(usable)), key=lambda i: len(usable[i]["input_ids"]))
     ranks: list[torch.Tensor | None] = [None] * len(usable)
+    logps: list[torch.Tensor | None] = [None] * len(usable)
     device = model.device
     pad = 0
     bar = _progress(len(order), "calibrating", progress)
     model.eval()
-    to_target = getattr(model.heads, "to_target", lambda ids: ids)  # draft ids -> target ids
     for lo in range(0, len(order), batch_size):
         idx = order[lo:lo + batch_size]
         lens = [len(usable[i]["input_ids"]) for i in idx]
@@ -96,30 +98,44 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
         hidden = out.hidden_states  # [B, T, d]
         if needs_tokens(model.heads):  # Hydra: teacher-forced on the true tokens = the accepted path's tokens
             hidden = model.heads.teacher_inputs(hidden, ids.to(device))  # [B, T, d * (K+1)]
-        batch_ranks = torch.full((len(idx), width, depth), NO_TARGET, dtype=torch.int8)  # [B, T, D]
-        for k in range(depth):
-            shift = k + 2
-            if width <= shift:
-                continue
-            target = ids[:, shift:]  # [B, T - shift]: the token head k should propose at t
-            valid = labels[:, shift:] != IGNORE_INDEX  # [B, T - shift]
-            for c0 in range(0, width - shift, chunk):
-                c1 = min(c0 + chunk, width - shift)
-                logits = model.heads.head_logits(k, hidden[:, c0:c1])  # [B, C, V]
-                # top: [B, C, topk]
-                top = to_target(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices).cpu()
-                hit = top == target[:, c0:c1, None]  # [B, C, topk]
-                rank = torch.where(hit.any(-1), hit.int().argmax(-1),
-                                   torch.full_like(hit[..., 0], MISS, dtype=torch.long))
-                rank = torch.where(valid[:, c0:c1], rank, torch.full_like(rank, NO_TARGET))
-                batch_ranks[:, c0:c1, k] = rank.to(torch.int8)
+        batch_ranks, batch_logp = _head_ranks(model, hidden, ids, labels, depth, topk, chunk)
         for row, i in enumerate(idx):
             ranks[i] = batch_ranks[row, :lens[row]].clone()
+            logps[i] = batch_logp[row, :lens[row]].clone()
         bar.update(len(idx))
     bar.close()
     starts = [next(j for j in range(1, len(e["labels"])) if e["labels"][j] != IGNORE_INDEX) for e in usable]
     return HeadStats(ranks=[r for r in ranks if r is not None], starts=starts, topk=topk,
-                     num_tokens=sum(len(e["input_ids"]) for e in usable))
+                     num_tokens=sum(len(e["input_ids"]) for e in usable),
+                     logp=[lp for lp in logps if lp is not None])
+
+
+def _head_ranks(model: Any, hidden: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor, depth: int,
+                topk: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch's hit ranks ``[B, T, D]`` int8 and top-``topk`` log-probabilities ``[B, T, D, topk]``
+    float16 (-inf where a draft vocabulary has fewer tokens) from the heads' inputs ``hidden [B, T, .]``."""
+    to_target = getattr(model.heads, "to_target", lambda t: t)  # draft ids -> target ids
+    b, width = ids.shape
+    batch_ranks = torch.full((b, width, depth), NO_TARGET, dtype=torch.int8)  # [B, T, D]
+    batch_logp = torch.full((b, width, depth, topk), float("-inf"), dtype=torch.float16)
+    for k in range(depth):
+        shift = k + 2
+        if width <= shift:
+            continue
+        target = ids[:, shift:]  # [B, T - shift]: the token head k should propose at t
+        valid = labels[:, shift:] != IGNORE_INDEX  # [B, T - shift]
+        for c0 in range(0, width - shift, chunk):
+            c1 = min(c0 + chunk, width - shift)
+            logits = model.heads.head_logits(k, hidden[:, c0:c1])  # [B, C, V]
+            best = torch.log_softmax(logits.float(), dim=-1).topk(min(topk, logits.shape[-1]), dim=-1)
+            batch_logp[:, c0:c1, k, :best.values.shape[-1]] = best.values.cpu().half()  # [B, C, topk]
+            top = to_target(best.indices).cpu()  # [B, C, topk] target ids
+            hit = top == target[:, c0:c1, None]  # [B, C, topk]
+            rank = torch.where(hit.any(-1), hit.int().argmax(-1),
+                               torch.full_like(hit[..., 0], MISS, dtype=torch.long))
+            rank = torch.where(valid[:, c0:c1], rank, torch.full_like(rank, NO_TARGET))
+            batch_ranks[:, c0:c1, k] = rank.to(torch.int8)
+    return batch_ranks, batch_logp
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
@@ -246,6 +262,8 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
         choices = build_choices(stats, tables, counts, total, nodes, method)
     record = calibration_record(choices, stats, tables, counts, total, method, data_name)
     record["auto"] = timing
+    if stats.logp is not None:  # the dynamic tree's calibrated path score (medusa.tree.path_score)
+        record["path_score"] = fit_path_score(stats.logp, stats.ranks)
     labels = torch.tensor([t for e in examples for t in e["labels"]], dtype=torch.long)
     record.update(draft_vocab_summary(model.heads, labels))  # share of target tokens the draft covers
     return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)

@@ -1,0 +1,95 @@
+"""The dynamic tree's path score, calibrated on held-out data.
+
+A dynamic tree keeps, per step, the N nodes of highest path score (:mod:`medusa.decoding.dynamic_tree`).
+With the heads' raw log-probabilities the score is the log of a product of head probabilities: an
+independence assumption, and head probabilities that are not acceptance probabilities. What the tree
+should rank by is the chance that greedy verification accepts the node: the product, along the path, of
+``P(the depth-d token is right | the tokens before it on the path are right)``.
+
+:func:`fit_path_score` fits that conditional probability per depth as ``sigmoid(w_d * log p + b_d)`` of
+the head's own log-probability ``log p`` of the token (logistic regression, two numbers per depth), on the
+calibration positions where every shallower head had the true token in its top-k (so the path to the
+node exists and is the true prefix). A node's score is then ``sum_d log sigmoid(w_d * log p_d + b_d)``:
+still strictly decreasing along a path (so the top-N set stays prefix-closed) and, with ``w_d > 0``,
+monotone in ``p`` within a depth (so the heads' top-k are still the candidates).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+MIN_POSITIONS = 32  # fewer calibration positions at a depth: keep the raw score there (w = 1, b = 0)
+
+
+def depth_samples(logp: Sequence[torch.Tensor], ranks: Sequence[torch.Tensor], depth: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training pairs for depth ``depth`` (0-based): every top-k token's log-probability ``x [M]`` and
+    whether it is the true token ``y [M]`` (0/1), at positions where heads ``0..depth-1`` all hit.
+
+    ``logp[e]: [T, D, k]`` the heads' top-k log-probabilities (descending); ``ranks[e]: [T, D]`` the rank of
+    the true token among them (-1: not there, -2: no target)."""
+    xs, ys = [], []
+    for lp, rk in zip(logp, ranks):
+        rk = rk.long()
+        ok = (rk[:, :depth] >= 0).all(-1) & (rk[:, depth] != -2)  # [T]
+        k = lp.shape[-1]
+        xs.append(lp[ok, depth].float().reshape(-1))  # [T' * k]
+        hit = rk[ok, depth].view(-1, 1) == torch.arange(k).view(1, k)  # [T', k]
+        ys.append(hit.float().reshape(-1))
+    x, y = torch.cat(xs), torch.cat(ys)
+    keep = torch.isfinite(x)  # a draft vocabulary smaller than k pads with -inf
+    return x[keep], y[keep]
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 100) -> tuple[float, float]:
+    """``(w, b)`` minimising the logistic loss of ``sigmoid(w * x + b)`` against ``y`` (``x, y: [M]``)."""
+    w = torch.ones((), dtype=torch.float64, requires_grad=True)
+    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    x64, y64 = x.double(), y.double()
+    opt = torch.optim.LBFGS([w, b], max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(w * x64 + b, y64)
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    return float(w.detach()), float(b.detach())
+
+
+def fit_path_score(logp: Sequence[torch.Tensor], ranks: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """Per depth ``d``: ``weight[d]``, ``bias[d]`` of ``P(right | path right) = sigmoid(w log p + b)`` and the
+    number of positions it was fitted on. A depth with fewer than :data:`MIN_POSITIONS` positions, or whose
+    fit is not increasing in ``p`` (``w <= 0``), is listed in ``raw`` and scored by ``log p`` itself (its
+    weight / bias entries are placeholders)."""
+    depth = ranks[0].shape[1] if ranks else 0
+    weight, bias, positions, raw = [], [], [], []
+    for d in range(depth):
+        x, y = depth_samples(logp, ranks, d)
+        k = logp[0].shape[-1]
+        positions.append(int(x.numel() // max(k, 1)))
+        w, b = fit_logistic(x, y) if positions[-1] >= MIN_POSITIONS and 0 < y.sum() < y.numel() else (0., 0.)
+        if not (math.isfinite(w) and math.isfinite(b)) or w <= 0:
+            raw.append(d)
+            w, b = 1.0, 0.0
+        weight.append(w)
+        bias.append(b)
+    return {"weight": weight, "bias": bias, "positions": positions, "raw": raw}
+
+
+def score_log_probs(logp: torch.Tensor, depth: int, score: dict[str, Any] | None) -> torch.Tensor:
+    """A node's score increment at ``depth`` (1-based) from the head's log-probability ``logp [...]``:
+    ``log sigmoid(w log p + b)``, or ``logp`` itself without a calibration (or at a ``raw`` depth)."""
+    d = depth - 1
+    if score is None or d >= len(score["weight"]) or d in score.get("raw", ()):
+        return logp
+    return torch.nn.functional.logsigmoid(score["weight"][d] * logp + score["bias"][d])
+
+
+__all__ = ["depth_samples", "fit_logistic", "fit_path_score", "score_log_probs"]
