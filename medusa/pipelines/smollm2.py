@@ -12,7 +12,11 @@ Resumable stages (a finished stage is reused; delete ``--out`` to start over):
 5. ``export``: the vLLM layout;
 6. ``bench``: Spec-Bench public (MT-bench + translation, summarization, qa, math_reasoning, rag) through the
    chat template, stopping at EOS, against HF ``generate`` and HF prompt lookup, a row per category;
-7. with ``--medusa2``: MEDUSA-2 (self-distilled LoRA from the MEDUSA-1 heads), calibrated and benchmarked
+7. unless ``--no-hydra``: Hydra heads (the MEDUSA-1 recipe with ``heads.head_type=hydra``, from the same
+   hidden-state cache; Hydra heads have their own projections, never the shared LM head), calibrated at
+   MEDUSA-1's node count and benchmarked per category, and the dynamic tree of that many nodes with either
+   head type (:mod:`medusa.pipelines.head_types`; rows in ``summary["head_types"]``);
+8. with ``--medusa2``: MEDUSA-2 (self-distilled LoRA from the MEDUSA-1 heads), calibrated and benchmarked
    the same way.
 """
 
@@ -28,6 +32,7 @@ from typing import Any
 
 from medusa.errors import DataError, MedusaError
 from medusa.pipelines import stages as S
+from medusa.pipelines.head_types import HeadTypePlan, run_head_types
 
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -46,6 +51,7 @@ class Settings:
     distill_batch: int = 32
     recipe: str = str(RECIPES / "smollm2_medusa1.yaml")
     recipe_overrides: tuple[str, ...] = ()
+    hydra: bool = True  # Hydra heads and dynamic-tree rows beside MEDUSA-1 (--no-hydra: off)
     medusa2: bool = False
     medusa2_recipe: str = str(RECIPES / "smollm2_medusa2.yaml")
     medusa2_overrides: tuple[str, ...] = ()
@@ -145,14 +151,16 @@ def cost_curve_stage(model_path: str) -> dict[str, Any]:
             "relative": {str(n): s / curve[1] for n, s in curve.items()}}
 
 
-def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path) -> dict[str, Any]:
-    """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, per category."""
+def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path,
+                      tree: Any = None) -> dict[str, Any]:
+    """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, per category (``tree``:
+    None for the checkpoint's tree.json, or a DynamicTree)."""
     from medusa.eval.report import category_table
 
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
                            progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=True,
                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
-                           categories=[r["category"] for r in rows])
+                           categories=[r["category"] for r in rows], tree=tree)
     result["table"] = category_table(json.loads(report.read_text()))
     return result
 
@@ -170,8 +178,9 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data) if s.train_data is None
                                 else given_data(s, data), log)
         m1 = out / "medusa1"
-        overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m1}",
-                     f"train.hidden_cache={out / 'hidden_cache'}", *s.recipe_overrides]
+        common = [f"model={model}", f"data.train={data / 'train.jsonl'}"]
+        cache = f"train.hidden_cache={out / 'hidden_cache'}"  # Hydra heads train from the same cache
+        overrides = [*common, f"output_dir={m1}", cache, *s.recipe_overrides]
         trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
         calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
             trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes,
@@ -184,11 +193,29 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         summary: dict[str, Any] = {"settings": asdict(s), "model": model, "cost_curve": curve,
                                    "distill": {k: v for k, v in distilled.items() if k != "parts"},
                                    "train": trained, "calibrate": calibrated, "bench": benched}
+        if s.hydra:
+            medusa1 = {"calibrate": calibrated, "bench": benched}
+            summary.update(_head_types(s, out, [*common, f"output_dir={out / 'hydra'}", cache], medusa1,
+                                       rows, log))
         if s.medusa2:
             summary["medusa2"] = _medusa2(s, out, data, model, trained, calibrated, rows, log)
     summary["targets"] = targets(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
+
+
+def _head_types(s: Settings, out: Path, overrides: list[str], medusa1: dict[str, Any],
+                rows: list[dict[str, Any]], log: Any) -> dict[str, Any]:
+    """Hydra heads (``overrides``: into ``<out>/hydra``, from MEDUSA-1's hidden-state cache) and the dynamic
+    tree beside MEDUSA-1, at the node count ``calibrate`` chose, each benchmarked per Spec-Bench category."""
+    hydra, m1 = out / "hydra", out / "medusa1"
+    plan = HeadTypePlan(
+        recipe=s.recipe, overrides=tuple(overrides), user_overrides=tuple(s.recipe_overrides),
+        calib_data=out / "data" / "calib.jsonl", medusa1_final=m1 / "final", hydra_final=hydra / "final",
+        reports={"hydra": hydra / "report.json", "dynamic": m1 / "report_dynamic.json",
+                 "hydra_dynamic": hydra / "report_dynamic.json"}, progress=s.progress)
+    return run_head_types(out, plan, medusa1, lambda heads, report, tree: bench_by_category(
+        s, heads, rows, report, tree), log)
 
 
 def _medusa2(s: Settings, out: Path, data: Path, model: str, trained: dict[str, Any],
@@ -221,6 +248,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = ["one forward over a 200-token cache: " + ", ".join(
         f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items()),
              f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
+    if "head_types" in summary:
+        hydra = summary["hydra"]
+        lines += [f"Hydra ({hydra['calibrate']['nodes']}-node tree):", hydra["bench"]["table"],
+                  f"head types at the same node budget ({summary['head_types']['nodes']} nodes):",
+                  S.format_head_types(summary["head_types"])]
     if "medusa2" in summary:
         lines += [f"MEDUSA-2 ({summary['medusa2']['calibrate']['nodes']}-node tree):",
                   summary["medusa2"]["bench"]["table"]]
@@ -230,7 +262,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Namespace]:
+    """The command line as :class:`Settings` (and the parsed arguments, for ``--debug``)."""
     parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.smollm2",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=Settings.out)
@@ -257,10 +290,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                  per_category=args.per_category, max_new_tokens=args.max_new_tokens, nodes=args.nodes,
                  sharegpt_prompts=args.sharegpt_prompts, alpaca_prompts=args.alpaca_prompts,
                  calib_prompts=args.calib_prompts, train_data=args.train_data, calib_data=args.calib_data,
-                 threads=args.threads, medusa2=args.medusa2, recipe_overrides=tuple(args.set),
-                 progress=not args.no_progress)
+                 threads=args.threads, medusa2=args.medusa2, hydra=not args.no_hydra,
+                 recipe_overrides=tuple(args.set), progress=not args.no_progress)
     if args.all_prompts:
         s.sharegpt_prompts, s.alpaca_prompts, s.per_category = None, 5000 - s.calib_prompts, None
+    return s, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    s, args = parse_settings(argv)
     return S.run_main(run, s, format_summary, f"summary: {Path(s.out) / 'summary.json'}", args.debug)
 
 

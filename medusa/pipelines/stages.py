@@ -193,9 +193,62 @@ def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str 
     return {**{k: report[k] for k in keys}, **optional, "files": [str(f) for f in files]}
 
 
+# ---------------------------------------------------------------------------------------- head types
+HEAD_TYPE_TARGETS = {"hydra_over_medusa1_tokens_per_step": 1.3, "dynamic_over_static_tokens_per_step": 1.10}
+ROW_KEYS = ("tokens_per_step", "speedup", "overhead", "greedy_exact_match")
+
+
+def head_type_rows(benches: Sequence[tuple[str, str, int, dict[str, Any]]]) -> dict[str, Any]:
+    """``summary["head_types"]`` from ``(heads, tree, nodes, bench summary)`` per benchmark, ``heads`` in
+    ``medusa1`` / ``hydra`` and ``tree`` in ``static`` / ``dynamic``: one row each, the tokens/step ratios
+    Hydra / MEDUSA-1 (per tree) and dynamic / static (per head type) against
+    :data:`HEAD_TYPE_TARGETS`, and the (heads, tree) with the best wall-clock speedup."""
+    rows = [{"heads": h, "tree": t, "nodes": int(n), **{k: b[k] for k in ROW_KEYS}} for h, t, n, b in benches]
+    tps = {(r["heads"], r["tree"]): r["tokens_per_step"] for r in rows}
+
+    def ratio(num: tuple[str, str], den: tuple[str, str], target: float) -> dict[str, Any]:
+        value = tps[num] / tps[den]
+        return {"measured": value, "target": target, "met": value >= target}
+
+    section: dict[str, Any] = {"rows": rows}
+    pairs = {"hydra_over_medusa1_tokens_per_step": {t: (("hydra", t), ("medusa1", t)) for t in
+                                                    ("static", "dynamic")},
+             "dynamic_over_static_tokens_per_step": {h: ((h, "dynamic"), (h, "static")) for h in
+                                                     ("medusa1", "hydra")}}
+    for key, by in pairs.items():
+        section[key] = {name: ratio(num, den, HEAD_TYPE_TARGETS[key]) for name, (num, den) in by.items()
+                        if num in tps and den in tps}
+    best = max(rows, key=lambda r: r["speedup"])
+    section["best_speedup"] = {"heads": best["heads"], "tree": best["tree"], "speedup": best["speedup"],
+                               "line": f"best wall-clock speedup: {best['heads']} heads, {best['tree']} tree "
+                                       f"({best['nodes']} nodes), {best['speedup']:.2f}x"}
+    return section
+
+
+def format_head_types(section: dict[str, Any]) -> str:
+    """``summary["head_types"]`` as a small table, the ratios against their targets and the best row."""
+    lines = [f"{'heads':<8} {'tree':<8} {'nodes':>5} {'tokens/step':>11} {'speedup':>8} {'overhead':>8} "
+             f"{'exact':>6}"]
+    for r in section["rows"]:
+        lines.append(f"{r['heads']:<8} {r['tree']:<8} {r['nodes']:>5} {r['tokens_per_step']:>11.2f} "
+                     f"{r['speedup']:>7.2f}x {r['overhead']:>8.2f} {_exact(r['greedy_exact_match']):>6}")
+    for key in HEAD_TYPE_TARGETS:
+        for name, t in section.get(key, {}).items():
+            lines.append(f"{key} ({name}): {t['measured']:.2f} (target >= {t['target']}, "
+                         + ("met)" if t["met"] else "missed)"))
+    lines.append(section["best_speedup"]["line"])
+    return "\n".join(lines)
+
+
+def _exact(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def add_common_arguments(parser: Any) -> None:
-    """The flags every benchmark pipeline takes: --medusa2, --set, --debug, --no-progress."""
+    """The flags every benchmark pipeline takes: --medusa2, --no-hydra, --set, --debug, --no-progress."""
     parser.add_argument("--medusa2", action="store_true", help="also train and benchmark MEDUSA-2")
+    parser.add_argument("--no-hydra", action="store_true",
+                        help="skip the Hydra heads and the dynamic-tree rows (on by default)")
     parser.add_argument("--set", action="append", default=[], metavar="key=value",
                         help="MEDUSA-1 recipe override (repeatable), e.g. --set train.epochs=1")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -222,5 +275,5 @@ def run_main(run: Callable[[Any], dict[str, Any]], settings: Any, describe: Call
 
 
 __all__ = ["StageError", "add_common_arguments", "bench_stage", "calibrate_stage", "concat_jsonl",
-           "distill", "distill_chat", "export_stage", "marker_path", "run_main", "run_stage",
-           "train_recipe", "write_jsonl"]
+           "distill", "distill_chat", "export_stage", "format_head_types", "head_type_rows", "marker_path",
+           "run_main", "run_stage", "train_recipe", "write_jsonl"]

@@ -12,7 +12,11 @@ On Karpathy's stories260K (a real pretrained Llama, read from ``../shared/models
 5. ``bench``: ``medusa bench`` on the held-out prompts (greedy, exactly ``--max-new-tokens`` tokens);
    the report is ``<out>/report.json`` (+ ``report.md`` and PNG plots); when the chosen tree is smaller
    than 64 nodes, the 64-node tree (most tokens per step) is benchmarked too (``report_64nodes.json``);
-6. with ``--medusa2``: MEDUSA-2 (``medusa/pipelines/recipes/stories260k_medusa2.yaml``, LoRA, from the
+6. unless ``--no-hydra``: Hydra heads (same recipe, ``heads.head_type=hydra``) calibrated at the node
+   count ``calibrate`` chose (``<out>/final_hydra``), and the dynamic tree of that many nodes with either
+   head type: ``report_hydra.json``, ``report_dynamic.json``, ``report_hydra_dynamic.json``; the rows side
+   by side in ``summary["head_types"]`` (:mod:`medusa.pipelines.head_types`);
+7. with ``--medusa2``: MEDUSA-2 (``medusa/pipelines/recipes/stories260k_medusa2.yaml``, LoRA, from the
    MEDUSA-1 heads) on the same data, benchmarked with the same tree; the backbone's held-out loss before and
    after.
 
@@ -34,6 +38,7 @@ from typing import Any
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
 from medusa.pipelines import stages as S
+from medusa.pipelines.head_types import HeadTypePlan, run_head_types
 
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
 TARGETS = {"tokens_per_step": 3.0, "speedup": 2.0, "greedy_exact_match": 1.0}
@@ -60,6 +65,7 @@ class Settings:
     repeats: int = 2
     threads: int | None = None  # torch threads for distillation and training (None: torch's default)
     timing_threads: int | None = 1  # torch threads while timing (calibration --nodes auto, bench)
+    hydra: bool = True  # Hydra heads and dynamic-tree rows beside MEDUSA-1 (--no-hydra: off)
     medusa2: bool = False
     medusa2_recipe: str = str(RECIPES / "stories260k_medusa2.yaml")
     medusa2_overrides: tuple[str, ...] = ()
@@ -141,6 +147,9 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         deepest = summary["bench_64_nodes"] = _bench_64_nodes(s, out, data, trained, prompts, log)
     summary["targets"] = targets(benched, deepest)
     summary["missed"] = {k: t for k, t in summary["targets"].items() if not t["met"]}
+    if s.hydra:
+        summary.update(_head_types(s, out, data, model_path, {"calibrate": calibrated, "bench": benched},
+                                   prompts, log))
     if s.medusa2:
         summary["medusa2"] = _medusa2(s, out, data, model_path, trained, prompts, log)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -184,6 +193,25 @@ def _bench_64_nodes(s: Settings, out: Path, data: Path, trained: dict[str, Any],
         return S.run_stage(out, "bench_64", lambda: S.bench_stage(
             out / "final_64nodes", prompts, out / "report_64nodes.json", s.max_new_tokens, repeats=s.repeats,
             progress=s.progress), log)
+
+
+def _head_types(s: Settings, out: Path, data: Path, model_path: str, medusa1: dict[str, Any],
+                prompts: list[str], log: Any) -> dict[str, Any]:
+    """Hydra heads and the dynamic tree beside MEDUSA-1, at the node count ``calibrate`` chose."""
+    plan = HeadTypePlan(
+        recipe=s.recipe, overrides=(f"model={model_path}", f"data.train={data / 'train.jsonl'}",
+                                    f"output_dir={out / 'hydra'}"),
+        user_overrides=tuple(s.recipe_overrides), calib_data=data / "calib.jsonl",
+        medusa1_final=out / "final", hydra_final=out / "final_hydra",
+        reports={"hydra": out / "report_hydra.json", "dynamic": out / "report_dynamic.json",
+                 "hydra_dynamic": out / "report_hydra_dynamic.json"},
+        timing_threads=s.timing_threads, progress=s.progress)
+
+    def bench(heads: Path, report: Path, tree: Any) -> dict[str, Any]:
+        return S.bench_stage(heads, prompts, report, s.max_new_tokens, repeats=s.repeats, progress=s.progress,
+                             tree=tree)
+
+    return run_head_types(out, plan, medusa1, bench, log)
 
 
 def targets(benched: dict[str, Any], deepest: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -298,10 +326,14 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"{m['bench']['greedy_exact_match']}; backbone loss on held-out TinyStories text "
                      f"{m['backbone_heldout_loss']['heldout_text']['before']:.4f} -> "
                      f"{m['backbone_heldout_loss']['heldout_text']['after']:.4f}")
+    if "head_types" in summary:
+        lines += [f"head types at the same node budget ({summary['head_types']['nodes']} nodes):",
+                  S.format_head_types(summary["head_types"])]
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Namespace]:
+    """The command line as :class:`Settings` (and the parsed arguments, for ``--debug``)."""
     parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.stories260k",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=Settings.out)
@@ -319,8 +351,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     s = Settings(out=args.out, shared=args.shared, nodes=args.nodes, max_new_tokens=args.max_new_tokens,
                  repeats=args.repeats, threads=args.threads, timing_threads=args.timing_threads,
-                 samples=args.samples, medusa2=args.medusa2,
+                 samples=args.samples, medusa2=args.medusa2, hydra=not args.no_hydra,
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
+    return s, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    s, args = parse_settings(argv)
     footer = f"report: {Path(s.out) / 'report.json'}; summary: {Path(s.out) / 'summary.json'}"
     return S.run_main(run, s, format_summary, footer, args.debug)
 
