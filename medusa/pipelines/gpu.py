@@ -5,8 +5,12 @@ it already has; ``PYTHONPATH=.``). Measures, and writes ``DIR/gpu_report.json``,
    a 1-node step (the plain 1-token step through the same static path) and 4 / 16 / 32 / 64-node tree
    verification, eager and compiled (CUDA graphs); overhead = verify(N) / verify(1);
 2. MEDUSA vs HF generate on stories260K (eager vs eager, static+compiled vs static+compiled), greedy, with
-   the exact-match check;
-3. the decoding tests (``pytest``), pass / fail recorded.
+   the exact-match check; ``--heads DIR``: trained stories260K heads (e.g. ``out/bench/stories260k/final``,
+   carried to the machine) instead of random ones, so tokens/step is the trained one;
+3. greedy fidelity per dtype (float32, bfloat16, and float16 on CUDA): the share of prompts whose MEDUSA
+   output is identical to HF's, and where / at which top-2 logit margin the others diverge
+   (:mod:`medusa.eval.low_precision`);
+4. the decoding tests (``pytest``), pass / fail recorded.
 
 ``--device cpu --small`` runs the same code on tiny shapes and a few steps (for the CI test of this module).
 """
@@ -30,6 +34,9 @@ SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab
 }
 SMALL_SHAPES = {"tiny-llama": (64, 128, 2, 4, 2, 512)}
 NODES = (1, 4, 16, 32, 64)
+STORY_PROMPTS = ["Once upon a time", "Lily saw a big dog", "Tom had a red ball", "The sun was hot and the",
+                 "One day, a little bird", "Sara and her mom went to", "There was a small cat who",
+                 "Ben wanted to fly a kite"]
 STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K"
 
 
@@ -98,17 +105,38 @@ def step_costs(shapes: dict[str, tuple[int, ...]], device: torch.device, dtype: 
     return rows
 
 
-def stories_vs_hf(device: torch.device, max_new_tokens: int, prompts: Sequence[str]) -> dict[str, Any]:
-    """MEDUSA (the built-in tree, random heads: tokens/step is not the trained one) vs HF on stories260K."""
+def stories_model(device: torch.device, dtype: torch.dtype, heads: str | None) -> Any:
+    """stories260K with ``heads`` (a trained checkpoint, its tree) or 4 random heads (the built-in tree)."""
     from medusa import MedusaModel
-    from medusa.eval.bench import bench
-    from medusa.modeling.base import load_base_model, load_tokenizer
+    from medusa.modeling.base import load_base_model
 
-    base = load_base_model(str(STORIES), dtype=torch.float32).to(device).eval()
-    model = MedusaModel.from_base(base, num_heads=4).to(device).eval()
+    base = load_base_model(str(STORIES), dtype=dtype).to(device).eval()
+    if heads is None:
+        return MedusaModel.from_base(base, num_heads=4).to(device=device, dtype=dtype).eval()
+    return MedusaModel.from_pretrained(heads, base_model=base).to(device=device, dtype=dtype).eval()
+
+
+def stories_vs_hf(device: torch.device, max_new_tokens: int, prompts: Sequence[str],
+                  heads: str | None = None) -> dict[str, Any]:
+    """MEDUSA vs HF on stories260K, eager and compiled (random heads: tokens/step is not a trained one)."""
+    from medusa.eval.bench import bench
+    from medusa.modeling.base import load_tokenizer
+
+    model = stories_model(device, torch.float32, heads)
     report = bench(model, load_tokenizer(str(STORIES)), prompts, max_new_tokens=max_new_tokens,
                    progress=False, compile=True, plain_step_samples=4)
-    return report["compiled"]
+    return {**report["compiled"], "heads": heads or "random", "tokens_per_step": report["tokens_per_step"]}
+
+
+def fidelity(device: torch.device, max_new_tokens: int, prompts: Sequence[str], heads: str | None
+             ) -> list[dict[str, Any]]:
+    """:func:`medusa.eval.low_precision.greedy_identity` in float32, bfloat16 (and float16 on CUDA)."""
+    from medusa.eval.low_precision import greedy_identity
+    from medusa.modeling.base import load_tokenizer
+
+    dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if device.type == "cuda" else [])
+    return [greedy_identity(stories_model(device, dtype, heads), load_tokenizer(str(STORIES)), prompts,
+                            max_new_tokens) for dtype in dtypes]
 
 
 def run_tests(small: bool) -> dict[str, Any]:
@@ -127,6 +155,10 @@ def format_table(report: dict[str, Any]) -> str:
     s = report["stories"]
     lines.append(f"stories260K: eager {s['eager_speedup']:.2f}x, compiled "
                  f"{s['compiled_speedup']:.2f}x over HF (same mode); exact match {s['compiled_exact_match']}")
+    for f in report["fidelity"]:
+        lines.append(f"greedy identical to HF, {f['dtype']}: {f['identical']}/{f['prompts']} prompts "
+                     f"({f['near_tie_divergences']} divergences at a near-tie); control, HF without vs with "
+                     f"its KV cache: {f['hf_no_cache_identical_share']:.2f} identical")
     lines.append(f"tests: rc={report['tests']['returncode']} {report['tests']['target']}")
     return "\n".join(lines)
 
@@ -137,18 +169,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true",
                    help="tiny shapes and a few steps (CPU check of the harness)")
+    p.add_argument("--heads", default=None, help="trained stories260K heads (default: random heads)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     small = args.small
+    prompts = ["Once upon a time"] if small else STORY_PROMPTS
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "small": small, "torch": torch.__version__,
         "step_costs": step_costs(SMALL_SHAPES if small else SHAPES, device,
                                  torch.float32 if small else torch.bfloat16, 3 if small else 20,
                                  16 if small else 512),
-        "stories": stories_vs_hf(device, 8 if small else 128,
-                                 ["Once upon a time"] if small else ["Once upon a time", "Lily saw a big dog",
-                                                                     "Tom had a red ball"]),
+        "stories": stories_vs_hf(device, 8 if small else 128, prompts, args.heads),
+        "fidelity": fidelity(device, 8 if small else 128, prompts, args.heads),
         "tests": run_tests(small),
     }
     out = Path(args.out)

@@ -21,5 +21,8 @@ def test_gpu_harness_small_cpu(tmp_path, capsys):
         assert sorted(int(n) for n in row["step_ms"]) == list(gpu.NODES)
         assert row["overhead"]["1"] == 1.0 and all(v > 0 for v in row["step_ms"].values())
     assert report["stories"]["compiled_exact_match"] == 1.0  # greedy compiled MEDUSA == compiled HF
+    assert [f["dtype"] for f in report["fidelity"]] == ["float32", "bfloat16"]
+    f32 = report["fidelity"][0]
+    assert f32["identical_share"] == 1.0 and f32["hf_no_cache_identical_share"] == 1.0
     assert report["tests"]["returncode"] == 0
-    assert "stories260K" in capsys.readouterr().out.splitlines()[-2]
+    assert "stories260K" in capsys.readouterr().out.splitlines()[-4]
