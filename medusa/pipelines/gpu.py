@@ -28,15 +28,14 @@ from typing import Any
 
 import torch
 
+from medusa.eval.low_precision import STORY_PROMPTS
+
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab
     "llama2-7b": (4096, 11008, 32, 32, 32, 32000),
     "llama3-8b": (4096, 14336, 32, 32, 8, 128256),
 }
 SMALL_SHAPES = {"tiny-llama": (64, 128, 2, 4, 2, 512)}
 NODES = (1, 4, 16, 32, 64)
-STORY_PROMPTS = ["Once upon a time", "Lily saw a big dog", "Tom had a red ball", "The sun was hot and the",
-                 "One day, a little bird", "Sara and her mom went to", "There was a small cat who",
-                 "Ben wanted to fly a kite"]
 STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K"
 
 

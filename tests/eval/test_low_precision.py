@@ -29,3 +29,17 @@ def test_divergence_names_the_first_differing_token_and_the_margin():
     assert d["theirs"] == int(theirs[0, 7]) and d["ours"] == int(ours[0, 7])
     assert abs(d["margin"] - float(top[0] - top[1])) < 1e-6
     assert divergence(base, prompt, theirs, theirs.clone()) == {"identical": True}
+
+
+def test_cli_prints_and_writes_the_report(tmp_path, capsys):
+    import json
+
+    from medusa.eval.low_precision import main
+
+    fitted_stories_heads(4, 1).save_pretrained(tmp_path / "heads")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\nTom had a red ball\n")
+    assert main(["--heads", str(tmp_path / "heads"), "--prompts", str(prompts), "--dtypes", "float32",
+                 "--max-new-tokens", "16", "--out", str(tmp_path / "r.json")]) == 0
+    assert "float32: MEDUSA identical to HF on 2/2 prompts" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())[0]["identical_share"] == 1.0
