@@ -253,8 +253,7 @@ def _validate_heads(recipe: Recipe) -> None:
         raise ConfigError(f"heads.num_layers: hydra heads need at least 1 layer, got {h.num_layers}")
     _choice("heads.hydra_projection", h.hydra_projection, HYDRA_PROJECTIONS)
     if h.head_type != "hydra" and h.hydra_projection != "own":
-        raise ConfigError(f"heads.hydra_projection: only for heads.head_type: hydra, got head_type "
-                          f"{h.head_type} (MEDUSA heads share the LM head with head_type: shared_lm_head)")
+        raise ConfigError(f"heads.hydra_projection: only for heads.head_type: hydra (got {h.head_type})")
     if h.teacher_loss and h.draft_vocab:
         raise ConfigError("heads.teacher_loss: the KL to the base distribution needs the full vocabulary "
                           "(heads.draft_vocab: 0)")

@@ -222,3 +222,13 @@ def test_summary_and_info_show_the_projection(tmp_path, capsys):
     _hydra(base, "own", 0).save_pretrained(tmp_path / "own")
     assert cli_main(["info", str(tmp_path / "own")]) == 0
     assert "hydra (projection: own), float32" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("projection,draft", COMBOS[1:], ids=IDS[1:])
+def test_exports_still_refuse_hydra_heads(tmp_path, projection, draft):
+    from medusa.export import export_checkpoint
+
+    _hydra(tiny_model("llama"), projection, draft).save_pretrained(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match="head_type 'hydra' cannot be exported to vllm"):
+        export_checkpoint(tmp_path / "ck", tmp_path / "out", format="vllm")
+    assert not (tmp_path / "out").exists()
