@@ -23,6 +23,7 @@ METHODS = ("medusa1", "medusa2")
 DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 QUANTIZATIONS = ("4bit", "8bit")
 HEAD_TYPES = ("linear", "shared_lm_head", "hydra")
+HYDRA_PROJECTIONS = ("own", "shared_lm_head")
 FORMATS = ("auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text")
 SCHEDULERS = ("cosine", "linear", "constant")
 REPORT_TO = ("none", "wandb", "tensorboard")
@@ -34,6 +35,7 @@ class HeadsConfig:
     num_heads: int = 5
     num_layers: int = 1
     head_type: str = "linear"
+    hydra_projection: str = "own"  # hydra heads' W2: their own, or the (frozen) base LM head
     decay: float = 0.8
     init_from: str | None = None  # a MEDUSA heads checkpoint to start from (MEDUSA-2 stage 2)
     draft_vocab: int = 0  # > 0: heads predict only the N target tokens most frequent in the training labels
@@ -249,8 +251,9 @@ def _validate_heads(recipe: Recipe) -> None:
     _range("heads.teacher_loss", h.teacher_loss, 0.0, 1.0)
     if h.head_type == "hydra" and h.num_layers < 1:
         raise ConfigError(f"heads.num_layers: hydra heads need at least 1 layer, got {h.num_layers}")
-    if h.head_type == "hydra" and h.draft_vocab:
-        raise ConfigError("heads.draft_vocab: hydra heads do not support a draft vocabulary yet")
+    _choice("heads.hydra_projection", h.hydra_projection, HYDRA_PROJECTIONS)
+    if h.head_type != "hydra" and h.hydra_projection != "own":
+        raise ConfigError(f"heads.hydra_projection: only for heads.head_type: hydra (got {h.head_type})")
     if h.teacher_loss and h.draft_vocab:
         raise ConfigError("heads.teacher_loss: the KL to the base distribution needs the full vocabulary "
                           "(heads.draft_vocab: 0)")

@@ -17,8 +17,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"base model   {summary['base_model'] or '(unnamed)'} ({summary['base_model_type']}, "
           f"hidden {summary['hidden_size']}, vocab {summary['vocab_size']})"
           + ("  [merged backbone inside]" if summary["merged_backbone"] else ""))
+    projection = summary.get("hydra_projection")
     print(f"heads        {summary['num_heads']} x {summary['num_layers']} ResBlock(s), "
-          f"{summary['head_type']}, {summary['dtype']}")
+          f"{summary['head_type']}" + (f" (projection: {projection})" if projection else "")
+          + (f", draft vocab {summary['draft_vocab']}" if summary["draft_vocab"] else "")
+          + f", {summary['dtype']}")
     print(f"parameters   {summary['parameters']:,}")
     if summary["trained_with"]:
         print(f"trained with {summary['trained_with']}")

@@ -162,9 +162,9 @@ def hydra_children(heads: torch.nn.Module, hidden: torch.Tensor, branch: int) ->
         w = paths.shape[1]
         emb = heads.embed(paths).view(b, w, d * d_model)  # [B, W, d * d_model]
         h = hidden.to(emb.dtype).view(b, 1, d_model).expand(b, w, d_model)
-        logits = heads.head_logits(d - 1, torch.cat([h, emb], dim=-1))  # [B, W, V]
-        top = torch.log_softmax(logits.float(), dim=-1).topk(branch, dim=-1)  # [B, W, c]
-        return top.values, top.indices
+        logits = heads.head_logits(d - 1, torch.cat([h, emb], dim=-1))  # [B, W, V] (or [B, W, N_draft])
+        top = torch.log_softmax(logits.float(), dim=-1).topk(min(branch, logits.shape[-1]), dim=-1)
+        return top.values, heads.to_target(top.indices)  # [B, W, c]: draft ids -> target ids
 
     return children
 

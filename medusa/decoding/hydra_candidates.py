@@ -70,7 +70,7 @@ def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tens
         e = level.expand.shape[0]
         path_emb = emb[:, level.paths.view(-1)].view(b, e, d * d_model)  # [B, E, d * d_model]
         wide = torch.cat([h.view(b, 1, d_model).expand(b, e, d_model), path_emb], dim=-1)  # [B, E, (d+1) d]
-        top = heads.head_logits(d - 1, wide).topk(level.topk, dim=-1).indices  # [B, E, topk]
+        top = heads.head_topk(d - 1, wide, level.topk)  # [B, E, topk] target ids
         kids = top.view(b, e * level.topk).index_select(1, level.source)  # [B, M]
         tokens[:, level.children] = kids
         emb[:, level.children] = heads.embed(kids)

@@ -15,6 +15,7 @@ CONFIG_NAME = "medusa_config.json"
 WEIGHTS_NAME = "medusa_heads.safetensors"
 TREE_NAME = "tree.json"
 BASE_SUBDIR = "base_model"
+HYDRA_PROJECTIONS = ("own", "shared_lm_head")  # medusa.modeling.hydra.HydraHeads' projection
 
 
 @dataclass
@@ -31,6 +32,9 @@ class MedusaConfig:
     # > 0: the heads predict only this many target tokens; the map (draft id -> target id) is the
     # int64 tensor ``token_map`` in medusa_heads.safetensors (vLLM's truncated_vocab_size / token_map).
     draft_vocab: int = 0
+    # hydra heads only: "own" (W2 of their own, saved as lm_heads.{k}) or "shared_lm_head" (the base LM
+    # head). None for MEDUSA heads, and then left out of the JSON; a hydra config without it reads "own".
+    hydra_projection: str | None = None
     dtype: str = "float32"
     format_version: int = FORMAT_VERSION
     # Set when the (merged) backbone is stored inside the checkpoint, e.g. after MEDUSA-2.
@@ -40,7 +44,10 @@ class MedusaConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["hydra_projection"] is None:  # MEDUSA heads: their JSON is what it was before the key
+            del data["hydra_projection"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "medusa_config.json") -> "MedusaConfig":
@@ -58,7 +65,7 @@ class MedusaConfig:
             raise CheckpointError(
                 f"{source}: format_version {version} is not supported (this medusa reads {FORMAT_VERSION})"
             )
-        return cls(**data)
+        return cls(**{**data, "hydra_projection": _hydra_projection(data, source)})
 
     @classmethod
     def load(cls, directory: str | Path) -> "MedusaConfig":
@@ -77,6 +84,22 @@ class MedusaConfig:
 
     def save(self, directory: str | Path) -> None:
         (Path(directory) / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _hydra_projection(data: dict[str, Any], source: str) -> str | None:
+    """The checked ``hydra_projection`` of a config dict: "own" for a hydra config without the key."""
+    value = data.get("hydra_projection")
+    if data.get("head_type") != "hydra":
+        if value is not None:
+            raise CheckpointError(f"{source}: hydra_projection {value!r} is set but head_type is "
+                                  f"{data.get('head_type')!r} (only hydra heads have it)")
+        return None
+    if value is None:
+        return "own"
+    if value not in HYDRA_PROJECTIONS:
+        raise CheckpointError(f"{source}: hydra_projection must be one of {', '.join(HYDRA_PROJECTIONS)}, "
+                              f"got {value!r}")
+    return value
 
 
 def base_location(checkpoint: str | Path, config: MedusaConfig, base: str | None = None,

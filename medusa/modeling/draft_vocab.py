@@ -56,6 +56,46 @@ def coverage(token_map: torch.Tensor | None, tokens: torch.Tensor) -> float:
     return float(torch.isin(tokens.to(token_map.device), token_map).float().mean())
 
 
+# ----------------------------------------------------------------------------------------- heads' side
+# Free functions of a ``token_map`` for heads classes that hold one (Hydra heads; a ``cache`` dict is the
+# module's own ``__dict__`` entry, so a cached tensor is rebuilt whenever the map or the weight changes).
+def target_to_draft_map(token_map: torch.Tensor, vocab_size: int, cache: dict[str, Any]) -> torch.Tensor:
+    """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (cached)."""
+    key = (token_map.data_ptr(), token_map._version, token_map.device)
+    cached = cache.get("_t2d_cache")
+    if cached is None or cached[0] != key:
+        t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=token_map.device)  # [V]
+        t2d[token_map] = torch.arange(token_map.shape[0], device=token_map.device)
+        cached = (key, t2d)
+        cache["_t2d_cache"] = cached
+    return cached[1]
+
+
+def scatter_to_target(logits: torch.Tensor, token_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocabulary (as vLLM does)."""
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))  # [..., V]
+    full[..., token_map] = logits
+    return full
+
+
+def shared_rows(lm_head: torch.nn.Module, token_map: torch.Tensor, cache: dict[str, Any]
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The base LM head's ``token_map`` rows: ``(W [N, d], bias [N] or None)``. With autograd on they are
+    gathered inside the graph (MEDUSA-2 may train the LM head); without, cached until a weight changes."""
+    weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+    if not weight.is_floating_point():
+        raise ValueError("a draft vocabulary on heads that share the base LM head needs a floating-point "
+                         f"base LM head, got {weight.dtype}")
+    tm = token_map.to(weight.device)
+    if torch.is_grad_enabled():
+        return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)
+    key = (weight.data_ptr(), weight._version, token_map.data_ptr(), token_map._version)
+    cached = cache.get("_rows_cache")
+    if cached is None or cached[0] != key:
+        rows = weight.detach().index_select(0, tm)  # [N, d]
+        cached = (key, rows, None if bias is None else bias.detach().index_select(0, tm))
+        cache["_rows_cache"] = cached
+    return cached[1], cached[2]
 
 
 def draft_vocab_summary(heads: Any, tokens: torch.Tensor) -> dict[str, Any]:
@@ -68,4 +108,5 @@ def draft_vocab_summary(heads: Any, tokens: torch.Tensor) -> dict[str, Any]:
     return {"draft_vocab": int(token_map.shape[0]), "draft_vocab_coverage": None if math.isnan(cov) else cov}
 
 
-__all__ = ["build_token_map", "coverage", "draft_vocab_summary", "label_counts", "most_frequent"]
+__all__ = ["build_token_map", "coverage", "draft_vocab_summary", "label_counts", "most_frequent",
+           "scatter_to_target", "shared_rows", "target_to_draft_map"]

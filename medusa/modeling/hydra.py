@@ -3,8 +3,10 @@
 Head k (k = 1..K) predicts token t+k+1 from ``[h_t, e(x_{t+1}), ..., e(x_{t+k})]``: the base model's last
 hidden state and the (frozen) base input embeddings of the k tokens before its target. Its first layer is
 Hydra's conditioned ResBlock on that ``d * (k+1)`` wide input, ``R x + SiLU(W1 x + b)``, then
-``num_layers - 1`` ResBlocks ``x + SiLU(W1 x + b)``, then the projection W2 (own, initialised from the
-base LM head).
+``num_layers - 1`` ResBlocks ``x + SiLU(W1 x + b)``, then the projection W2: the heads' own
+(``projection="own"``, initialised from the base LM head) or the base LM head itself
+(``projection="shared_lm_head"``: frozen in MEDUSA-1, not saved with the heads), over the full vocabulary
+or a draft vocabulary (``draft_vocab``: N target ids, as for MEDUSA heads).
 
 At initialisation a Hydra head ignores the draft tokens and is a fresh MEDUSA head: W1 and b are zero and
 R = ``[I, 0, ..., 0]`` picks h_t, so head k's logits are the base LM head's on h_t (like every new MEDUSA
@@ -16,15 +18,19 @@ reads its first ``d * (k+1)`` features, so the MEDUSA head loss and calibration,
 work on it unchanged. :meth:`HydraHeads.teacher_inputs` builds it from the data's own tokens (teacher
 forcing); decoding builds it per tree node (:mod:`medusa.decoding.hydra_candidates`).
 
-Tensor names: ``blocks.{k}.0.res.weight``, ``blocks.{k}.{l}.linear.weight|bias``, ``lm_heads.{k}.weight``.
+Tensor names: ``blocks.{k}.0.res.weight``, ``blocks.{k}.{l}.linear.weight|bias``, ``lm_heads.{k}.weight``
+(own projection only), ``token_map`` (draft vocabulary only).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from medusa.modeling.heads import ResBlock
+from medusa.modeling.config import HYDRA_PROJECTIONS
+from medusa.modeling.draft_vocab import scatter_to_target, shared_rows, target_to_draft_map
+from medusa.modeling.heads import ResBlock, check_token_map
 
 
 class ConditionedResBlock(nn.Module):
@@ -46,42 +52,105 @@ class ConditionedResBlock(nn.Module):
 
 
 class HydraHeads(nn.Module):
-    """K Hydra heads. ``heads(wide [B, T, d * (K+1)]) -> logits [K, B, T, V]``.
+    """K Hydra heads. ``heads(wide [B, T, d * (K+1)]) -> logits [K, B, T, V]`` (target ids).
 
     ``embedding``: the base model's input embedding module (held outside the module tree: it is the base
-    model's and stays frozen).
+    model's and stays frozen). ``projection="own"``: every head owns a W2 ``[V, d]`` (``lm_heads.{k}``,
+    initialised from the base LM head); ``"shared_lm_head"``: every head applies the base LM head
+    (``shared_lm_head``, held outside the module tree: neither trained by MEDUSA-1 nor saved).
+    ``draft_vocab=N > 0``: the heads predict N target tokens (``token_map [N]``, draft id -> target id, a
+    saved buffer); W2 is then ``[N, d]`` (own) or the N rows of the base LM head (shared), and
+    :meth:`head_logits` is ``[..., N]`` over draft ids (:meth:`to_target` maps them back).
     """
 
     head_type = "hydra"
-    draft_vocab = 0  # no draft vocabulary (yet): heads predict over the full vocabulary
-    token_map = None
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1,
-                 embedding: nn.Module | None = None) -> None:
+                 embedding: nn.Module | None = None, projection: str = "own",
+                 shared_lm_head: nn.Module | None = None, draft_vocab: int = 0) -> None:
         super().__init__()
         if num_heads < 1 or num_layers < 1:
             raise ValueError(f"hydra heads need num_heads >= 1 and num_layers >= 1, "
                              f"got {num_heads}, {num_layers}")
+        if projection not in HYDRA_PROJECTIONS:
+            raise ValueError(f"hydra projection must be one of {HYDRA_PROJECTIONS}, got {projection!r}")
+        if projection == "shared_lm_head" and shared_lm_head is None:
+            raise ValueError("hydra heads with projection='shared_lm_head' need the base model's LM head")
+        if not 0 <= draft_vocab <= vocab_size:
+            raise ValueError(f"draft_vocab must be in [0, vocab_size={vocab_size}], got {draft_vocab}")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_heads, self.num_layers = num_heads, num_layers
+        self.projection, self.draft_vocab = projection, draft_vocab
         self.blocks = nn.ModuleList(
             nn.Sequential(ConditionedResBlock(hidden_size * (k + 2), hidden_size),
                           *[ResBlock(hidden_size) for _ in range(num_layers - 1)])
             for k in range(num_heads)
         )
-        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False)
-                                      for _ in range(num_heads))
-        # Held outside the module tree: the embedding belongs to the base model.
+        self.lm_heads = None
+        if projection == "own":
+            self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, draft_vocab or vocab_size, bias=False)
+                                          for _ in range(num_heads))
+        if draft_vocab:  # token_map [N]: draft id -> target id (a placeholder until set or loaded)
+            self.register_buffer("token_map", torch.arange(draft_vocab, dtype=torch.long))
+        else:
+            self.token_map = None
+        # Held outside the module tree: the embedding and the LM head belong to the base model.
         self._embedding = [embedding]
+        self._shared = [shared_lm_head if projection == "shared_lm_head" else None]
 
     @property
-    def shared_lm_head(self) -> None:
-        """Hydra heads own their projections (same attribute as MedusaHeads')."""
-        return None
+    def shared_lm_head(self) -> nn.Module | None:
+        """The base LM head the heads apply (None: own projections), as MedusaHeads' attribute."""
+        return self._shared[0]
 
-    def target_to_draft(self) -> None:
-        """The full vocabulary: no target -> draft id map (same method as MedusaHeads')."""
-        return None
+    def set_shared_lm_head(self, lm_head: nn.Module | None) -> None:
+        if self.projection == "shared_lm_head":
+            self._shared[0] = lm_head
+
+    # ------------------------------------------------------------------ draft vocabulary
+    def set_token_map(self, token_map: torch.Tensor) -> None:
+        """Set the draft vocabulary's ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
+        if self.token_map is None:
+            raise ValueError("these heads have the full vocabulary (draft_vocab=0)")
+        check_token_map(token_map, self.draft_vocab, self.vocab_size)
+        with torch.no_grad():
+            self.token_map.copy_(token_map.to(self.token_map.device, torch.long))
+
+    def restrict_vocab(self, token_map: torch.Tensor) -> None:
+        """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the blocks are kept and an own
+        W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
+        if self.draft_vocab:
+            raise ValueError(f"the heads already have a draft vocabulary of {self.draft_vocab} tokens")
+        n = int(token_map.shape[0])
+        check_token_map(token_map, n, self.vocab_size)
+        device = self.blocks[0][0].linear.weight.device
+        tm = token_map.to(device=device, dtype=torch.long)
+        if self.lm_heads is not None:
+            new = nn.ModuleList(nn.Linear(self.hidden_size, n, bias=False) for _ in range(self.num_heads))
+            new.to(device=device, dtype=self.lm_heads[0].weight.dtype)
+            with torch.no_grad():
+                for head, old in zip(new, self.lm_heads):
+                    head.weight.copy_(old.weight.index_select(0, tm))
+            self.lm_heads = new
+        del self.token_map
+        self.register_buffer("token_map", tm.clone())
+        self.draft_vocab = n
+
+    def target_to_draft(self) -> torch.Tensor | None:
+        """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
+        if self.token_map is None:
+            return None
+        return target_to_draft_map(self.token_map, self.vocab_size, self.__dict__)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (any shape) -> target ids (identity with the full vocabulary)."""
+        return draft_ids if self.token_map is None else self.token_map[draft_ids]
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocab (identity when full)."""
+        if self.token_map is None:
+            return logits
+        return scatter_to_target(logits, self.token_map, self.vocab_size)
 
     @property
     def embedding(self) -> nn.Module:
@@ -98,13 +167,26 @@ class HydraHeads(nn.Module):
         return self.hidden_size * (self.num_heads + 1)
 
     def init_from_lm_head(self, weight: torch.Tensor) -> None:
-        """Copy the base LM head weight ``[V, d]`` into every head's W2."""
+        """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
+        every own W2 (no-op for a shared projection)."""
+        if self.lm_heads is None:
+            return
+        if self.token_map is not None:
+            weight = weight.index_select(0, self.token_map.to(weight.device))  # [N, d]
         with torch.no_grad():
             for head in self.lm_heads:
                 head.weight.copy_(weight.to(head.weight.dtype))
 
-    def head_projection(self, k: int) -> nn.Module:
-        return self.lm_heads[k]
+    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""
+        if self.lm_heads is not None:
+            head = self.lm_heads[k]
+            return head(x.to(head.weight.dtype))
+        proj = self.shared_lm_head
+        if self.token_map is None:
+            return proj(x.to(proj.weight.dtype) if proj.weight.is_floating_point() else x)
+        weight, bias = shared_rows(proj, self.token_map, self.__dict__)
+        return F.linear(x.to(weight.dtype), weight, bias)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Frozen base input embeddings: ``tokens [...] -> [..., d]`` in the heads' dtype, no gradient."""
@@ -119,14 +201,26 @@ class HydraHeads(nn.Module):
         return block(x.to(block[0].linear.weight.dtype))
 
     def head_logits(self, k: int, wide: torch.Tensor) -> torch.Tensor:
-        """Logits of head k (0-based): ``[..., >= d * (k+2)] -> [..., V]``."""
-        x = self.transform(k, wide)
-        proj = self.head_projection(k)
-        return proj(x.to(proj.weight.dtype))
+        """Logits of head k (0-based) over its own vocabulary: ``[..., >= d * (k+2)] -> [..., N]``
+        (N = V when full)."""
+        return self.project(k, self.transform(k, wide))
+
+    @torch.no_grad()
+    def head_topk(self, k: int, wide: torch.Tensor, n: int) -> torch.Tensor:
+        """Head k's top-``n`` TARGET ids: ``[..., >= d * (k+2)] -> [..., n]`` (with a draft vocabulary the
+        top-n of the N draft logits mapped back; n > N falls back to the -inf-filled target logits)."""
+        logits = self.head_logits(k, wide)  # [..., N]
+        if self.token_map is None or n > self.draft_vocab:
+            return self.to_target_logits(logits).topk(n, dim=-1).indices
+        return self.token_map[logits.topk(n, dim=-1).indices]
+
+    def draft_logits(self, wide: torch.Tensor) -> torch.Tensor:
+        """``wide [B, T, d * (K+1)] -> [K, B, T, N]``: every head's logits over its own vocabulary."""
+        return torch.stack([self.head_logits(k, wide) for k in range(self.num_heads)], dim=0)
 
     def forward(self, wide: torch.Tensor) -> torch.Tensor:
-        """``wide [B, T, d * (K+1)] -> logits [K, B, T, V]``."""
-        return torch.stack([self.head_logits(k, wide) for k in range(self.num_heads)], dim=0)
+        """``wide [B, T, d * (K+1)] -> logits [K, B, T, V]`` over TARGET ids (-inf outside a draft vocab)."""
+        return self.to_target_logits(self.draft_logits(wide))
 
     def teacher_inputs(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: ``[h_t, e(x_{t+1}), ..., e(x_{t+K})]`` from the sequence's own tokens.
@@ -147,4 +241,4 @@ def needs_tokens(heads: nn.Module) -> bool:
     return isinstance(heads, HydraHeads)
 
 
-__all__ = ["ConditionedResBlock", "HydraHeads", "needs_tokens"]
+__all__ = ["HYDRA_PROJECTIONS", "ConditionedResBlock", "HydraHeads", "needs_tokens"]

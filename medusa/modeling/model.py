@@ -78,6 +78,7 @@ class MedusaModel(nn.Module):
         device_map: Any = None,
         quantization_config: Any = None,
         token_map: torch.Tensor | None = None,
+        hydra_projection: str = "own",
         **load_kwargs: Any,
     ) -> "MedusaModel":
         """New heads on ``base`` (a loaded model, a local path or a hub id).
@@ -85,7 +86,8 @@ class MedusaModel(nn.Module):
         Every head starts as the base LM head: ResBlocks are the identity, W2 is copied from the LM head
         (for tied embeddings, the input embedding matrix). ``heads_dtype`` defaults to the LM head's
         dtype (fp32 when the base is quantised). ``token_map [N]`` (draft id -> target id): heads with a
-        draft vocabulary of N tokens, W2 starting as those rows of the LM head.
+        draft vocabulary of N tokens, W2 starting as those rows of the LM head. ``hydra_projection``
+        (``head_type="hydra"`` only): ``"own"`` W2 per head, or ``"shared_lm_head"`` (the base LM head).
         """
         if isinstance(base, (str, Path)):
             base = load_base_model(str(base), dtype=dtype, device_map=device_map,
@@ -96,8 +98,12 @@ class MedusaModel(nn.Module):
             heads_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         heads_dtype = resolve_dtype(heads_dtype)
         draft_vocab = 0 if token_map is None else int(token_map.shape[0])
+        projection = hydra_projection if head_type == "hydra" else None
+        if head_type != "hydra" and hydra_projection != "own":
+            raise ValueError(f"hydra_projection={hydra_projection!r} is for head_type='hydra', "
+                             f"got {head_type!r}")
         heads = build_heads(base, cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
-                            draft_vocab)
+                            draft_vocab, hydra_projection=projection)
         if token_map is not None:
             heads.set_token_map(token_map)
         heads.to(device=weight.device, dtype=heads_dtype)
@@ -114,6 +120,7 @@ class MedusaModel(nn.Module):
             num_layers=num_layers,
             head_type=head_type,
             draft_vocab=draft_vocab,
+            hydra_projection=projection,
             dtype=dtype_name(heads_dtype),
         )
         return cls(base, heads, config)
@@ -233,7 +240,8 @@ class MedusaModel(nn.Module):
         weights_path = path / WEIGHTS_NAME
         state = read_heads_file(weights_path)
         heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,
-                            config.num_layers, config.head_type, config.draft_vocab)
+                            config.num_layers, config.head_type, config.draft_vocab,
+                            hydra_projection=config.hydra_projection)
         check_state_keys(heads, state, source=str(weights_path))
         if "token_map" in state:
             try:
@@ -262,16 +270,18 @@ class MedusaModel(nn.Module):
 
 
 def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int,
-                head_type: str, draft_vocab: int = 0) -> MedusaHeads | HydraHeads:
+                head_type: str, draft_vocab: int = 0, hydra_projection: str | None = None
+                ) -> MedusaHeads | HydraHeads:
     """Fresh heads of ``head_type`` for ``base`` (not yet initialised from its LM head): MedusaHeads for
     linear / shared_lm_head (the latter reading the base LM head), HydraHeads (reading the base input
-    embeddings) for hydra, which have no draft vocabulary yet."""
+    embeddings, and the base LM head when ``hydra_projection`` is ``"shared_lm_head"``; None: ``"own"``)
+    for hydra."""
     if head_type == "hydra":
-        if draft_vocab:
-            raise CheckpointError(f"hydra heads do not support a draft vocabulary yet "
-                                  f"(draft_vocab {draft_vocab})")
+        projection = hydra_projection or "own"
         return HydraHeads(hidden_size, vocab_size, num_heads, num_layers,
-                          embedding=unwrap(base).get_input_embeddings())
+                          embedding=unwrap(base).get_input_embeddings(), projection=projection,
+                          shared_lm_head=lm_head_of(base) if projection == "shared_lm_head" else None,
+                          draft_vocab=draft_vocab)
     return MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, head_type,
                        shared_lm_head=lm_head_of(base) if head_type == "shared_lm_head" else None,
                        draft_vocab=draft_vocab)
@@ -332,6 +342,7 @@ def summarize(path: str | Path) -> dict[str, Any]:
         "num_layers": config.num_layers,
         "head_type": config.head_type,
         "draft_vocab": config.draft_vocab,
+        "hydra_projection": config.hydra_projection,
         "dtype": config.dtype,
         "parameters": int(sum(t.numel() for k, t in state.items() if k != "token_map")),
         "merged_backbone": bool(config.base_model_subdir),

@@ -61,7 +61,8 @@ def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, Head
                               f"heads.num_heads is {h.num_heads}")
     else:
         model = MedusaModel.from_base(base, num_heads=h.num_heads, num_layers=h.num_layers,
-                                      head_type=h.head_type, heads_dtype=torch.float32)
+                                      head_type=h.head_type, heads_dtype=torch.float32,
+                                      hydra_projection=h.hydra_projection)
     model.freeze_base()
     model.base_model.eval()
     model.heads.to(device=device, dtype=torch.float32).train()
@@ -92,7 +93,7 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
     if accelerator.is_main_process:
         cfg = model.config
         heads = build_heads(model.base_model, cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_layers,
-                            cfg.head_type, cfg.draft_vocab)
+                            cfg.head_type, cfg.draft_vocab, hydra_projection=cfg.hydra_projection)
         heads.load_state_dict({k.removeprefix("heads."): v.detach().float().cpu() for k, v in state.items()})
         final = MedusaModel(model.base_model, heads, cfg, tree=None)
         final.config.recipe = recipe.to_dict()

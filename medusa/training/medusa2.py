@@ -118,7 +118,8 @@ def load_heads_from(model: MedusaModel, path: str | Path) -> None:
     state = read_heads_file(weights)
     if config.draft_vocab and not model.heads.draft_vocab and "token_map" in state:
         model.use_draft_vocab(state["token_map"])
-    for key in ("num_heads", "num_layers", "head_type", "hidden_size", "vocab_size", "draft_vocab"):
+    for key in ("num_heads", "num_layers", "head_type", "hydra_projection", "hidden_size", "vocab_size",
+                "draft_vocab"):
         theirs, ours = getattr(config, key), getattr(model.config, key)
         if theirs != ours:
             raise CheckpointError(f"heads.init_from: {path} has {key}={theirs!r} but the recipe "
@@ -188,7 +189,7 @@ def _build_trained(base: nn.Module, recipe: Recipe) -> tuple[MedusaModel, nn.Mod
     self-distillation)."""
     h, lo = recipe.heads, recipe.lora
     model = medusa_from_base(base, num_heads=h.num_heads, num_layers=h.num_layers, head_type=h.head_type,
-                             heads_dtype=torch.float32)
+                             heads_dtype=torch.float32, hydra_projection=h.hydra_projection)
     if h.init_from:
         load_heads_from(model, h.init_from)
     if lo.full_finetune:
@@ -268,7 +269,8 @@ def _gathered_module(unwrapped: Medusa2Module, model: MedusaModel, recipe: Recip
     with _without_zero3_init():
         base = load_base_model(recipe.model, dtype="float32")
     fresh = medusa_from_base(base, num_heads=model.num_heads, num_layers=model.config.num_layers,
-                             head_type=model.config.head_type, heads_dtype=torch.float32)
+                             head_type=model.config.head_type, heads_dtype=torch.float32,
+                             hydra_projection=model.config.hydra_projection or "own")
     if not recipe.lora.full_finetune:
         lo = recipe.lora
         apply_lora(fresh, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules)

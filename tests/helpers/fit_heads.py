@@ -96,7 +96,7 @@ def _self_outputs(base, tokenizer, prompts: list[str], new_tokens: int) -> torch
 
 def fit_heads(model, sequences: torch.Tensor, steps: int = 800, lr: float = 1e-2, seed: int = 0) -> None:
     """Fit ``model.heads`` on ``sequences [N, T]`` (frozen base), plain MEDUSA loss, in place (Hydra heads:
-    teacher-forced on the sequences' own tokens)."""
+    teacher-forced on the sequences' own tokens; a draft vocabulary: targets outside it are no target)."""
     from medusa.modeling.base import decoder_of
     from medusa.modeling.hydra import needs_tokens
 
@@ -108,38 +108,54 @@ def fit_heads(model, sequences: torch.Tensor, steps: int = 800, lr: float = 1e-2
     params = [p for p in model.heads.parameters()]
     opt = torch.optim.Adam(params, lr=lr)
     K = model.num_heads
+    t2d = model.heads.target_to_draft()  # [V] target -> draft id, -1 outside (None: the full vocabulary)
     for _ in range(steps):
         idx = torch.randint(0, sequences.shape[0], (32,))
         h, ids = hidden[idx], sequences[idx]
         loss = 0.0
         for k in range(K):
             shift = k + 2  # head k (0-based) at position t predicts token t + k + 2
-            logits = model.heads.head_logits(k, h[:, :-shift])
+            logits = model.heads.head_logits(k, h[:, :-shift])  # [32, T - shift, N]
+            target = ids[:, shift:] if t2d is None else t2d[ids[:, shift:]]
             loss = loss + 0.8 ** k * F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     ids[:, shift:].reshape(-1))
+                                                     target.reshape(-1), ignore_index=-1)
         opt.zero_grad()
         loss.backward()
         opt.step()
 
 
+def _head_options(hydra_projection: str, draft_vocab: int) -> dict[str, Any]:
+    """The new heads options that are not at their defaults (so the defaults keep their old cache keys)."""
+    return {**({"hydra_projection": hydra_projection} if hydra_projection != "own" else {}),
+            **({"draft_vocab": draft_vocab} if draft_vocab else {})}
+
+
 @functools.lru_cache(maxsize=None)
-def _fitted_state(num_heads: int, num_layers: int, head_type: str = "linear") -> dict[str, torch.Tensor]:
+def _fitted_state(num_heads: int, num_layers: int, head_type: str = "linear", hydra_projection: str = "own",
+                  draft_vocab: int = 0) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file, save_file
 
     from medusa import MedusaModel
+    from medusa.modeling.draft_vocab import build_token_map
 
     from tiny_models import stories_model, stories_tokenizer
 
     prompts = _train_prompts()
-    args = {**FIT_ARGS, "num_heads": num_heads, "num_layers": num_layers, "head_type": head_type}
+    args = {**FIT_ARGS, "num_heads": num_heads, "num_layers": num_layers, "head_type": head_type,
+            **_head_options(hydra_projection, draft_vocab)}
     key = cache_key(STORIES, prompts, args, code_files())
     path = _cache_dir() / f"stories-heads-{key}.safetensors"
     if path.is_file():
         return load_file(str(path))
     base = stories_model()
-    model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers, head_type=head_type)
-    model.freeze_base()
     sequences = _self_outputs(base, stories_tokenizer(), prompts, new_tokens=FIT_ARGS["new_tokens"])
+    token_map = None  # a draft vocabulary: the ids most frequent in the fitting sequences
+    if draft_vocab:
+        token_map = build_token_map([{"labels": row.tolist()} for row in sequences], base.config.vocab_size,
+                                    draft_vocab)
+    model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers, head_type=head_type,
+                                  token_map=token_map, **_head_options(hydra_projection, 0))
+    model.freeze_base()
     fit_heads(model, sequences, steps=FIT_ARGS["steps"], lr=FIT_ARGS["lr"], seed=FIT_ARGS["seed"])
     state = {k: v.detach().clone() for k, v in model.heads.state_dict().items()}
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -148,15 +164,19 @@ def _fitted_state(num_heads: int, num_layers: int, head_type: str = "linear") ->
     return state
 
 
-def fitted_stories_heads(num_heads: int = 4, num_layers: int = 1, head_type: str = "linear"):
-    """stories260K + heads (``head_type``) fitted on its own greedy outputs (a fresh MedusaModel per call)."""
+def fitted_stories_heads(num_heads: int = 4, num_layers: int = 1, head_type: str = "linear",
+                         hydra_projection: str = "own", draft_vocab: int = 0):
+    """stories260K + heads (``head_type``; hydra: ``hydra_projection``; ``draft_vocab`` > 0: over the
+    ``draft_vocab`` ids most frequent in the fitting sequences) fitted on its own greedy outputs (a fresh
+    MedusaModel per call)."""
     from medusa import MedusaModel
 
     from tiny_models import stories_model
 
-    state = _fitted_state(num_heads, num_layers, head_type)
+    state = _fitted_state(num_heads, num_layers, head_type, hydra_projection, draft_vocab)
     model = MedusaModel.from_base(stories_model(), num_heads=num_heads, num_layers=num_layers,
-                                  head_type=head_type)
+                                  head_type=head_type, token_map=state.get("token_map"),
+                                  **_head_options(hydra_projection, 0))
     model.heads.load_state_dict(state)
     model.freeze_base()
     return model.eval()

@@ -1,0 +1,89 @@
+"""`medusa train` with Hydra heads on the base LM head and a draft vocabulary (stories260K, CPU): the loss
+falls, the frozen LM head stays bit-identical, the checkpoint holds no W2 and round-trips; MEDUSA-2 too."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import medusa.training.loop as loop
+from medusa.cli import main as cli_main
+from medusa.config import load_recipe
+from medusa.errors import ConfigError
+from medusa.modeling.base import lm_head_of
+from medusa.modeling.hydra import HydraHeads
+from medusa.modeling.model import MedusaModel
+
+from tiny_models import stories_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"
+HYDRA = ["heads.head_type=hydra", "heads.hydra_projection=shared_lm_head", "heads.draft_vocab=200"]
+
+pytestmark = pytest.mark.usefixtures("tiny_recipe_env")
+
+
+def test_medusa_train_hydra_shared_lm_head_with_a_draft_vocab(tmp_path, monkeypatch, capsys):
+    results = []
+    train = loop.train
+    monkeypatch.setattr(loop, "train", lambda recipe: results.append(train(recipe)) or results[-1])
+    out = tmp_path / "run"
+    code = cli_main(["train", str(TINY), f"output_dir={out}", "data.max_length=64", "train.logging_steps=5",
+                     "data.eval_split=0.02", "train.eval_steps=0", "train.max_steps=30", "train.lr=5e-3",
+                     *HYDRA])
+    assert code == 0, capsys.readouterr().err
+    assert "draft vocabulary: 200 of 512 tokens" in capsys.readouterr().out
+    result = results[0]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    assert rows[-1]["loss"] < 0.9 * rows[0]["loss"]
+    fresh = stories_model()
+    heads = result.model.heads
+    assert isinstance(heads, HydraHeads) and heads.lm_heads is None and heads.draft_vocab == 200
+    assert heads.shared_lm_head is lm_head_of(result.model.base_model)
+    assert torch.equal(lm_head_of(result.model.base_model).weight, lm_head_of(fresh).weight)  # frozen
+    state = load_file(Path(result.final_dir) / "medusa_heads.safetensors")
+    assert not any(k.startswith("lm_heads") for k in state) and state["token_map"].shape == (200,)
+    cfg = json.loads((Path(result.final_dir) / "medusa_config.json").read_text())
+    assert (cfg["hydra_projection"], cfg["draft_vocab"]) == ("shared_lm_head", 200)
+    assert cfg["recipe"]["heads"]["hydra_projection"] == "shared_lm_head"
+    trained = MedusaModel.from_pretrained(result.final_dir, base_model=fresh)
+    assert trained.heads.projection == "shared_lm_head"
+    assert torch.equal(trained.heads.token_map, heads.token_map.cpu())
+    for name, p in trained.heads.state_dict().items():
+        assert torch.equal(p, heads.state_dict()[name].cpu()), name
+    untrained = MedusaModel.from_base(fresh, num_heads=trained.num_heads, head_type="hydra",
+                                      hydra_projection="shared_lm_head", token_map=trained.heads.token_map)
+    for (name, p), (_, q) in zip(trained.heads.state_dict().items(), untrained.heads.state_dict().items()):
+        assert name == "token_map" or not torch.equal(p, q), f"head tensor {name} did not move"
+
+
+def test_recipe_checks_hydra_projection(tmp_path):
+    base = [f"output_dir={tmp_path}"]
+    assert load_recipe(TINY, base).heads.hydra_projection == "own"
+    with pytest.raises(ConfigError, match="heads.hydra_projection: .*only for heads.head_type: hydra"):
+        load_recipe(TINY, base + ["heads.hydra_projection=shared_lm_head"])
+    with pytest.raises(ConfigError, match="heads.hydra_projection.*shared_lm_head"):
+        load_recipe(TINY, base + ["heads.head_type=hydra", "heads.hydra_projection=shared_lm_heads"])
+    with pytest.raises(ConfigError, match="did you mean heads.hydra_projection"):
+        load_recipe(TINY, base + ["heads.hydra_projecton=own"])
+
+
+def test_medusa2_lora_trains_hydra_shared_lm_head_with_a_draft_vocab(tmp_path):
+    recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml",
+                         [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=2",
+                          "data.eval_split=0.0", "train.eval_steps=0", "train.max_steps=6", *HYDRA])
+    result = loop.train(recipe)
+    loaded = MedusaModel.from_pretrained(result.final_dir)
+    assert isinstance(loaded.heads, HydraHeads) and loaded.config.base_model_subdir == "base_model"
+    assert loaded.heads.projection == "shared_lm_head" and loaded.heads.draft_vocab == 200
+    assert loaded.heads.shared_lm_head is lm_head_of(loaded.base_model)
+    ids = torch.tensor([[1, 403, 407, 261, 378, 29, 261, 269, 363, 260, 365, 267]])  # [1, T]
+    result.model.eval()
+    with torch.no_grad():
+        trained = result.model.heads
+        want = trained(trained.teacher_inputs(result.model(input_ids=ids).hidden_states, ids))
+        got = loaded.heads(loaded.heads.teacher_inputs(loaded(input_ids=ids).hidden_states, ids))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
