@@ -2,8 +2,8 @@
 
 After the MEDUSA-1 bench, at the node budget MEDUSA-1's calibration chose (N nodes, root included):
 
-1. ``hydra_train``: the MEDUSA-1 recipe with ``heads.head_type=hydra`` (then the user's ``--set``
-   overrides), on the same data;
+1. ``hydra_train``: the MEDUSA-1 recipe with ``heads.head_type=hydra`` (and the same projection: the
+   base LM head when MEDUSA-1's heads share it; then the user's ``--set`` overrides), on the same data;
 2. ``hydra_calibrate``: the Hydra heads' accuracy-ranked tree of N nodes;
 3. ``hydra_bench``: benchmarked like MEDUSA-1;
 4. ``dynamic_bench``: the MEDUSA-1 heads with the dynamic tree of N nodes
@@ -49,8 +49,17 @@ class HeadTypePlan:
 
 
 def hydra_overrides(plan: HeadTypePlan) -> list[str]:
-    """The Hydra recipe overrides: the pipeline's, ``heads.head_type=hydra``, then the user's."""
-    return [*plan.overrides, "heads.head_type=hydra", *plan.user_overrides]
+    """The Hydra recipe overrides: the pipeline's, ``heads.head_type=hydra`` (with
+    ``heads.hydra_projection=shared_lm_head`` when the MEDUSA-1 heads share the base LM head, so both head
+    types project the same way), then the user's."""
+    import yaml
+
+    head_type = ((yaml.safe_load(Path(plan.recipe).read_text()) or {}).get("heads") or {}).get("head_type")
+    for item in plan.overrides:
+        if item.startswith("heads.head_type="):
+            head_type = item.split("=", 1)[1]
+    shared = ["heads.hydra_projection=shared_lm_head"] if head_type == "shared_lm_head" else []
+    return [*plan.overrides, "heads.head_type=hydra", *shared, *plan.user_overrides]
 
 
 def run_head_types(root: Path, plan: HeadTypePlan, medusa1: dict[str, Any], bench: BenchFn,
