@@ -84,7 +84,10 @@ def test_hydra_dynamic_greedy_with_repetition_penalty(path):
     assert max(max(a) for a in out.accept_lengths) >= 3
 
 
-@pytest.mark.parametrize("path", PATHS, ids=PATH_IDS)
+STATIC_SLOW = pytest.param({"cache_implementation": "static"}, marks=pytest.mark.slow)  # ~20 s per run
+
+
+@pytest.mark.parametrize("path", [{}, STATIC_SLOW], ids=PATH_IDS)
 def test_dynamic_sample_with_repetition_penalty_chi_square(path):
     """The law of the first three new tokens under a repetition penalty (from the generation_config), the
     3rd often decided at depth 2 of the first step's per-row tree."""
@@ -95,10 +98,10 @@ def test_dynamic_sample_with_repetition_penalty_chi_square(path):
     prompt = torch.tensor([[3, 5, 4, 6]])
     n = 20000
     out = model.generate(prompt.repeat(n, 1), max_new_tokens=4, acceptance="sample", eos_token_id=[],
-                         tree="dynamic:24", generator=torch.Generator().manual_seed(99),
+                         tree="dynamic:40", generator=torch.Generator().manual_seed(99),
                          return_dict_in_generate=True, **path)
     first_step = torch.tensor([a[0] for a in out.accept_lengths])
-    assert (first_step == 3).float().mean() > 0.2, first_step.bincount()  # depth-2 decisions taken often
+    assert (first_step == 3).float().mean() > 0.3, first_step.bincount()  # depth-2 decisions taken often
     x = out.sequences[:, 4:7]  # [n, 3]
     cells = (x[:, 0] * V + x[:, 1]) * V + x[:, 2]
     counts = torch.zeros(V ** 3, dtype=torch.float64).index_add_(0, cells, torch.ones(n, dtype=torch.float64))
