@@ -89,7 +89,7 @@ def test_dynamic_tree_recompiles_once_per_tree_size():
     assert _graphs() == per_shape and again.compile_time_s < first.compile_time_s  # same shapes: reused
     other = run("dynamic:6")
     assert _graphs() == 2 * per_shape  # a new node count recompiles once, not at every step
-    assert other.num_steps > first.num_steps and torch.equal(other.sequences, ref)
+    assert other.num_steps >= 8 and torch.equal(other.sequences, ref)
 
 
 def _joint_counts(out, n):
