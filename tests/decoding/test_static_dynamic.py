@@ -15,9 +15,12 @@ from medusa.decoding.dynamic_tree import DynamicTree
 
 from fit_heads import fitted_stories_heads
 
+# A calibrated path score (medusa.tree.path_score's record; depth 4 scored raw).
+SCORE = {"weight": [2.0, 1.5, 1.2, 1.0], "bias": [1.0, 0.5, 0.2, 0.0], "positions": [99] * 4, "raw": [3]}
 COMBOS = [("hydra", None), ("hydra", "dynamic:16"), ("linear", "dynamic:16"),
-          ("linear", DynamicTree(num_nodes=48, branch=8))]
-IDS = ["hydra-static", "hydra-dynamic16", "medusa-dynamic16", "medusa-dynamic48-branch8"]
+          ("linear", DynamicTree(num_nodes=48, branch=8)), ("hydra", DynamicTree(num_nodes=16, score=SCORE))]
+IDS = ["hydra-static", "hydra-dynamic16", "medusa-dynamic16", "medusa-dynamic48-branch8",
+       "hydra-calibrated16"]
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +93,9 @@ def test_dynamic_tree_recompiles_once_per_tree_size():
     other = run("dynamic:6")
     assert _graphs() == 2 * per_shape  # a new node count recompiles once, not at every step
     assert other.num_steps >= 8 and torch.equal(other.sequences, ref)
+    calibrated = run(DynamicTree(num_nodes=16, score=SCORE))
+    assert _graphs() == 2 * per_shape + 1  # the calibrated score: finish_propose once more, nothing else
+    assert calibrated.num_steps >= 8 and torch.equal(calibrated.sequences, ref)
 
 
 def _joint_counts(out, n):
