@@ -6,7 +6,9 @@ friendly: the cache length ``past`` is a device tensor, never a Python int insid
 A step is three functions: :func:`verify` (tree mask columns + one forward over the tree), the acceptance rule
 (eager, with the generation_config's processors), and :func:`finish` (heads' top-k at the last kept node,
 compaction, mask columns of the kept entries, ``past`` advance). :mod:`medusa.decoding.compiled` compiles
-``verify`` and ``finish``; :func:`static_step` runs them and does the step's one host sync.
+``verify`` and ``finish``; :func:`static_step` runs them and does the step's one host sync. Hydra heads and
+dynamic trees use the same prefill, ``verify`` and :func:`compact` with their own proposal
+(:mod:`medusa.decoding.static_dynamic`).
 """
 
 from __future__ import annotations
