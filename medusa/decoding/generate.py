@@ -26,11 +26,11 @@ from medusa.decoding.processors import (
     Generation,
     apply_processors,
     merged_config,
-    process_tree,
+    process_nodes,
     resolve_generation,
     warp_scores,
 )
-from medusa.decoding.proposals import check_tree_support, decoding_tree, step_candidates
+from medusa.decoding.proposals import decoding_tree, step_candidates
 from medusa.errors import MedusaError
 from medusa.modeling.base import unwrap
 
@@ -154,7 +154,7 @@ def _accept(run: _Run, logits: torch.Tensor, tokens: torch.Tensor, tree: Any = N
     if gen.needs_ids:
         lengths = [run.prompt_len + len(g) for g in run.generated]
         active = [not d for d in run.done]
-        scores = process_tree(gen, run.history, lengths, active, tokens, logits, dt.ancestors, dt.depth_list)
+        scores = process_nodes(gen, run.history, lengths, active, tokens, logits, dt)
     if run.acceptance == "greedy":
         return greedy_accept(scores, tokens, dt)
     warp = functools.partial(warp_scores, gen)
@@ -260,17 +260,12 @@ def _path(model: Any, run: _Run, shape: torch.Size, compile: bool, cache_impleme
     b, p = shape
     if cache_implementation not in (None, "dynamic", "static"):
         raise MedusaError(f"cache_implementation must be 'dynamic' or 'static', got {cache_implementation!r}")
-    check_tree_support(model.heads, run.dt, run.gen.needs_ids, compile or cache_implementation == "static")
     if not compile and cache_implementation != "static":
         return prefill, decode_step, p + 2 * run.max_new_tokens + run.dt.num_nodes
-    from medusa.decoding.compiled import step_functions, with_greedy
-    from medusa.decoding.static_cache import static_capacity, static_prefill, static_step
+    from medusa.decoding.compiled import static_path
 
-    fns = step_functions(model, compile)
-    if compile and run.acceptance == "greedy" and not run.gen.needs_ids:
-        fns = with_greedy(fns, model, run.dt)
-    return (static_prefill, functools.partial(static_step, fns=fns),
-            static_capacity(p, run.max_new_tokens, b, run.dt))
+    return static_path(model, run.dt, (b, p), run.max_new_tokens, compile,
+                       greedy=run.acceptance == "greedy" and not run.gen.needs_ids)
 
 
 def _decode_loop(model: Any, state: Any, run: _Run, first: list[int], streamer: Any,

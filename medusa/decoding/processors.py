@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.dynamic_tree import is_per_row
 from medusa.errors import MedusaError
 from medusa.modeling.base import unwrap
 
@@ -246,5 +247,45 @@ def process_tree(gen: Generation, history: torch.Tensor, lengths: list[int], act
     return out
 
 
+def process_nodes(gen: Generation, history: torch.Tensor, lengths: list[int], active: list[bool],
+                  tokens: torch.Tensor, logits: torch.Tensor, tree: Any) -> torch.Tensor:
+    """:func:`process_tree` on a static tree (``DecodeTree``), :func:`process_step_tree` on per-row trees."""
+    if is_per_row(tree):
+        return process_step_tree(gen, history, lengths, active, tokens, logits, tree)
+    return process_tree(gen, history, lengths, active, tokens, logits, tree.ancestors, tree.depth_list)
+
+
+def process_step_tree(gen: Generation, history: torch.Tensor, lengths: list[int], active: list[bool],
+                      tokens: torch.Tensor, logits: torch.Tensor, tree: Any) -> torch.Tensor:
+    """:func:`process_tree` for per-row trees (a dynamic tree's ``StepTree``): node depths differ between
+    rows and live on the device, so, with no host read, every node of the active rows is processed once per
+    depth d = 0..D with its path cut to d tokens, and keeps the result of its own depth.
+
+    ``tree.ancestors [B, N, D+1]`` (node indices, the node itself at its own depth), ``tree.depths [B, N]``.
+    """
+    out = logits.float().clone()  # [B, N, V]
+    b, n, v = out.shape
+    device = logits.device
+    by_len: dict[int, list[int]] = {}
+    for row, (length, on) in enumerate(zip(lengths, active)):
+        if on:
+            by_len.setdefault(length, []).append(row)
+    for length, row_list in by_len.items():
+        rows = torch.tensor(row_list, device=device)  # [r]
+        r = len(row_list)
+        prefix = history.index_select(0, rows)[:, :length].unsqueeze(1).expand(r, n, length)  # [r, N, L]
+        anc = tree.ancestors.index_select(0, rows)  # [r, N, D+1]
+        path_tok = tokens.index_select(0, rows).gather(1, anc.view(r, -1)).view(anc.shape)  # [r, N, D+1]
+        depth = tree.depths.index_select(0, rows).unsqueeze(-1)  # [r, N, 1]
+        raw = out.index_select(0, rows)  # [r, N, V]
+        done = raw
+        for d in range(tree.depth + 1):
+            ids = torch.cat([prefix, path_tok[:, :, 1:d + 1]], dim=2).reshape(r * n, length + d)
+            at_d = apply_processors(gen, ids, raw.reshape(r * n, v).clone(), rows.repeat_interleave(n))
+            done = torch.where(depth == d, at_d.view(r, n, v), done)
+        out[rows] = done
+    return out
+
+
 __all__ = ["Generation", "apply_processors", "merged_config", "build_warpers", "check_supported_settings",
-           "process_tree", "resolve_generation", "warp_scores"]
+           "process_nodes", "process_step_tree", "process_tree", "resolve_generation", "warp_scores"]

@@ -21,7 +21,7 @@ from medusa.decoding.dynamic_tree import (
     medusa_children,
 )
 from medusa.decoding.hydra_candidates import hydra_propose
-from medusa.errors import MedusaError
+from medusa.decoding.static_cache import stacked_heads
 from medusa.modeling.hydra import needs_tokens
 
 
@@ -34,7 +34,7 @@ def step_candidates(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Te
         if needs_tokens(heads):
             children = hydra_children(heads, hidden, branch)
         else:
-            logits = heads(hidden.unsqueeze(1))[:dt.depth, :, 0]  # [D, B, V] (-inf outside a draft vocab)
+            logits = stacked_heads(heads, hidden.unsqueeze(1))[:dt.depth, :, 0]  # [D, B, V]
             children = medusa_children(torch.log_softmax(logits.float(), dim=-1), branch)
         step = build_step_tree(root, children, dt.num_nodes, dt.depth, dt.dtype, branch, path_score=dt.score)
         return step.tokens, step
@@ -48,18 +48,3 @@ def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> Decode
     if isinstance(tree, DynamicTree):
         return dataclasses.replace(tree, dtype=dtype)
     return decode_tree(tree, device, dtype)
-
-
-def check_tree_support(heads: torch.nn.Module, dt: DecodeTree | DynamicTree, processors: bool,
-                       static_path: bool) -> None:
-    """Refuse what the dynamic tree / Hydra heads do not support yet: logits processors on a dynamic tree
-    (they group nodes by depth on the host), and the static-cache / compiled path (it proposes MEDUSA top-k
-    on a static tree)."""
-    dynamic = isinstance(dt, DynamicTree)
-    if dynamic and processors:
-        raise MedusaError("tree='dynamic' cannot apply generation_config logits processors "
-                          "(repetition_penalty, no_repeat_ngram_size, min_new_tokens, suppress / bad "
-                          "words...); use a static tree")
-    if static_path and (dynamic or needs_tokens(heads)):
-        raise MedusaError("compile / cache_implementation='static' decode MEDUSA heads on a static tree; "
-                          "hydra heads and tree='dynamic' use the default (eager) path")

@@ -6,7 +6,9 @@ friendly: the cache length ``past`` is a device tensor, never a Python int insid
 A step is three functions: :func:`verify` (tree mask columns + one forward over the tree), the acceptance rule
 (eager, with the generation_config's processors), and :func:`finish` (heads' top-k at the last kept node,
 compaction, mask columns of the kept entries, ``past`` advance). :mod:`medusa.decoding.compiled` compiles
-``verify`` and ``finish``; :func:`static_step` runs them and does the step's one host sync.
+``verify`` and ``finish``; :func:`static_step` runs them and does the step's one host sync. Hydra heads and
+dynamic trees use the same prefill, ``verify`` and :func:`compact` with their own proposal
+(:mod:`medusa.decoding.static_dynamic`).
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ class StaticState:
     past: torch.Tensor  # [] long: used cache columns, equal for all rows (advance: the step's largest gain)
     n_valid: torch.Tensor  # [B] real tokens in each row's cache = the next position id
     root: torch.Tensor  # [B] the next tree's root token
-    head_topk: torch.Tensor  # [K, B, kmax] heads' top-k tokens at the last cached position
+    head_topk: torch.Tensor | None  # [K, B, kmax] heads' top-k tokens at the last cached position (MEDUSA)
     arange_n: torch.Tensor  # [N] long, preallocated
     past_host: int = 0  # ``past`` on the host (advanced from the step's host copy: no extra sync)
     compile_time_s: float = 0.0  # warm-up (compilation) time, reported apart from decode time
     warm: set = field(default_factory=set)  # step functions already warmed for this state's shapes
+    proposal: tuple | None = None  # Hydra heads / dynamic tree: the next step's (tokens [B, N], tree)
 
     @property
     def valid(self) -> torch.Tensor:
@@ -78,8 +81,18 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt
                    capacity: int | None = None) -> StaticState:
     """Run the left-padded prompt ``[B, P]`` into a fresh ``StaticCache`` of ``capacity`` columns (eager: the
     prompt length varies); choose the root and the heads' top-k at the last position as the eager prefill."""
+    state, out = prompt_state(model, input_ids, mask2d, dt, choose_root, capacity, compute_heads=True)
+    state.head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
+    return state
+
+
+def prompt_state(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: Any,
+                 choose_root: Callable[[torch.Tensor], torch.Tensor] | None, capacity: int | None,
+                 compute_heads: bool) -> tuple[StaticState, Any]:
+    """The prompt's forward into a fresh ``StaticCache`` and the state after it (no proposal yet: head_topk
+    None); also returns the model's output (last logits, hidden states, head logits if computed)."""
     b, p = input_ids.shape
-    device, dtype = input_ids.device, dt.float_mask.dtype
+    device, dtype = input_ids.device, dt.dtype
     max_len = capacity or cache_bucket(p + 2 * dt.num_nodes)
     cache = new_static_cache(model, max_len)
     neg = torch.finfo(dtype).min
@@ -89,25 +102,25 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt
     prompt_mask = torch.where(keep, 0.0, neg).to(dtype)  # [B, 1, P, L]
     out = model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=prompt_position_ids(mask2d),
                 past_key_values=cache, use_cache=True, positions=torch.tensor([p - 1], device=device),
-                compute_heads=True)
+                compute_heads=compute_heads)
     last = out.logits[:, -1]  # [B, V]
     root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
-    head_topk = out.head_logits[:, :, -1].topk(dt.kmax, dim=-1).indices  # [K, B, kmax]
     mask = tree_mask_buffer(mask2d, dt.num_nodes, max_len, dtype)  # [B, 1, N, L]
     past = torch.tensor(p, dtype=torch.long, device=device)
     arange_n = torch.arange(dt.num_nodes, device=device)
     for t in (mask, past):  # mutated inside the compiled step: fixed addresses (CUDA graphs need them)
         torch._dynamo.mark_static_address(t)
-    return StaticState(dt, cache, mask, past, mask2d.sum(-1), root, head_topk, arange_n, p)
+    return StaticState(dt, cache, mask, past, mask2d.sum(-1), root, None, arange_n, p), out
 
 
 def verify(model: Any, cache: Any, mask: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
            cols: torch.Tensor, float_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Write the tree's mask columns ``cols [N]`` (= past + arange(N)) and run the tree ``tokens [B, N]`` at
-    ``positions [B, N]`` into the cache there. Returns logits ``[B, N, V]`` and hidden states
-    ``[B, N, d]``."""
+    ``positions [B, N]`` into the cache there; ``float_mask``: the tree's ``[N, N]`` or per-row ``[B, N, N]``.
+    Returns logits ``[B, N, V]`` and hidden states ``[B, N, d]``."""
     b, n = tokens.shape
-    mask.index_copy_(3, cols, float_mask.view(1, 1, n, n).expand(b, 1, n, n))  # mask: [B, 1, N, L]
+    tree_cols = float_mask.expand(b, n, n).unsqueeze(1)  # [B, 1, N, N]: one tree ([N, N]) or one per row
+    mask.index_copy_(3, cols, tree_cols)  # mask: [B, 1, N, L]
     for layer in cache.layers:
         layer.cumulative_length.copy_(cols[0])  # StaticLayer writes the new entries at cumulative_length
     out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache,
@@ -119,15 +132,27 @@ def finish(model: Any, cache: Any, mask: torch.Tensor, past: torch.Tensor, path:
            n_acc: torch.Tensor, hidden: torch.Tensor, cols: torch.Tensor, arange_n: torch.Tensor, kmax: int
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """After acceptance (``path [B, D+1]`` node indices, ``n_acc [B]``): the heads' top-k at the last kept
-    node, the kept entries moved to columns ``past .. past+D`` of each row (fixed D+1 wide; entries past the
-    row's keep are masked), their mask columns set, ``past`` advanced by the largest keep. Returns
-    (head_topk ``[K, B, kmax]``, keep ``[B]``)."""
+    node, then :func:`compact`. Returns (head_topk ``[K, B, kmax]``, keep ``[B]``)."""
+    picked = last_hidden(hidden, path, n_acc)  # [B, d]
+    head_topk = stacked_heads(model.heads, picked.unsqueeze(1))[:, :, 0].topk(kmax, dim=-1).indices
+    return head_topk, compact(cache, mask, past, path, n_acc, cols, arange_n)
+
+
+def last_hidden(hidden: torch.Tensor, path: torch.Tensor, n_acc: torch.Tensor) -> torch.Tensor:
+    """The hidden state ``[B, d]`` at each row's last kept node (``hidden [B, N, d]``, ``path [B, D+1]``)."""
+    b = path.shape[0]
+    last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
+    return hidden.gather(1, last.view(b, 1, 1).expand(-1, -1, hidden.shape[-1]))[:, 0]  # [B, d]
+
+
+def compact(cache: Any, mask: torch.Tensor, past: torch.Tensor, path: torch.Tensor, n_acc: torch.Tensor,
+            cols: torch.Tensor, arange_n: torch.Tensor) -> torch.Tensor:
+    """The kept entries moved to columns ``past .. past+D`` of each row (fixed D+1 wide; entries past the
+    row's keep are masked), their mask columns set, ``past`` advanced by the largest keep. Returns keep
+    ``[B]`` (kept nodes per row, root included)."""
     b, width = path.shape
     n = cols.shape[0]
     neg = torch.finfo(mask.dtype).min
-    last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
-    picked = hidden.gather(1, last.view(b, 1, 1).expand(-1, -1, hidden.shape[-1]))  # [B, 1, d]
-    head_topk = _heads(model.heads, picked)[:, :, 0].topk(kmax, dim=-1).indices  # [K, B, kmax]
     src = path + cols[0]  # [B, D+1] cache columns of the kept nodes
     dst = cols[:width]  # [D+1]
     for layer in cache.layers:
@@ -139,14 +164,15 @@ def finish(model: Any, cache: Any, mask: torch.Tensor, past: torch.Tensor, path:
     cols_mask = torch.where(valid, 0.0, neg).to(mask.dtype)  # [B, N]
     mask.index_copy_(3, cols, cols_mask.view(b, 1, 1, n).expand(b, 1, n, n))
     past.add_(keep.max())
-    return head_topk, keep
+    return keep
 
 
-def _heads(heads: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """``[B, T, d] -> [K, B, T, V]``; traced per head when compiling (the batched path's weight cache checks
-    data pointers, a graph break; inductor fuses the per-head ops itself)."""
+def stacked_heads(heads: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """MEDUSA heads ``[B, T, d] -> [K, B, T, V]`` target logits; traced per head when compiling (the batched
+    path's weight cache checks data pointers, a graph break; inductor fuses the per-head ops itself)."""
     if torch.compiler.is_compiling():
-        return torch.stack([heads.head_logits(k, hidden) for k in range(heads.num_heads)], dim=0)
+        draft = torch.stack([heads.head_logits(k, hidden) for k in range(heads.num_heads)], dim=0)
+        return heads.to_target_logits(draft)  # -inf outside a draft vocabulary (identity when full)
     return heads(hidden)
 
 
@@ -211,5 +237,5 @@ def static_step(model: Any, state: StaticState, accept: Any, fns: StepFns) -> to
     return host
 
 
-__all__ = ["StaticState", "StepFns", "cache_bucket", "finish", "new_static_cache", "static_capacity",
-           "static_prefill", "static_step", "verify"]
+__all__ = ["StaticState", "StepFns", "cache_bucket", "compact", "finish", "last_hidden", "new_static_cache",
+           "prompt_state", "stacked_heads", "static_capacity", "static_prefill", "static_step", "verify"]
