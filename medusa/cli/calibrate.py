@@ -70,6 +70,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"wrote {path}: {len(tree)} nodes, depth {tree.depth}, expected "
           f"{cal['expected_tokens_per_step']:.2f} tokens/step (independence formula: "
           f"{cal['independent_formula_tokens_per_step']:.2f})")
+    if cal.get("dynamic_expected_tokens_per_step"):
+        dyn = cal["dynamic_expected_tokens_per_step"]
+        print(f"a dynamic tree of {len(tree)} nodes (--tree dynamic --nodes {len(tree)}) would give "
+              f"{dyn['calibrated']:.2f} tokens/step on this data ({dyn['raw']:.2f} with raw head "
+              "probabilities)")
     for p in plots:
         print(f"wrote {p}")
     return 0

@@ -37,7 +37,7 @@ from medusa.modeling.draft_vocab import draft_vocab_summary
 from medusa.modeling.hydra import needs_tokens
 from medusa.tree.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.tree.build import build_tree_choices, expected_tokens_per_step
-from medusa.tree.path_score import fit_path_score
+from medusa.tree.path_score import fit_path_score, replay_dynamic
 from medusa.tree.tree import MedusaTree
 
 MISS, NO_TARGET = -1, -2
@@ -52,7 +52,7 @@ class HeadStats:
     starts: list[int]  # index of the first labelled token of each example (the first one the model writes)
     topk: int
     num_tokens: int
-    logp: list[torch.Tensor] | None = None  # per example [T_e, D, topk] float16: the heads' top-k log-probs
+    logp: list[torch.Tensor] | None = None  # per example [T_e, D, topk] float32: the heads' top-k log-probs
 
     @property
     def depth(self) -> int:
@@ -113,11 +113,11 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
 def _head_ranks(model: Any, hidden: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor, depth: int,
                 topk: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch's hit ranks ``[B, T, D]`` int8 and top-``topk`` log-probabilities ``[B, T, D, topk]``
-    float16 (-inf where a draft vocabulary has fewer tokens) from the heads' inputs ``hidden [B, T, .]``."""
+    float32 (-inf where a draft vocabulary has fewer tokens) from the heads' inputs ``hidden [B, T, .]``."""
     to_target = getattr(model.heads, "to_target", lambda t: t)  # draft ids -> target ids
     b, width = ids.shape
     batch_ranks = torch.full((b, width, depth), NO_TARGET, dtype=torch.int8)  # [B, T, D]
-    batch_logp = torch.full((b, width, depth, topk), float("-inf"), dtype=torch.float16)
+    batch_logp = torch.full((b, width, depth, topk), float("-inf"))  # [B, T, D, topk]
     for k in range(depth):
         shift = k + 2
         if width <= shift:
@@ -128,7 +128,7 @@ def _head_ranks(model: Any, hidden: torch.Tensor, ids: torch.Tensor, labels: tor
             c1 = min(c0 + chunk, width - shift)
             logits = model.heads.head_logits(k, hidden[:, c0:c1])  # [B, C, V]
             best = torch.log_softmax(logits.float(), dim=-1).topk(min(topk, logits.shape[-1]), dim=-1)
-            batch_logp[:, c0:c1, k, :best.values.shape[-1]] = best.values.cpu().half()  # [B, C, topk]
+            batch_logp[:, c0:c1, k, :best.values.shape[-1]] = best.values.cpu()  # [B, C, topk]
             top = to_target(best.indices).cpu()  # [B, C, topk] target ids
             hit = top == target[:, c0:c1, None]  # [B, C, topk]
             rank = torch.where(hit.any(-1), hit.int().argmax(-1),
@@ -263,7 +263,10 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
     record = calibration_record(choices, stats, tables, counts, total, method, data_name)
     record["auto"] = timing
     if stats.logp is not None:  # the dynamic tree's calibrated path score (medusa.tree.path_score)
-        record["path_score"] = fit_path_score(stats.logp, stats.ranks)
+        record["path_score"] = score = fit_path_score(stats.logp, stats.ranks)
+        record["dynamic_expected_tokens_per_step"] = {  # a dynamic tree of the same size, replayed
+            "raw": replay_dynamic(stats.logp, stats.ranks, stats.starts, len(choices) + 1, None),
+            "calibrated": replay_dynamic(stats.logp, stats.ranks, stats.starts, len(choices) + 1, score)}
     labels = torch.tensor([t for e in examples for t in e["labels"]], dtype=torch.long)
     record.update(draft_vocab_summary(model.heads, labels))  # share of target tokens the draft covers
     return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)

@@ -16,6 +16,7 @@ monotone in ``p`` within a depth (so the heads' top-k are still the candidates).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -92,4 +93,48 @@ def score_log_probs(logp: torch.Tensor, depth: int, score: dict[str, Any] | None
     return torch.nn.functional.logsigmoid(score["weight"][d] * logp + score["bias"][d])
 
 
-__all__ = ["depth_samples", "fit_logistic", "fit_path_score", "score_log_probs"]
+def _top_paths(scores: list[list[float]], num_nodes: int) -> set[tuple[int, ...]]:
+    """The ``num_nodes - 1`` rank paths of highest summed score (``scores[d][r] <= 0``: depth d's rank-r
+    increment), found best-first; prefix-closed because every increment is <= 0 (ties: shallower first)."""
+    depth, k = len(scores), len(scores[0])
+    heap = [(-scores[0][r], 1, (r,)) for r in range(k)]
+    heapq.heapify(heap)
+    kept: set[tuple[int, ...]] = set()
+    while heap and len(kept) < num_nodes - 1:
+        neg, d, path = heapq.heappop(heap)
+        kept.add(path)
+        if d < depth:
+            for r in range(k):
+                heapq.heappush(heap, (neg - scores[d][r], d + 1, path + (r,)))
+    return kept
+
+
+def replay_dynamic(logp: Sequence[torch.Tensor], ranks: Sequence[torch.Tensor], starts: Sequence[int],
+                   num_nodes: int, score: dict[str, Any] | None) -> float:
+    """Expected tokens/step of a dynamic tree of ``num_nodes`` nodes under ``score`` (None: raw
+    log-probabilities), replaying greedy decoding on calibration examples the way
+    :func:`medusa.tree.calibrate.simulated_tokens_per_step` replays a static tree: at each step the tree is
+    the best paths over the heads' top-k *at that position*, and the step accepts the longest path the true
+    tokens follow, plus the bonus token. Exact for MEDUSA heads; for Hydra heads it scores every parent's
+    children with the true prefix's distribution (an approximation: off-path parents would see others)."""
+    tokens = steps = 0
+    for lp, rk, start in zip(logp, ranks, starts):
+        r = rk.tolist()
+        inc = torch.stack([score_log_probs(lp[:, d].float(), d + 1, score)
+                           for d in range(lp.shape[1])], dim=1).tolist()  # [T, D, k]
+        s, end = start - 1, len(r) - 1
+        while s + 2 <= end:
+            tree = _top_paths(inc[s], num_nodes)
+            path: tuple[int, ...] = ()
+            for d in range(len(r[s])):
+                if r[s][d] < 0 or path + (r[s][d],) not in tree:
+                    break
+                path = path + (r[s][d],)
+            gained = min(1 + len(path), end - s - 1)
+            tokens += gained
+            steps += 1
+            s += gained
+    return tokens / max(steps, 1)
+
+
+__all__ = ["depth_samples", "fit_logistic", "fit_path_score", "replay_dynamic", "score_log_probs"]

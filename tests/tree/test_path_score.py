@@ -119,11 +119,20 @@ def test_calibrate_writes_a_score_and_greedy_decoding_with_it_equals_hf():
         ids = tok(p, return_tensors="pt").input_ids
         seq = model.base_model.generate(ids, max_new_tokens=48, do_sample=False)[0].tolist()
         examples.append({"input_ids": seq, "labels": [-100] * ids.shape[1] + seq[ids.shape[1]:]})
-    tree = calibrate(model, examples, nodes=16, progress=False)
+    tree = calibrate(model, examples, nodes=8, progress=False)
     score = tree.calibration["path_score"]
     assert len(score["weight"]) == 4 and score["raw"] == [] and all(w > 0 for w in score["weight"])
     previous, model.tree = model.tree, tree
     try:
+        # the replay predicts the dynamic decode loop on the calibration replies themselves
+        predicted = tree.calibration["dynamic_expected_tokens_per_step"]["calibrated"]
+        lengths = []
+        for ex, p in zip(examples, prompts[:10]):
+            ids = tok(p, return_tensors="pt").input_ids
+            out = model.generate(ids, max_new_tokens=48, tree="dynamic:8", return_dict_in_generate=True)
+            lengths += out.accept_lengths[0]
+        assert predicted == pytest.approx(sum(lengths) / len(lengths), rel=0.02)
+        assert tree.calibration["dynamic_expected_tokens_per_step"]["raw"] > 1.5
         for p in prompts[10:13]:
             ids = tok(p, return_tensors="pt").input_ids
             ref = model.base_model.generate(ids, max_new_tokens=64, do_sample=False)
