@@ -29,6 +29,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def expand_home(name_or_path: str) -> str:
+    """``~/...`` -> the user's home (recipes may name a local model that way); anything else unchanged."""
+    import os
+
+    return os.path.expanduser(name_or_path) if str(name_or_path).startswith("~") else name_or_path
+
+
 def load_base_model(
     name_or_path: str,
     dtype: str | torch.dtype | None = None,
@@ -46,6 +53,7 @@ def load_base_model(
         load_kwargs["device_map"] = device_map
     if quantization_config is not None:
         load_kwargs["quantization_config"] = quantization_config
+    name_or_path = expand_home(name_or_path)
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
     except (OSError, ValueError, EnvironmentError) as exc:
@@ -64,6 +72,7 @@ def load_tokenizer(name_or_path: str, *, chat_template: str | None = None, paddi
 
     from transformers import AutoTokenizer
 
+    name_or_path = expand_home(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:

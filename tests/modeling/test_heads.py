@@ -115,3 +115,17 @@ def test_batched_inference_path_equals_per_head_modules(num_layers, head_type):
     assert not torch.allclose(again[1], batched[1])
     torch.testing.assert_close(again[0], batched[0], rtol=0, atol=0)
     torch.testing.assert_close(again[1], model.heads.head_logits(1, hidden).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_loaders_expand_a_home_relative_model_path(monkeypatch, tmp_path):
+    """A recipe's ``model: ~/...`` (as the SmolLM2 recipe writes it) loads: the loaders expand ``~``."""
+    from medusa.modeling.base import expand_home, load_base_model, load_tokenizer
+
+    from tiny_models import STORIES, require_shared
+
+    require_shared()
+    (tmp_path / "m").symlink_to(STORIES)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert expand_home("~/m") == str(tmp_path / "m") and expand_home("org/name") == "org/name"
+    assert load_base_model("~/m").config.vocab_size == 512
+    assert load_tokenizer("~/m").vocab_size == 512
