@@ -10,10 +10,10 @@ a load change on a shared machine hits both alike; the ratios are the figures to
 backbone forward / heads forward / heads backward / optimizer (clip + AdamW + zero_grad), each timed
 between synchronisations. ``ratio`` = training tokens/s over forward-only tokens/s.
 
-``cache-speedup``: writes the hidden-state cache of the training examples (``medusa cache-hidden``'s
+``cache-speedup``: writes the hidden-state cache of the measured steps' examples (``medusa cache-hidden``'s
 code, timed apart), then per micro-batch one online training step (backbone + heads) and one step from
 the cache (reading the rows from the memory-mapped shards + heads). ``speedup`` = online epoch time over
-cached epoch time (``--steps`` limits both to the epoch's first N steps).
+cached epoch time (``--steps`` limits both, and the cache, to the epoch's first N steps).
 """
 
 from __future__ import annotations
@@ -167,37 +167,37 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure_cache_speedup(args: argparse.Namespace) -> dict[str, Any]:
-    """Cache writing time, then one epoch online vs one epoch from the cache (alternating step by step)."""
+    """Cache writing time, then one epoch online vs one epoch from the cache (alternating step by step).
+    The cache holds exactly the measured steps' examples, in step order (the whole epoch by default)."""
     from medusa.training.hidden_cache import prepare
 
     bench = build_bench(args.recipe, args.overrides)
     batches = epoch_batches(bench, args.steps)
+    examples = [bench.data.train.examples[i] for idx, _ in batches for i in idx]
+    bs = bench.recipe.train.batch_size
     with tempfile.TemporaryDirectory(dir=args.cache_dir) as tmp:
-        base, data = bench.model.base_model, bench.data
         t0 = time.perf_counter()
-        cache = prepare(Path(tmp) / "hidden_cache", base, data.train.examples, data.pad_token_id,
-                        bench.recipe.train.batch_size, dtype=args.cache_dtype, log=lambda _: None)
+        cache = prepare(Path(tmp) / "hidden_cache", bench.model.base_model, examples, bench.data.pad_token_id,
+                        bs, dtype=args.cache_dtype, log=lambda _: None)
         write = time.perf_counter() - t0
         assert cache is not None
-        cache_tokens = int(cache.plan.index["num_tokens"])
         size = sum(f.stat().st_size for f in Path(tmp).rglob("*") if f.is_file())
         online, cached, read = {}, {}, 0.0
-        idx0, b0 = batches[0]
+        b0 = batches[0][1]
         train_step(bench, b0)  # warm-up of both paths (allocator, kernels)
-        train_step(bench, {**b0, "hidden": cache.batch(idx0, b0["input_ids"].shape[1])})
-        for idx, b in batches:
+        train_step(bench, {**b0, "hidden": cache.batch(range(bs), b0["input_ids"].shape[1])})
+        for k, (_, b) in enumerate(batches):
             train_step(bench, b, online)
             t0 = time.perf_counter()
-            hidden = cache.batch(idx, b["input_ids"].shape[1])  # [B, T, d]
+            hidden = cache.batch(range(k * bs, (k + 1) * bs), b["input_ids"].shape[1])  # [B, T, d]
             read += time.perf_counter() - t0
             train_step(bench, {**b, "hidden": hidden}, cached)
+        cache_tokens = int(cache.plan.index["num_tokens"])
     result = _describe(bench, batches)
     on, off = sum(online.values()), sum(cached.values()) + read
-    per_epoch = len(bench.data.train.examples) // bench.recipe.train.batch_size
-    result.update({"steps_per_epoch": per_epoch, "cache_examples": len(bench.data.train.examples),
-                   "cache_tokens": cache_tokens,
-                   "cache_dtype": args.cache_dtype, "cache_bytes": size, "cache_write_s": write,
-                   "online_epoch_s": on, "cached_epoch_s": off, "cache_read_s": read, "speedup": on / off,
-                   "online_heads_s": on - online["backbone_forward"],
-                   "cache_write_over_online_epoch": write / on * len(batches) / per_epoch})
+    result.update({"steps_per_epoch": len(bench.data.train.examples) // bs, "cache_examples": len(examples),
+                   "cache_tokens": cache_tokens, "cache_dtype": args.cache_dtype, "cache_bytes": size,
+                   "cache_write_s": write, "online_epoch_s": on, "cached_epoch_s": off, "cache_read_s": read,
+                   "speedup": on / off, "online_heads_s": on - online["backbone_forward"],
+                   "cache_write_over_online_epoch": write / on})
     return result
