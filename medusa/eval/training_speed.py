@@ -8,7 +8,10 @@ a load change on a shared machine hits both alike; the ratios are the figures to
 
 ``throughput``: per micro-batch, the backbone forward alone, then one full training step split into
 backbone forward / heads forward / heads backward / optimizer (clip + AdamW + zero_grad), each timed
-between synchronisations. ``ratio`` = training tokens/s over forward-only tokens/s.
+between synchronisations. ``ratio`` = training tokens/s over forward-only tokens/s; ``ratio_from_parts``
+= forward-only time over (forward-only time + heads forward + backward + optimizer): the same ratio with
+the training step's backbone forward (the very same computation) replaced by the forward-only timing,
+so that load noise on a shared machine between the two backbone runs does not enter it.
 
 ``cache-speedup``: writes the hidden-state cache of the measured steps' examples (``medusa cache-hidden``'s
 code, timed apart), then per micro-batch one online training step (backbone + heads) and one step from
@@ -159,8 +162,10 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, Any]:
     train = sum(parts.values())
     result = _describe(bench, timed)
     tokens = result["tokens"]
+    extra = train - parts["backbone_forward"]  # heads forward + backward + optimizer
     result.update({"forward_only_s": forward, "train_s": train, "forward_only_tokens_per_s": tokens / forward,
                    "train_tokens_per_s": tokens / train, "ratio": forward / train,
+                   "ratio_from_parts": forward / (forward + extra),
                    **{f"{k}_s": v for k, v in parts.items()},
                    **{f"{k}_share": v / train for k, v in parts.items()}})
     return result

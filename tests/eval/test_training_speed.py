@@ -43,12 +43,14 @@ def test_throughput_json(capsys, draft):
     overrides = [f"heads.draft_vocab={draft}"]
     r = _run(capsys, ["throughput", RECIPE, *overrides, "--steps", "3", "--warmup", "1", "--threads", "1"])
     _positive(r, ["tokens", "forward_only_s", "train_s", "forward_only_tokens_per_s", "train_tokens_per_s",
-                  "ratio"] + [f"{p}_s" for p in PARTS])
+                  "ratio", "ratio_from_parts"] + [f"{p}_s" for p in PARTS])
     assert r["steps"] == 3 and r["threads"] == 1 and r["draft_vocab"] == draft
     assert r["tokens"] == _epoch_tokens(RECIPE, overrides, 4) - _epoch_tokens(RECIPE, overrides, 1)
     assert r["train_s"] == pytest.approx(sum(r[f"{p}_s"] for p in PARTS))
     assert sum(r[f"{p}_share"] for p in PARTS) == pytest.approx(1.0)
     assert r["ratio"] == pytest.approx(r["train_tokens_per_s"] / r["forward_only_tokens_per_s"])
+    extra = r["heads_forward_s"] + r["heads_backward_s"] + r["optimizer_s"]
+    assert r["ratio_from_parts"] == pytest.approx(r["forward_only_s"] / (r["forward_only_s"] + extra))
     if draft:
         assert 0 < r["draft_vocab_coverage"] <= 1
     else:
