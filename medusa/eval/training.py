@@ -4,9 +4,13 @@
     Peak memory of one forward + backward of the head loss, chunked vs naive. Each variant runs in a
     fresh subprocess; the figure is the process's peak RSS (``ru_maxrss``) minus its RSS once the
     weights, inputs and weight gradients already exist, i.e. what the loss itself adds.
-``python -m medusa.eval.training throughput [RECIPE] [--steps 30] [key=value ...]``
+``python -m medusa.eval.training throughput [RECIPE] [key=value ...] [--steps 30 --warmup 2]``
     Training tokens/s of the recipe's MEDUSA-1 step (backbone forward without autograd + chunked head
-    loss forward/backward + AdamW) vs a loop that only runs the backbone forward, on the same batches.
+    loss forward/backward + clipping + AdamW) vs the backbone forward alone, on the same batches, and
+    the step's time split into backbone forward / heads forward / heads backward / optimizer.
+``python -m medusa.eval.training cache-speedup [RECIPE] [key=value ...] [--steps N --cache-dir DIR]``
+    Writes the hidden-state cache of the recipe's training examples (timed apart), then times one epoch
+    (or its first N steps) online vs from the cache. See :mod:`medusa.eval.training_speed`.
 ``python -m medusa.eval.training heads-size [--hidden 4096 --vocab 128256 --heads 5 --draft-vocab 32768]``
     Parameters of the heads with the full vocabulary and with a draft vocabulary (built on the meta device:
     nothing is allocated).
@@ -74,57 +78,12 @@ def measure_memory(args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def measure_throughput(args: argparse.Namespace) -> dict:
-    from medusa.config import load_recipe
-    from medusa.data import collate
-    from medusa.training import medusa1
-    from medusa.training import setup as S
-
-    recipe = load_recipe(args.recipe, args.overrides)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = S.load_tokenizer(recipe)
-    data = S.load_data(recipe, tokenizer)
-    model, trainable = medusa1.setup_model(recipe, device)
-    optimizer = torch.optim.AdamW(S.param_groups(trainable, recipe.train.lr, recipe.train.weight_decay, 1.0),
-                                  lr=recipe.train.lr)
-    bs = recipe.train.batch_size
-    batches = [collate(data.train.examples[i * bs:(i + 1) * bs], data.pad_token_id)
-               for i in range(args.steps + 3)]
-    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
-    tokens = sum(int(b["attention_mask"].sum()) for b in batches[3:])
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def forward_only(batch: dict) -> None:
-        medusa1.backbone_hidden(model, batch)
-
-    def train_step(batch: dict) -> None:
-        loss, _ = medusa1.compute_loss(model, trainable, batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    timings = {}
-    for name, fn in (("forward_only", forward_only), ("train", train_step),
-                     ("forward_only_again", forward_only)):
-        for b in batches[:3]:
-            fn(b)  # warm-up
-        sync()
-        t0 = time.perf_counter()
-        for b in batches[3:]:
-            fn(b)
-        sync()
-        timings[name] = time.perf_counter() - t0
-    fwd = min(timings["forward_only"], timings["forward_only_again"])
-    result = {"device": str(device), "threads": torch.get_num_threads(), "steps": args.steps,
-              "batch_size": bs,
-              "max_length": recipe.data.max_length, "num_heads": recipe.heads.num_heads, "tokens": tokens,
-              "forward_only_tokens_per_s": tokens / fwd, "train_tokens_per_s": tokens / timings["train"],
-              "ratio": fwd / timings["train"]}
-    print(json.dumps(result))
-    return result
+def format_table(result: dict) -> str:
+    """A two-column markdown table of a result (floats with 4 significant digits)."""
+    rows = ["| quantity | value |", "|---|---|"]
+    for key, value in result.items():
+        rows.append(f"| {key} | {f'{value:.4g}' if isinstance(value, float) else value} |")
+    return "\n".join(rows)
 
 
 def heads_size(args: argparse.Namespace) -> dict:
@@ -160,8 +119,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="head counts for the naive loss (5 needs ~20 GB of RAM on this size)")
     thr = sub.add_parser("throughput")
     thr.add_argument("recipe", nargs="?", default="recipes/tiny/medusa1.yaml")
-    thr.add_argument("overrides", nargs="*")
-    thr.add_argument("--steps", type=int, default=30)
+    thr.add_argument("overrides", nargs="*", help="recipe key=value overrides")
+    thr.add_argument("--steps", type=int, default=30, help="timed micro-batches")
+    thr.add_argument("--warmup", type=int, default=2, help="untimed micro-batches first")
+    cache = sub.add_parser("cache-speedup")
+    cache.add_argument("recipe", nargs="?", default="recipes/tiny/medusa1.yaml")
+    cache.add_argument("overrides", nargs="*", help="recipe key=value overrides")
+    cache.add_argument("--steps", type=int, default=0, help="the epoch's first N steps (0: all of it)")
+    cache.add_argument("--cache-dir", default=None, help="where the temporary cache goes (default: $TMPDIR)")
+    cache.add_argument("--cache-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    for p in (thr, cache):
+        p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     size = sub.add_parser("heads-size")
     size.add_argument("--hidden", type=int, default=4096)
     size.add_argument("--vocab", type=int, default=128_256)
@@ -169,7 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--layers", type=int, default=1)
     size.add_argument("--draft-vocab", type=int, default=32_768)
     args = parser.parse_args(argv)
-    {"memory": measure_memory, "throughput": measure_throughput, "heads-size": heads_size}[args.what](args)
+    if args.what in ("throughput", "cache-speedup"):
+        from medusa.eval import training_speed
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        result = (training_speed.measure_throughput(args) if args.what == "throughput"
+                  else training_speed.measure_cache_speedup(args))
+        print(format_table(result))
+        print(json.dumps(result), flush=True)
+        return 0
+    {"memory": measure_memory, "heads-size": heads_size}[args.what](args)
     return 0
 
 
