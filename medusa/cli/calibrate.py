@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def _nodes(value: str) -> int | str:
@@ -58,7 +59,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         plots.append(plot_tree(tree.choices, out / "tree.png", weights=weights,
                                title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} "
                                      f"tokens/step"))
-    print(f"measured {cal['num_positions']:,} positions in {cal['num_examples']} examples of {args.data}")
+    _print_summary(cal, tree, path, args.data)
+    for p in plots:
+        print(f"wrote {p}")
+    return 0
+
+
+def _print_summary(cal: dict, tree: Any, path: Any, data: str) -> None:
+    """What ``medusa calibrate`` measured and wrote (accuracies, auto sizes, the tree, the dynamic replay)."""
+    print(f"measured {cal['num_positions']:,} positions in {cal['num_examples']} examples of {data}")
     print("top-1 accuracy per head: " + " / ".join(f"{a:.2f}" for a in cal["top1"]))
     if cal.get("draft_vocab_coverage") is not None:
         print(f"draft vocabulary: {cal['draft_vocab']} tokens cover {cal['draft_vocab_coverage']:.2%} of the "
@@ -75,9 +84,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"a dynamic tree of {len(tree)} nodes (--tree dynamic --nodes {len(tree)}) would give "
               f"{dyn['calibrated']:.2f} tokens/step on this data ({dyn['raw']:.2f} with raw head "
               "probabilities)")
-    for p in plots:
-        print(f"wrote {p}")
-    return 0
 
 
 def _path_weights(tree, cal) -> dict:
