@@ -71,7 +71,7 @@ class HeadsState:
         if self.num_heads == 0:
             raise CheckpointError(f"{source}: holds no heads")
         if self.token_map is not None:
-            from medusa.modeling.heads import check_token_map
+            from medusa.modeling.draft_vocab import check_token_map
 
             if self.full_vocab_size is None:
                 raise CheckpointError(f"{source}: a token_map needs the full vocabulary size")

@@ -57,8 +57,8 @@ def coverage(token_map: torch.Tensor | None, tokens: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------------------- heads' side
-# Free functions of a ``token_map`` for heads classes that hold one (Hydra heads; a ``cache`` dict is the
-# module's own ``__dict__`` entry, so a cached tensor is rebuilt whenever the map or the weight changes).
+# Free functions of a ``token_map`` for the heads classes that hold one (MedusaHeads, HydraHeads; a ``cache``
+# dict is the module's own ``__dict__``: a cached tensor is rebuilt whenever the map or the weight changes).
 def target_to_draft_map(token_map: torch.Tensor, vocab_size: int, cache: dict[str, Any]) -> torch.Tensor:
     """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (cached)."""
     key = (token_map.data_ptr(), token_map._version, token_map.device)
@@ -108,5 +108,64 @@ def draft_vocab_summary(heads: Any, tokens: torch.Tensor) -> dict[str, Any]:
     return {"draft_vocab": int(token_map.shape[0]), "draft_vocab_coverage": None if math.isnan(cov) else cov}
 
 
-__all__ = ["build_token_map", "coverage", "draft_vocab_summary", "label_counts", "most_frequent",
-           "scatter_to_target", "shared_rows", "target_to_draft_map"]
+def check_token_map(token_map: torch.Tensor, draft_vocab: int, vocab_size: int,
+                    source: str = "token_map") -> None:
+    """``ValueError`` unless ``token_map`` is ``[draft_vocab]`` distinct int ids in ``[0, vocab_size)``."""
+    if token_map.dtype.is_floating_point or token_map.dtype == torch.bool or token_map.dim() != 1:
+        raise ValueError(f"{source}: expected a 1-D integer tensor, got {token_map.dtype} "
+                         f"{tuple(token_map.shape)}")
+    if token_map.shape[0] != draft_vocab:
+        raise ValueError(f"{source}: has {token_map.shape[0]} ids, draft_vocab is {draft_vocab}")
+    if draft_vocab and (int(token_map.min()) < 0 or int(token_map.max()) >= vocab_size):
+        raise ValueError(f"{source}: ids must lie in [0, {vocab_size}), got [{int(token_map.min())}, "
+                         f"{int(token_map.max())}]")
+    if torch.unique(token_map).numel() != draft_vocab:
+        raise ValueError(f"{source}: ids are not distinct")
+
+
+def set_token_map(heads: Any, token_map: torch.Tensor) -> None:
+    """Set a heads module's draft vocabulary ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
+    if heads.token_map is None:
+        raise ValueError("these heads have the full vocabulary (draft_vocab=0)")
+    check_token_map(token_map, heads.draft_vocab, heads.vocab_size)
+    with torch.no_grad():
+        heads.token_map.copy_(token_map.to(heads.token_map.device, torch.long))
+
+
+def restrict_vocab(heads: Any, token_map: torch.Tensor, device: torch.device) -> None:
+    """A full-vocabulary heads module -> the draft vocabulary ``token_map [N]``, in place: its blocks are
+    kept and an own W2 (``heads.lm_heads``) keeps its ``token_map`` rows (``[V, d] -> [N, d]``, new
+    parameters); ``device``: where the heads live."""
+    if heads.draft_vocab:
+        raise ValueError(f"the heads already have a draft vocabulary of {heads.draft_vocab} tokens")
+    n = int(token_map.shape[0])
+    check_token_map(token_map, n, heads.vocab_size)
+    tm = token_map.to(device=device, dtype=torch.long)
+    if heads.lm_heads is not None:
+        new = torch.nn.ModuleList(torch.nn.Linear(heads.hidden_size, n, bias=False)
+                                  for _ in range(heads.num_heads))
+        new.to(device=device, dtype=heads.lm_heads[0].weight.dtype)
+        with torch.no_grad():
+            for head, old in zip(new, heads.lm_heads):
+                head.weight.copy_(old.weight.index_select(0, tm))
+        heads.lm_heads = new
+    del heads.token_map
+    heads.register_buffer("token_map", tm.clone())
+    heads.draft_vocab = n
+
+
+def init_from_lm_head(heads: Any, weight: torch.Tensor) -> None:
+    """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into every
+    own W2 of ``heads`` (no-op for heads that share the LM head)."""
+    if heads.lm_heads is None:
+        return
+    if heads.token_map is not None:
+        weight = weight.index_select(0, heads.token_map.to(weight.device))  # [N, d]
+    with torch.no_grad():
+        for head in heads.lm_heads:
+            head.weight.copy_(weight.to(head.weight.dtype))
+
+
+__all__ = ["build_token_map", "check_token_map", "coverage", "draft_vocab_summary", "init_from_lm_head",
+           "label_counts", "most_frequent", "restrict_vocab", "scatter_to_target", "set_token_map",
+           "shared_rows", "target_to_draft_map"]

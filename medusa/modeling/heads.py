@@ -16,6 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.modeling.draft_vocab import (
+    init_from_lm_head,
+    restrict_vocab,
+    scatter_to_target,
+    set_token_map,
+    shared_rows,
+    target_to_draft_map,
+)
+
 MEDUSA_HEAD_TYPES = ("linear", "shared_lm_head")
 HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra",)  # hydra: medusa.modeling.hydra.HydraHeads
 
@@ -96,56 +105,23 @@ class MedusaHeads(nn.Module):
     def init_from_lm_head(self, weight: torch.Tensor) -> None:
         """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
         every head's W2 (no-op for shared heads)."""
-        if self.lm_heads is None:
-            return
-        if self.token_map is not None:
-            weight = weight.index_select(0, self.token_map.to(weight.device))  # [N, d]
-        with torch.no_grad():
-            for head in self.lm_heads:
-                head.weight.copy_(weight.to(head.weight.dtype))
+        init_from_lm_head(self, weight)
 
     def set_token_map(self, token_map: torch.Tensor) -> None:
         """Set the draft vocabulary's ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
-        if self.token_map is None:
-            raise ValueError("these heads have the full vocabulary (draft_vocab=0)")
-        check_token_map(token_map, self.draft_vocab, self.vocab_size)
-        with torch.no_grad():
-            self.token_map.copy_(token_map.to(self.token_map.device, torch.long))
+        set_token_map(self, token_map)
 
     def restrict_vocab(self, token_map: torch.Tensor) -> None:
         """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the ResBlocks are kept and a
         ``linear`` head's W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
-        if self.draft_vocab:
-            raise ValueError(f"the heads already have a draft vocabulary of {self.draft_vocab} tokens")
-        n = int(token_map.shape[0])
-        check_token_map(token_map, n, self.vocab_size)
         ref = next(iter(self.parameters()), None)
-        device = ref.device if ref is not None else token_map.device
-        tm = token_map.to(device=device, dtype=torch.long)
-        if self.lm_heads is not None:
-            new = nn.ModuleList(nn.Linear(self.hidden_size, n, bias=False) for _ in range(self.num_heads))
-            new.to(device=device, dtype=self.lm_heads[0].weight.dtype)
-            with torch.no_grad():
-                for head, old in zip(new, self.lm_heads):
-                    head.weight.copy_(old.weight.index_select(0, tm))
-            self.lm_heads = new
-        del self.token_map
-        self.register_buffer("token_map", tm.clone())
-        self.draft_vocab = n
+        restrict_vocab(self, token_map, ref.device if ref is not None else token_map.device)
 
     def target_to_draft(self) -> torch.Tensor | None:
         """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
         if self.token_map is None:
             return None
-        tm = self.token_map
-        key = (tm.data_ptr(), tm._version, tm.device)
-        cached = self.__dict__.get("_t2d_cache")
-        if cached is None or cached[0] != key:
-            t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=tm.device)  # [V]
-            t2d[tm] = torch.arange(tm.shape[0], device=tm.device)
-            cached = (key, t2d)
-            self.__dict__["_t2d_cache"] = cached
-        return cached[1]
+        return target_to_draft_map(self.token_map, self.vocab_size, self.__dict__)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids (any shape) -> target ids (identity with the full vocabulary)."""
@@ -153,21 +129,7 @@ class MedusaHeads(nn.Module):
 
     def _shared_rows(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The base LM head's ``token_map`` rows: ``(W [N, d], bias [N] or None)``."""
-        proj = self.shared_lm_head
-        weight, bias = proj.weight, getattr(proj, "bias", None)
-        if not weight.is_floating_point():
-            raise ValueError("a draft vocabulary on shared_lm_head heads needs a floating-point "
-                             f"base LM head, got {weight.dtype}")
-        tm = self.token_map.to(weight.device)
-        if torch.is_grad_enabled():  # MEDUSA-2 trains the LM head: gather inside the graph
-            return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)
-        key = (weight.data_ptr(), weight._version, tm.data_ptr(), self.token_map._version)
-        cached = self.__dict__.get("_rows_cache")
-        if cached is None or cached[0] != key:
-            rows = weight.detach().index_select(0, tm)  # [N, d]
-            cached = (key, rows, None if bias is None else bias.detach().index_select(0, tm))
-            self.__dict__["_rows_cache"] = cached
-        return cached[1], cached[2]
+        return shared_rows(self.shared_lm_head, self.token_map, self.__dict__)
 
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""
@@ -195,9 +157,7 @@ class MedusaHeads(nn.Module):
         """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocab (identity when full)."""
         if self.token_map is None:
             return logits
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))  # [..., V]
-        full[..., self.token_map] = logits
-        return full
+        return scatter_to_target(logits, self.token_map, self.vocab_size)
 
     @torch.no_grad()
     def topk(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
@@ -253,17 +213,3 @@ class MedusaHeads(nn.Module):
         logits = [self.project(k, x[k]) for k in range(self.num_heads)]
         return torch.stack(logits, dim=0).view(self.num_heads, *lead, -1)  # [K, ..., N]
 
-
-def check_token_map(token_map: torch.Tensor, draft_vocab: int, vocab_size: int,
-                    source: str = "token_map") -> None:
-    """``ValueError`` unless ``token_map`` is ``[draft_vocab]`` distinct int ids in ``[0, vocab_size)``."""
-    if token_map.dtype.is_floating_point or token_map.dtype == torch.bool or token_map.dim() != 1:
-        raise ValueError(f"{source}: expected a 1-D integer tensor, got {token_map.dtype} "
-                         f"{tuple(token_map.shape)}")
-    if token_map.shape[0] != draft_vocab:
-        raise ValueError(f"{source}: has {token_map.shape[0]} ids, draft_vocab is {draft_vocab}")
-    if draft_vocab and (int(token_map.min()) < 0 or int(token_map.max()) >= vocab_size):
-        raise ValueError(f"{source}: ids must lie in [0, {vocab_size}), got [{int(token_map.min())}, "
-                         f"{int(token_map.max())}]")
-    if torch.unique(token_map).numel() != draft_vocab:
-        raise ValueError(f"{source}: ids are not distinct")

@@ -29,8 +29,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from medusa.modeling.config import HYDRA_PROJECTIONS
-from medusa.modeling.draft_vocab import scatter_to_target, shared_rows, target_to_draft_map
-from medusa.modeling.heads import ResBlock, check_token_map
+from medusa.modeling.draft_vocab import (
+    init_from_lm_head,
+    restrict_vocab,
+    scatter_to_target,
+    set_token_map,
+    shared_rows,
+    target_to_draft_map,
+)
+from medusa.modeling.heads import ResBlock
 
 
 class ConditionedResBlock(nn.Module):
@@ -110,31 +117,12 @@ class HydraHeads(nn.Module):
     # ------------------------------------------------------------------ draft vocabulary
     def set_token_map(self, token_map: torch.Tensor) -> None:
         """Set the draft vocabulary's ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
-        if self.token_map is None:
-            raise ValueError("these heads have the full vocabulary (draft_vocab=0)")
-        check_token_map(token_map, self.draft_vocab, self.vocab_size)
-        with torch.no_grad():
-            self.token_map.copy_(token_map.to(self.token_map.device, torch.long))
+        set_token_map(self, token_map)
 
     def restrict_vocab(self, token_map: torch.Tensor) -> None:
         """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the blocks are kept and an own
         W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
-        if self.draft_vocab:
-            raise ValueError(f"the heads already have a draft vocabulary of {self.draft_vocab} tokens")
-        n = int(token_map.shape[0])
-        check_token_map(token_map, n, self.vocab_size)
-        device = self.blocks[0][0].linear.weight.device
-        tm = token_map.to(device=device, dtype=torch.long)
-        if self.lm_heads is not None:
-            new = nn.ModuleList(nn.Linear(self.hidden_size, n, bias=False) for _ in range(self.num_heads))
-            new.to(device=device, dtype=self.lm_heads[0].weight.dtype)
-            with torch.no_grad():
-                for head, old in zip(new, self.lm_heads):
-                    head.weight.copy_(old.weight.index_select(0, tm))
-            self.lm_heads = new
-        del self.token_map
-        self.register_buffer("token_map", tm.clone())
-        self.draft_vocab = n
+        restrict_vocab(self, token_map, self.blocks[0][0].linear.weight.device)
 
     def target_to_draft(self) -> torch.Tensor | None:
         """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
@@ -169,13 +157,7 @@ class HydraHeads(nn.Module):
     def init_from_lm_head(self, weight: torch.Tensor) -> None:
         """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
         every own W2 (no-op for a shared projection)."""
-        if self.lm_heads is None:
-            return
-        if self.token_map is not None:
-            weight = weight.index_select(0, self.token_map.to(weight.device))  # [N, d]
-        with torch.no_grad():
-            for head in self.lm_heads:
-                head.weight.copy_(weight.to(head.weight.dtype))
+        init_from_lm_head(self, weight)
 
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""

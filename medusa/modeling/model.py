@@ -33,7 +33,8 @@ from medusa.modeling.config import (
     MedusaConfig,
     base_location,
 )
-from medusa.modeling.heads import MedusaHeads, check_token_map
+from medusa.modeling.draft_vocab import check_token_map
+from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.hydra import HydraHeads, needs_tokens
 
 
