@@ -195,12 +195,20 @@ def _warm_up(model: Any, state: StaticState, fns: StepFns, tokens: torch.Tensor,
     logits, hidden = fns.verify(model, state.cache, state.mask, tokens, pos, cols, dt.float_mask)
     if fns.accept is not None:
         fns.accept(logits, tokens)
+    finish_dry_run(state, tokens, t0, lambda path, zero: fns.finish(
+        model, state.cache, state.mask.clone(), state.past.clone(), path, zero, hidden, cols, state.arange_n,
+        dt.kmax))
+
+
+def finish_dry_run(state: StaticState, tokens: torch.Tensor, t0: float,
+                   finish: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
+    """The warm-up's ``finish(path, kept)`` with the identity path ``[B, D+1]`` and nothing kept, run on
+    clones of the mask / ``past`` (the caller's closure) with the KV cache restored afterwards; the time since
+    ``t0`` counts as compile time."""
     b = tokens.shape[0]
-    path = torch.arange(dt.depth + 1, device=tokens.device).expand(b, -1).contiguous()  # [B, D+1]
+    path = torch.arange(state.dt.depth + 1, device=tokens.device).expand(b, -1).contiguous()  # [B, D+1]
     saved = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
-    mask, past = state.mask.clone(), state.past.clone()
-    fns.finish(model, state.cache, mask, past, path, torch.zeros(b, dtype=torch.long, device=tokens.device),
-               hidden, cols, state.arange_n, dt.kmax)
+    finish(path, torch.zeros(b, dtype=torch.long, device=tokens.device))
     for layer, (k, v) in zip(state.cache.layers, saved):
         layer.keys.copy_(k)
         layer.values.copy_(v)
@@ -237,5 +245,6 @@ def static_step(model: Any, state: StaticState, accept: Any, fns: StepFns) -> to
     return host
 
 
-__all__ = ["StaticState", "StepFns", "cache_bucket", "compact", "finish", "last_hidden", "new_static_cache",
-           "prompt_state", "stacked_heads", "static_capacity", "static_prefill", "static_step", "verify"]
+__all__ = ["StaticState", "StepFns", "cache_bucket", "compact", "finish", "finish_dry_run", "last_hidden",
+           "new_static_cache", "prompt_state", "stacked_heads", "static_capacity", "static_prefill",
+           "static_step", "verify"]

@@ -21,7 +21,14 @@ from medusa.decoding.candidates import DecodeTree
 from medusa.decoding.dynamic_tree import DynamicTree, StepTree
 from medusa.decoding.hydra_candidates import hydra_levels
 from medusa.decoding.proposals import step_candidates
-from medusa.decoding.static_cache import StaticState, StepFns, compact, last_hidden, prompt_state
+from medusa.decoding.static_cache import (
+    StaticState,
+    StepFns,
+    compact,
+    finish_dry_run,
+    last_hidden,
+    prompt_state,
+)
 from medusa.errors import MedusaError
 
 # The tensors of a StepTree after num_nodes, depth and kmax, in field order (tokens first).
@@ -82,18 +89,9 @@ def _warm_up(model: Any, state: StaticState, fns: StepFns, accept: Any, pos: tor
     logits, hidden = fns.verify(model, state.cache, state.mask, tokens, pos, cols, tree.float_mask)
     if fns.accept is not None:
         fns.accept(logits, tokens, tree)
-    b = tokens.shape[0]
-    path = torch.arange(state.dt.depth + 1, device=tokens.device).expand(b, -1).contiguous()  # [B, D+1]
-    saved = [(layer.keys.clone(), layer.values.clone()) for layer in state.cache.layers]
-    zero = torch.zeros(b, dtype=torch.long, device=tokens.device)
-    fns.finish(model, state.cache, state.mask.clone(), state.past.clone(), path, zero, hidden, cols,
-               state.arange_n, state.root, state.dt)
-    for layer, (k, v) in zip(state.cache.layers, saved):
-        layer.keys.copy_(k)
-        layer.values.copy_(v)
-    if tokens.device.type == "cuda":
-        torch.cuda.synchronize(tokens.device)
-    state.compile_time_s += time.perf_counter() - t0
+    finish_dry_run(state, tokens, t0, lambda path, zero: fns.finish(
+        model, state.cache, state.mask.clone(), state.past.clone(), path, zero, hidden, cols, state.arange_n,
+        state.root, state.dt))
 
 
 def proposal_step(model: Any, state: StaticState, accept: Any, fns: StepFns) -> torch.Tensor:
