@@ -5,10 +5,9 @@ paths, and lossless sampling keeps HF's processed law (chi-square)."""
 import pytest
 import torch
 from chi_square import chi2_pvalue
-from decoding_helpers import left_padded_batch, memorise_heads, real_rows
+from decoding_helpers import left_padded_batch, memorise_heads, real_rows, stories_left_padded
 from test_acceptance import V, _exact_joint3, _sampler_model
 from test_fidelity import NEW, SETTINGS, _plain, _setting
-from test_hydra_dynamic import _batch
 
 from medusa import MedusaModel
 from medusa.decoding.dynamic_tree import build_step_tree, medusa_children
@@ -72,7 +71,7 @@ def test_dynamic_greedy_equals_hf_with_generation_config(name, path):
                          ids=PATH_IDS + ["compiled"])
 def test_hydra_dynamic_greedy_with_repetition_penalty(path):
     model = fitted_stories_heads(num_heads=4, num_layers=1, head_type="hydra")
-    enc, pad = _batch()
+    enc, pad = stories_left_padded()
     setting = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 4}
     ref = model.base_model.generate(**enc, do_sample=False, max_new_tokens=48, pad_token_id=pad, **setting)
     out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=48,

@@ -4,7 +4,7 @@ batch 1 and a left-padded batch of 3; tiny models) and ``acceptance="sample"`` p
 import pytest
 import torch
 from chi_square import chi2_pvalue, exact_joint
-from decoding_helpers import left_padded_batch
+from decoding_helpers import check_stories_greedy, left_padded_batch
 
 from medusa import MedusaModel, MedusaTree
 from medusa.decoding.acceptance import warp_logits
@@ -27,30 +27,8 @@ def medusa():
     return fitted_stories_heads(num_heads=4, num_layers=1)
 
 
-def _batch():
-    tok = stories_tokenizer()
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.unk_token or tok.eos_token
-    enc = tok(stories_prompts(3), return_tensors="pt", padding=True)
-    assert (enc["attention_mask"] == 0).any()  # a real left-padded batch
-    return enc, tok.pad_token_id
-
-
 def _check_greedy(model, tree, min_tokens_per_step):
-    base = model.base_model
-    enc, pad = _batch()
-    ref = base.generate(**enc, do_sample=False, max_new_tokens=NEW, pad_token_id=pad)
-    out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=NEW,
-                         tree=tree, return_dict_in_generate=True)
-    assert torch.equal(out.sequences, ref)
-    one = model.generate(enc["input_ids"][2:], max_new_tokens=NEW, tree=tree, return_dict_in_generate=True)
-    ref1 = base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=NEW)
-    assert torch.equal(one.sequences, ref1)
-    assert max(max(a) for a in out.accept_lengths) >= 4  # long accepted runs: cache compaction exercised
-    assert out.tokens_per_step > min_tokens_per_step and one.tokens_per_step > min_tokens_per_step, (
-        out.tokens_per_step, one.tokens_per_step)
-    return out.tokens_per_step
+    return check_stories_greedy(model, tree, NEW, min_tokens_per_step)[0].tokens_per_step
 
 
 @pytest.mark.parametrize("tree", [None, "dynamic:16", DynamicTree(num_nodes=48, branch=8)],

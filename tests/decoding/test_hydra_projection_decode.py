@@ -4,9 +4,9 @@ batch 1), on a static tree and a dynamic tree, with long accepted runs."""
 
 import pytest
 import torch
+from decoding_helpers import check_stories_greedy
 
-from fit_heads import fitted_stories_heads, stories_prompts
-from tiny_models import stories_tokenizer
+from fit_heads import fitted_stories_heads
 
 NEW = 96
 DRAFT = 160  # of stories260K's 512 ids: the greedy outputs also need ids outside it
@@ -25,28 +25,8 @@ def hydra(request):
     return model
 
 
-def _batch():
-    tok = stories_tokenizer()
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.unk_token or tok.eos_token
-    enc = tok(stories_prompts(3), return_tensors="pt", padding=True)
-    assert (enc["attention_mask"] == 0).any()  # a real left-padded batch
-    return enc, tok.pad_token_id
-
-
 @pytest.mark.parametrize("tree", [None, "dynamic:16"], ids=["static", "dynamic16"])
 def test_hydra_projection_greedy_equals_hf(hydra, tree):
-    base = hydra.base_model
-    enc, pad = _batch()
-    ref = base.generate(**enc, do_sample=False, max_new_tokens=NEW, pad_token_id=pad)
-    out = hydra.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=NEW,
-                         tree=tree, return_dict_in_generate=True)
-    assert torch.equal(out.sequences, ref)
-    one = hydra.generate(enc["input_ids"][2:], max_new_tokens=NEW, tree=tree, return_dict_in_generate=True)
-    ref1 = base.generate(enc["input_ids"][2:], do_sample=False, max_new_tokens=NEW)
-    assert torch.equal(one.sequences, ref1)
+    out, ref, enc = check_stories_greedy(hydra, tree, NEW)
     if hydra.heads.token_map is not None:  # the output needs ids the heads cannot propose
         assert not torch.isin(ref[:, enc["input_ids"].shape[1]:], hydra.heads.token_map).all()
-    assert max(max(a) for a in out.accept_lengths) >= 4  # long accepted runs: cache compaction exercised
-    assert out.tokens_per_step > 1.8 and one.tokens_per_step > 1.8, (out.tokens_per_step, one.tokens_per_step)

@@ -5,7 +5,8 @@ eager path, the sampling law (chi-square), and no step-to-step recompilation."""
 import pytest
 import torch
 from chi_square import chi2_pvalue, exact_joint
-from test_hydra_dynamic import FULL_TREE, NEW, V, _batch, _sampler
+from decoding_helpers import check_stories_greedy, stories_left_padded
+from test_hydra_dynamic import FULL_TREE, NEW, V, _sampler
 from test_static import NEW as LLAMA_NEW
 from test_static import fitted_llama
 
@@ -39,26 +40,14 @@ def _graphs() -> int:
 def _check_greedy(model, tree, **path):
     """Greedy on the static path (``path``: cache_implementation / compile) == HF greedy, batch of 3 and 1;
     returns the batch-of-3 output."""
-    base = model.base_model
-    enc, pad = _batch()
-    ref = base.generate(**enc, do_sample=False, max_new_tokens=NEW, pad_token_id=pad)
-    out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=NEW,
-                         tree=tree, return_dict_in_generate=True, **path)
-    assert torch.equal(out.sequences, ref)
-    one = model.generate(enc["input_ids"][2:], max_new_tokens=NEW, tree=tree, return_dict_in_generate=True,
-                         **path)
-    assert torch.equal(one.sequences, base.generate(enc["input_ids"][2:], do_sample=False,
-                                                    max_new_tokens=NEW))
-    assert max(max(a) for a in out.accept_lengths) >= 4  # long accepted runs: in-place compaction exercised
-    assert out.tokens_per_step > 1.8 and one.tokens_per_step > 1.8, (out.tokens_per_step, one.tokens_per_step)
-    return out
+    return check_stories_greedy(model, tree, NEW, **path)[0]
 
 
 @pytest.mark.parametrize("head_type,tree", COMBOS, ids=IDS)
 def test_static_cache_greedy_equals_hf(head_type, tree):
     model = fitted_stories_heads(num_heads=4, num_layers=1, head_type=head_type)
     out = _check_greedy(model, tree, cache_implementation="static")
-    enc, _ = _batch()
+    enc, _ = stories_left_padded()
     eager = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=NEW,
                            tree=tree, return_dict_in_generate=True)
     assert eager.accept_lengths == out.accept_lengths  # the same trees and decisions as the eager path

@@ -75,3 +75,38 @@ def real_rows(sequences: torch.Tensor, prompt_mask: torch.Tensor,
             new = new[: int((new == eos_id).nonzero()[0]) + 1]
         rows.append(torch.cat([prompt, new]))
     return rows
+
+
+def stories_left_padded():
+    """Three stories260K prompts, left-padded: ``(encoding, pad id)``."""
+    from fit_heads import stories_prompts
+    from tiny_models import stories_tokenizer
+
+    tok = stories_tokenizer()
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.unk_token or tok.eos_token
+    enc = tok(stories_prompts(3), return_tensors="pt", padding=True)
+    assert (enc["attention_mask"] == 0).any()  # a real left-padded batch
+    return enc, tok.pad_token_id
+
+
+def check_stories_greedy(model: MedusaModel, tree, new: int = 96, min_tokens_per_step: float = 1.8, **path):
+    """Greedy MEDUSA == HF greedy ``generate`` (``torch.equal``) on :func:`stories_left_padded` and on its
+    third prompt alone, with long accepted runs (>= 4: cache compaction exercised) and more than
+    ``min_tokens_per_step``; ``path``: e.g. ``cache_implementation`` / ``compile``. Returns
+    ``(batch output, HF batch reference, encoding)``."""
+    base = model.base_model
+    enc, pad = stories_left_padded()
+    ref = base.generate(**enc, do_sample=False, max_new_tokens=new, pad_token_id=pad)
+    out = model.generate(enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=new,
+                         tree=tree, return_dict_in_generate=True, **path)
+    assert torch.equal(out.sequences, ref)
+    one = model.generate(enc["input_ids"][2:], max_new_tokens=new, tree=tree, return_dict_in_generate=True,
+                         **path)
+    assert torch.equal(one.sequences, base.generate(enc["input_ids"][2:], do_sample=False,
+                                                    max_new_tokens=new))
+    assert max(max(a) for a in out.accept_lengths) >= 4
+    assert out.tokens_per_step > min_tokens_per_step and one.tokens_per_step > min_tokens_per_step, (
+        out.tokens_per_step, one.tokens_per_step)
+    return out, ref, enc
