@@ -53,7 +53,8 @@ class MedusaGenerateOutput:
         return sum(sum(a) for a in self.accept_lengths) / steps if steps else 0.0
 
 
-def _default_tree(model: Any) -> Any:
+def model_default_tree(model: Any) -> Any:
+    """The built-in default tree for the model's head count (built once per model)."""
     from medusa.tree import default_tree
 
     cache = model.__dict__.setdefault("_medusa_default_tree", {})
@@ -97,7 +98,7 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | N
     if max_new_tokens < 1:
         raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     tree = resolve_dynamic(tree, model.num_heads, model.tree) or tree  # "dynamic[:N]" -> DynamicTree
-    tree = tree if tree is not None else (model.tree if model.tree is not None else _default_tree(model))
+    tree = tree if tree is not None else (model.tree if model.tree is not None else model_default_tree(model))
     if tree.depth > model.num_heads:
         raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
     if streamer is not None and input_ids.shape[0] != 1:
@@ -392,4 +393,5 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["ACCEPTANCE", "DecodeState", "MedusaGenerateOutput", "decode_step", "medusa_generate", "prefill"]
+__all__ = ["ACCEPTANCE", "DecodeState", "MedusaGenerateOutput", "decode_step", "medusa_generate",
+           "model_default_tree", "prefill"]

@@ -3,7 +3,10 @@
 Reports, over a list of prompts (batch 1, greedy): the mean time of one MEDUSA step (propose + verify +
 accept + compact) and of one plain decode step of the base model with a ``DynamicCache`` (their ratio is
 the "overhead"; the MEDUSA paper reports 1.22 on a 7B model), tokens gained per step, and tokens/s of
-MEDUSA vs HF ``generate(do_sample=False)``. Figures are returned, never asserted.
+MEDUSA vs HF ``generate(do_sample=False)``; then what bounds the overhead (:mod:`medusa.eval.step_cost`):
+the verification forward alone over the tree against a 1-token forward (the overhead's floor with this
+model's forward on this device) and the compute ops a step adds to HF's per-token ones. Figures are
+returned, never asserted.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from medusa.eval.timing import plain_step_time, timed
 
 @torch.no_grad()
 def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 128,
-                     tree: Any = None, repeats: int = 2) -> dict[str, Any]:
-    """MEDUSA vs plain decoding on ``prompts`` (greedy, batch 1); the best of ``repeats`` runs per prompt."""
+                     tree: Any = None, repeats: int = 2, step_cost: bool = True) -> dict[str, Any]:
+    """MEDUSA vs plain decoding on ``prompts`` (greedy, batch 1); the best of ``repeats`` runs per prompt.
+    ``step_cost``: also the overhead's floor and the op counts, on the first prompt."""
     from tqdm.auto import tqdm
 
     base = model.base_model
@@ -66,7 +70,25 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
         "all_identical_to_hf": all(r["identical_to_hf"] for r in rows),
     }
     summary["speedup_vs_hf_generate"] = summary["medusa_tokens_per_s"] / summary["hf_tokens_per_s"]
+    if step_cost:
+        summary.update(_step_cost(model, tokenizer(prompts[0], return_tensors="pt").input_ids.to(device),
+                                  max_new_tokens, tree))
     return summary
+
+
+def _step_cost(model: Any, ids: torch.Tensor, max_new_tokens: int, tree: Any) -> dict[str, Any]:
+    from medusa.decoding.dynamic_tree import resolve_dynamic
+    from medusa.decoding.generate import model_default_tree
+    from medusa.eval.step_cost import step_op_counts, verify_floor
+    from medusa.tree import default_tree
+
+    used = tree if tree is not None else model.tree if model.tree is not None else model_default_tree(model)
+    dynamic = resolve_dynamic(used, model.num_heads, model.tree)
+    if dynamic is not None:  # the forward's cost depends on the node count and mask shape only
+        used = default_tree(model.num_heads, dynamic.num_nodes)
+    floor = verify_floor(model, ids, used)
+    return {"verify_forward_ms": floor["verify_forward_ms"], "plain_forward_ms": floor["plain_forward_ms"],
+            "overhead_floor": floor["floor"], **step_op_counts(model, ids, max_new_tokens, tree)}
 
 
 def format_profile(s: dict[str, Any]) -> str:
@@ -78,7 +100,17 @@ def format_profile(s: dict[str, Any]) -> str:
             f"MEDUSA tokens/s      {s['medusa_tokens_per_s']:.0f}\n"
             f"HF generate tokens/s {s['hf_tokens_per_s']:.0f}\n"
             f"speedup              {s['speedup_vs_hf_generate']:.2f}x\n"
-            f"identical to HF      {s['all_identical_to_hf']}")
+            f"identical to HF      {s['all_identical_to_hf']}" + _format_step_cost(s))
+
+
+def _format_step_cost(s: dict[str, Any]) -> str:
+    if "overhead_floor" not in s:
+        return ""
+    added = ", ".join(f"{k.removeprefix('aten::')} {v:+g}" for k, v in list(s["added_ops"].items())[:8])
+    return (f"\nverify forward alone {s['verify_forward_ms']:.2f} ms vs 1-token forward "
+            f"{s['plain_forward_ms']:.2f} ms: overhead floor {s['overhead_floor']:.2f}\n"
+            f"compute ops          {s['medusa_ops_per_step']:.0f} per MEDUSA step vs "
+            f"{s['hf_ops_per_token']:.0f} per HF token (added: {added})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
