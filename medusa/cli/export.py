@@ -10,6 +10,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     summary = export_checkpoint(args.src, args.out, args.format, tree=args.tree, base=args.base)
     note = ", W2 materialised from the base LM head" if summary["materialised_lm_head"] else ""
+    if summary["materialised_lm_head"] and summary["lm_head_copies"] == 1:
+        note += " once (original_lm_head: one lm_head.weight shared by all heads)"
     if summary["layout"] == "medusa-v2":
         note = ", MEDUSA v2 layout (the heads reuse the base LM head)"
     tree = f", tree of {summary['tree_nodes']} nodes" if summary["tree_nodes"] else ""

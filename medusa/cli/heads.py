@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import argparse
 
+from medusa.modeling.config import HYDRA_PROJECTIONS
+
+
+def _projection(args: argparse.Namespace) -> str:
+    """``--hydra-projection``, checked against ``--head-type``; unset: the recipe default
+    (``heads.hydra_projection``)."""
+    from medusa.config import HeadsConfig
+    from medusa.errors import MedusaError
+
+    if args.hydra_projection is None:
+        return HeadsConfig.hydra_projection
+    if args.head_type != "hydra":
+        raise MedusaError(f"--hydra-projection {args.hydra_projection} only applies to --head-type hydra "
+                          f"(got --head-type {args.head_type})")
+    return args.hydra_projection
+
 
 def _cmd_heads_init(args: argparse.Namespace) -> int:
     from medusa.modeling import MedusaModel
 
+    projection = _projection(args)
     model = MedusaModel.from_base(args.base, num_heads=args.num_heads, num_layers=args.num_layers,
-                                  head_type=args.head_type, heads_dtype=args.dtype, dtype=args.dtype)
+                                  head_type=args.head_type, heads_dtype=args.dtype, dtype=args.dtype,
+                                  hydra_projection=projection)
     model.save_pretrained(args.out)
     n = sum(p.numel() for p in model.heads.parameters())
-    print(f"wrote {args.out}: {args.num_heads} heads x {args.num_layers} layer(s), {n:,} parameters")
+    kind = f" (hydra, projection: {projection})" if args.head_type == "hydra" else ""
+    print(f"wrote {args.out}: {args.num_heads} heads x {args.num_layers} layer(s){kind}, {n:,} parameters")
     return 0
 
 
@@ -25,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--num-heads", type=int, default=5)
     init.add_argument("--num-layers", type=int, default=1)
     init.add_argument("--head-type", choices=["linear", "shared_lm_head", "hydra"], default="linear")
+    init.add_argument("--hydra-projection", choices=list(HYDRA_PROJECTIONS), default=None,
+                      help="hydra heads' W2: their own, or the base LM head (default: as the recipe key "
+                           "heads.hydra_projection, own); --head-type hydra only")
     init.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the base's)")
     init.add_argument("--out", required=True, help="output directory")
     init.set_defaults(func=_cmd_heads_init)

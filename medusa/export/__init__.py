@@ -12,7 +12,10 @@
 - ``tgi`` with any other ResBlock count: ``MedusaHeadV2`` asserts ``medusa_num_layers == 1``, so we fall
   back to the version-1 layout with W2 materialised from the base LM head (``MedusaHeadV1`` loads any
   layer count); the summary's ``layout`` says which one was written.
-- ``vllm`` / ``medusa-v1`` / ``tensorrt-llm``: W2 materialised from the base LM head into every head.
+- ``vllm``: the base LM head materialised ONCE, as vLLM's shared ``lm_head.weight`` with
+  ``original_lm_head: true`` (its draft-vocabulary rows when ``heads.draft_vocab`` is set); the summary's
+  ``layout`` is ``vllm-original-lm-head``.
+- ``medusa-v1`` / ``tensorrt-llm``: W2 materialised from the base LM head into every head.
 
 Importing an official v2 file (ResBlocks only) gives a ``shared_lm_head`` checkpoint.
 
@@ -74,7 +77,8 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
                           f"{pre.draft_vocab}); export it with --format vllm, or train with "
                           f"heads.draft_vocab: 0")
     keep_shared = format == "tgi" and pre.head_type == "shared_lm_head" and pre.num_layers == 1
-    config, heads = read_our_checkpoint(src, base=base, materialise=not keep_shared)
+    materialise = "none" if keep_shared else "once" if format == "vllm" else "per_head"
+    config, heads = read_our_checkpoint(src, base=base, materialise=materialise)
     choices = None
     if format == "tensorrt-llm":
         from medusa.tree import MedusaTree, default_tree
@@ -99,13 +103,21 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     return {"format": format, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,
             "layout": _layout(format, heads),
             "materialised_lm_head": config.head_type == "shared_lm_head" and not heads.shared_lm_head,
+            "lm_head_copies": _lm_head_copies(heads),
             "tree_nodes": (len(choices) + 1) if choices is not None else None, "tokenizer_files": copied}
 
 
 def _layout(format: str, heads: HeadsState) -> str:
     if format == "vllm":
-        return "vllm"
+        return "vllm-original-lm-head" if heads.tied_w2 else "vllm"
     return "medusa-v2" if heads.shared_lm_head else "medusa-v1"
+
+
+def _lm_head_copies(heads: HeadsState) -> int:
+    """How many W2 tensors the export wrote: one per head, one shared (tied), or none (base LM head)."""
+    if heads.shared_lm_head:
+        return 0
+    return 1 if heads.tied_w2 else heads.num_heads
 
 
 def detect_format(src: Path) -> str:

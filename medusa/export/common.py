@@ -2,9 +2,10 @@
 
 The canonical form (:class:`HeadsState`) holds, per head k and layer l, the ResBlock ``W1 [d, d]``,
 ``b [d]`` and the head's ``W2 [V, d]``, exactly the tensors of ``medusa_heads.safetensors``. For
-``shared_lm_head`` checkpoints W2 is either materialised from the base LM head (targets that need a
-W2 per head) or left out (``w2 = None``: the heads reuse the base LM head, as official MEDUSA v2 and
-TGI's ``MedusaHeadV2`` do).
+``shared_lm_head`` checkpoints W2 is materialised from the base LM head, per head (targets that need a
+W2 per head) or once (``tied_w2``: one tensor every head shares, for vLLM's ``original_lm_head``), or
+left out (``w2 = None``: the heads reuse the base LM head, as official MEDUSA v2 and TGI's
+``MedusaHeadV2`` do).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class HeadsState:
     """K heads x L ResBlocks in plain tensors: ``w1[k][l] [d, d]``, ``b1[k][l] [d]``, ``w2[k] [V, d]``.
 
     ``w2 is None``: the heads have no W2 of their own and reuse the base model's LM head.
+    ``tied_w2``: every ``w2[k]`` is the same tensor (the base LM head materialised once); a format writes
+    it once (vLLM's ``original_lm_head``) or not at all (``named_tensors`` refuses a per-head name).
     ``token_map [N]`` (int64, draft id -> target id): a draft vocabulary; W2 is then ``[N, d]`` and
     ``full_vocab_size`` the target vocabulary.
     """
@@ -40,6 +43,7 @@ class HeadsState:
     extra: dict[str, Any] = field(default_factory=dict)
     token_map: torch.Tensor | None = None
     full_vocab_size: int | None = None
+    tied_w2: bool = False
 
     @property
     def shared_lm_head(self) -> bool:
@@ -82,6 +86,8 @@ class HeadsState:
             if self.w2 is not None and self.vocab_size != self.token_map.shape[0]:
                 raise CheckpointError(f"{source}: W2 has {self.vocab_size} rows but token_map "
                                       f"{self.token_map.shape[0]} ids")
+        if self.tied_w2 and (self.w2 is None or any(w is not self.w2[0] for w in self.w2)):
+            raise ValueError("tied_w2 needs every head's W2 to be one and the same tensor")
         if self.w2 is None and self.num_layers == 0:
             raise CheckpointError(f"{source}: heads without ResBlocks or a W2 of their own would all be "
                                   "the base LM head")
@@ -104,11 +110,17 @@ class HeadsState:
                                           f"{tuple(self.b1[k][l].shape)}, expected {(d, d)} / {(d,)}")
 
 
+MATERIALISE = ("per_head", "once", "none")
+
+
 def read_our_checkpoint(path: str | Path, base: str | None = None,
-                        materialise: bool = True) -> tuple[MedusaConfig, HeadsState]:
+                        materialise: str = "per_head") -> tuple[MedusaConfig, HeadsState]:
     """Our checkpoint -> (config, canonical heads). ``shared_lm_head`` W2 comes from ``base`` (or the
-    base the config names), which is loaded for that purpose only; with ``materialise=False`` it is
-    left out (``w2 = None``) and no base model is loaded."""
+    base the config names), which is loaded for that purpose only. ``materialise``: ``"per_head"``, a
+    copy per head; ``"once"``, one tensor all heads share (``tied_w2``); ``"none"``, left out
+    (``w2 = None``) and no base model is loaded. ``linear`` heads always have their own W2."""
+    if materialise not in MATERIALISE:
+        raise ValueError(f"materialise={materialise!r}: choose one of {', '.join(MATERIALISE)}")
     from medusa.modeling.model import read_heads_file
 
     path = Path(path)
@@ -128,7 +140,7 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
     token_map = get("token_map") if config.draft_vocab else None
     if config.head_type == "linear":
         w2 = [get(f"lm_heads.{k}.weight") for k in range(k_heads)]
-    elif materialise:
+    elif materialise != "none":
         dtype = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
         shared = base_lm_head_weight(base_location(path, config, base,
                                                    hint="shared_lm_head heads need the base model, pass "
@@ -138,7 +150,8 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
                                   f"says vocab {config.vocab_size} x hidden {config.hidden_size}")
         if token_map is not None:
             shared = shared.index_select(0, token_map)  # [N, d]: the draft vocabulary's rows
-        w2 = [shared.clone() for _ in range(k_heads)]  # materialised: every target needs its own W2
+        # per_head: K copies (formats that name a W2 per head); once: one tensor, K references
+        w2 = [shared.clone() for _ in range(k_heads)] if materialise == "per_head" else [shared] * k_heads
     choices = None
     if (path / TREE_NAME).is_file():
         from medusa.tree import MedusaTree
@@ -147,7 +160,8 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
         choices = [list(c) for c in tree.choices]
     heads = HeadsState(w1, b1, w2, base_model_name_or_path=config.base_model_name_or_path, choices=choices,
                        token_map=token_map,
-                       full_vocab_size=config.vocab_size if token_map is not None else None)
+                       full_vocab_size=config.vocab_size if token_map is not None else None,
+                       tied_w2=config.head_type == "shared_lm_head" and materialise == "once")
     heads.check(src)
     return config, heads
 
@@ -163,9 +177,13 @@ def base_lm_head_weight(name_or_path: str, dtype: torch.dtype) -> torch.Tensor:
 def named_tensors(heads: HeadsState, block: str, head: str | None) -> dict[str, torch.Tensor]:
     """Canonical heads -> one format's tensor names. ``block`` is a template with ``{k}`` (head) and ``{l}``
     (layer) that gets ``.weight`` / ``.bias`` appended; ``head`` has ``{k}`` and ``{n}`` (num_layers), and
-    must be None exactly when the heads have no W2 of their own."""
+    must be None exactly when the heads have no W2 of their own. Tied heads (``tied_w2``) need a
+    ``head`` without ``{k}``: their one W2 is written once under that name."""
     if (head is None) != heads.shared_lm_head:
         raise ValueError("a W2 name template is needed exactly when the heads have their own W2")
+    if head is not None and ("{k}" in head) == heads.tied_w2:
+        raise ValueError("a W2 name template has {k} exactly when every head has a W2 of its own"
+                         " (tied heads' one W2 is written once)")
     out: dict[str, torch.Tensor] = {}
     n = heads.num_layers
     for k in range(heads.num_heads):

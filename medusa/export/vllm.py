@@ -3,11 +3,15 @@
 vLLM builds ``blocks[i] = ResidualBlock(num_hidden_layers linear layers, bias=medusa_fc_bias)`` and
 ``lm_heads[i] = ParallelLMHead(truncated_vocab_size, hidden_size)`` from ``config.json`` and loads
 ``blocks.{i}.layers.{j}.weight|bias`` and ``lm_heads.{i}.weight`` (a ``medusa_heads.`` prefix is stripped).
+With ``original_lm_head: true`` it builds one ``lm_head = ParallelLMHead(truncated_vocab_size, hidden_size)``
+shared by every head instead and loads ``lm_head.weight`` (or a ``lm_heads.0.weight`` mapped onto it):
+``shared_lm_head`` heads are written that way, with the base LM head materialised once
+(``HeadsState.tied_w2``); ``linear`` heads get ``lm_heads.{i}.weight`` and ``original_lm_head: false``.
 
 Draft vocabulary: with ``truncated_vocab_size < vocab_size`` vLLM also loads the tensor ``token_map``
 (``[truncated_vocab_size]`` target ids, used as an index: int64), takes ``lm_heads.{i}.weight`` as
-``[truncated_vocab_size, hidden_size]`` rows in token_map order (a full ``[vocab_size, d]`` one it slices
-with the map) and scatters the draft logits into ``[..., vocab_size]`` (-inf elsewhere).
+``[truncated_vocab_size, hidden_size]`` rows in token_map order (a full ``[vocab_size, d]`` one, per head or
+shared, it slices with the map) and scatters the draft logits into ``[..., vocab_size]`` (-inf elsewhere).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ CONFIG = "config.json"
 
 
 def vllm_tensors(heads: HeadsState) -> dict[str, torch.Tensor]:
-    out = named_tensors(heads, "blocks.{k}.layers.{l}", "lm_heads.{k}.weight")
+    head = "lm_head.weight" if heads.tied_w2 else "lm_heads.{k}.weight"  # tied: [V or N, d] written once
+    out = named_tensors(heads, "blocks.{k}.layers.{l}", head)
     if heads.token_map is not None:
         out["token_map"] = heads.token_map.to(torch.int64).contiguous()
     return out
@@ -44,7 +49,8 @@ def vllm_config(heads: HeadsState) -> dict[str, Any]:
         "vocab_size": heads.full_vocab_size if heads.token_map is not None else heads.vocab_size,
         "truncated_vocab_size": heads.vocab_size,
         "medusa_fc_bias": True,  # we always write the biases; vLLM silently drops them without this
-        "original_lm_head": False,  # one lm_heads.{i}.weight per head (shared heads are materialised)
+        # tied (shared_lm_head) heads: one lm_head.weight for all; else one lm_heads.{i}.weight per head
+        "original_lm_head": heads.tied_w2,
         "torch_dtype": dtype_name(heads.dtype),
         "base_model_name_or_path": heads.base_model_name_or_path,
     }

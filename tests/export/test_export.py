@@ -130,19 +130,39 @@ def test_round_trip_bit_exact(tmp_path, base_dir, fmt):
         assert back.tree is not None and len(back.tree) == 64
 
 
-def test_shared_lm_head_is_materialised(tmp_path, base_dir):
-    ck, model = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1, head_type="shared_lm_head")
-    export_checkpoint(ck, tmp_path / "v", "vllm")
+def test_shared_lm_head_is_written_once_for_vllm(tmp_path, base_dir):
+    ck, model = _checkpoint(tmp_path, base_dir, num_heads=3, num_layers=2, head_type="shared_lm_head")
+    summary = export_checkpoint(ck, tmp_path / "v", "vllm")
+    assert (summary["layout"], summary["materialised_lm_head"], summary["lm_head_copies"]) == (
+        "vllm-original-lm-head", True, 1)
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert cfg["original_lm_head"] is True and cfg["truncated_vocab_size"] == cfg["vocab_size"] == 96
     tensors = load_file(str(tmp_path / "v" / "model.safetensors"))
-    lm = model.base_model.get_output_embeddings().weight
-    for k in range(2):
-        assert torch.equal(tensors[f"lm_heads.{k}.weight"], lm)
+    blocks = {f"blocks.{k}.layers.{l}.{p}" for k in range(3) for l in range(2) for p in ("weight", "bias")}
+    assert set(tensors) == blocks | {"lm_head.weight"}  # ONE LM head, vLLM's shared lm_head parameter
+    assert torch.equal(tensors["lm_head.weight"], model.base_model.get_output_embeddings().weight)
     # and importing gives linear heads that compute what the shared ones did
     import_checkpoint(tmp_path / "v", tmp_path / "back")
     back = MedusaModel.from_pretrained(tmp_path / "back", base_model=model.base_model)
+    assert back.config.head_type == "linear"
     hidden = torch.randn(1, 4, 32)
     with torch.no_grad():
         assert torch.equal(back.heads(hidden), model.heads(hidden))
+
+
+def test_linear_vllm_export_and_per_head_formats_keep_one_w2_per_head(tmp_path, base_dir):
+    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
+    summary = export_checkpoint(ck, tmp_path / "v", "vllm")
+    assert (summary["layout"], summary["materialised_lm_head"], summary["lm_head_copies"]) == (
+        "vllm", False, 2)
+    tensors = load_file(str(tmp_path / "v" / "model.safetensors"))
+    assert {k for k in tensors if "lm_head" in k} == {"lm_heads.0.weight", "lm_heads.1.weight"}
+    ck, model = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=2, head_type="shared_lm_head")
+    summary = export_checkpoint(ck, tmp_path / "v1", "medusa-v1")
+    assert (summary["layout"], summary["lm_head_copies"]) == ("medusa-v1", 2)
+    tensors = load_file(str(tmp_path / "v1" / "medusa_lm_head.safetensors"))
+    lm = model.base_model.get_output_embeddings().weight
+    assert all(torch.equal(tensors[f"{k}.2.weight"], lm) for k in range(2))
 
 
 def test_import_official_v01_pt_and_v2_prefixed(tmp_path, base_dir):

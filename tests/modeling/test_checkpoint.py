@@ -184,6 +184,38 @@ def test_cli_heads_init_and_info(tmp_path):
     assert json.loads(r.stdout)["parameters"] == params
 
 
+@pytest.mark.parametrize("flag,expected", [([], "own"), (["--hydra-projection", "own"], "own"),
+                                           (["--hydra-projection", "shared_lm_head"], "shared_lm_head")])
+def test_cli_heads_init_hydra_projection(tmp_path, capsys, flag, expected):
+    from medusa.cli import main
+
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    out = tmp_path / "heads"
+    assert main(["heads", "init", "--base", str(tmp_path / "base"), "--num-heads", "2",
+                 "--head-type", "hydra", *flag, "--out", str(out)]) == 0
+    assert f"(hydra, projection: {expected})" in capsys.readouterr().out
+    assert json.loads((out / "medusa_config.json").read_text())["hydra_projection"] == expected
+    loaded = MedusaModel.from_pretrained(out)
+    assert loaded.config.hydra_projection == expected
+    assert (loaded.heads.lm_heads is None) == (expected == "shared_lm_head")
+    state = load_file(str(out / "medusa_heads.safetensors"))
+    assert any(k.startswith("lm_heads.") for k in state) == (expected == "own")
+
+
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_cli_heads_init_hydra_projection_needs_hydra(tmp_path, capsys, head_type):
+    from medusa.cli import main
+
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    capsys.readouterr()  # drop save_pretrained's progress bar
+    code = main(["heads", "init", "--base", str(tmp_path / "base"), "--head-type", head_type,
+                 "--hydra-projection", "own", "--out", str(tmp_path / "o")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --hydra-projection own only applies "
+                                                                 "to --head-type hydra")
+    assert head_type in lines[0] and not (tmp_path / "o").exists()
+
+
 def test_cli_bad_path_exit_2(tmp_path):
     r = _cli("info", str(tmp_path / "nope"))
     assert r.returncode == 2
