@@ -132,7 +132,13 @@ def split_prompts(s: DemoSettings) -> dict[str, list[dict[str, str]]]:
 
 
 def run(s: DemoSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or reuse) every stage; returns the summary (also ``<out>/summary.json``)."""
+    """Run (or reuse) every stage; returns the summary (also ``<out>/summary.json``). ``s.progress=False``:
+    no progress bar at all (ours, and transformers' while it loads a model)."""
+    with S.hf_progress_bars(s.progress):
+        return _run_stages(s, log)
+
+
+def _run_stages(s: DemoSettings, log: Callable[[str], None]) -> dict[str, Any]:
     import json
 
     import torch
@@ -160,7 +166,8 @@ def run(s: DemoSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
     done["distill"] = S.run_stage(out, "distill", distill, log)
     overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa1'}",
                  *s.recipe_overrides]
-    done["train"] = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
+    done["train"] = S.run_stage(out, "train", lambda: S.train_recipe(
+        s.recipe, overrides, progress=s.progress), log)
     with S.torch_threads(s.timing_threads):
         done["calibrate"] = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
             done["train"]["final_dir"], out / "final", data / "calib.jsonl", nodes=s.nodes,
@@ -220,7 +227,7 @@ def main(s: DemoSettings) -> int:
     order = sorted(range(len(report["rows"])), key=lambda i: report["rows"][i]["tokens_per_step"])
     prompt = bench_prompts[order[(len(order) - 1) // 2]]  # the (lower) median tokens/step: a typical prompt
     print("\n--- one completion, streamed as MEDUSA accepts tokens (prompt first) ---")
-    with S.torch_threads(s.timing_threads):
+    with S.torch_threads(s.timing_threads), S.hf_progress_bars(s.progress):
         res = stream_one(out / "final", prompt, s.max_new_tokens)
     sys.stdout.flush()
     print(f"--- {res.new_tokens} tokens in {res.num_steps} verification steps after the prefill: "

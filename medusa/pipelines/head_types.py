@@ -69,8 +69,8 @@ def run_head_types(root: Path, plan: HeadTypePlan, medusa1: dict[str, Any], benc
     from medusa.decoding.dynamic_tree import DynamicTree
 
     nodes = int(medusa1["calibrate"]["nodes"])
-    trained = S.run_stage(root, "hydra_train", lambda: S.train_recipe(plan.recipe, hydra_overrides(plan)),
-                          log)
+    trained = S.run_stage(root, "hydra_train", lambda: S.train_recipe(
+        plan.recipe, hydra_overrides(plan), progress=plan.progress), log)
     dynamic = DynamicTree(nodes)  # the same node budget, root included (as len(MedusaTree))
     with S.torch_threads(plan.timing_threads):
         calibrated = S.run_stage(root, "hydra_calibrate", lambda: S.calibrate_stage(

@@ -181,7 +181,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         common = [f"model={model}", f"data.train={data / 'train.jsonl'}"]
         cache = f"train.hidden_cache={out / 'hidden_cache'}"  # Hydra heads train from the same cache
         overrides = [*common, f"output_dir={m1}", cache, *s.recipe_overrides]
-        trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
+        trained = S.run_stage(out, "train", lambda: S.train_recipe(
+            s.recipe, overrides, progress=s.progress), log)
         calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
             trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes,
             progress=s.progress), log)
@@ -224,7 +225,8 @@ def _medusa2(s: Settings, out: Path, data: Path, model: str, trained: dict[str, 
     m2 = out / "medusa2"
     overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={m2}",
                  f"heads.init_from={trained['final_dir']}", *s.medusa2_overrides]
-    trained2 = S.run_stage(out, "medusa2_train", lambda: S.train_recipe(s.medusa2_recipe, overrides), log)
+    trained2 = S.run_stage(out, "medusa2_train", lambda: S.train_recipe(
+        s.medusa2_recipe, overrides, progress=s.progress), log)
     calibrated2 = S.run_stage(out, "medusa2_calibrate", lambda: S.calibrate_stage(
         trained2["final_dir"], m2 / "final", data / "calib.jsonl", nodes=calibrated["nodes"],
         progress=s.progress), log)

@@ -53,6 +53,22 @@ def run_stage(root: str | Path, name: str, fn: Callable[[], dict[str, Any]],
 
 
 @contextlib.contextmanager
+def hf_progress_bars(enabled: bool) -> Iterator[None]:
+    """Run the body with transformers' own progress bars (``Loading weights``...) off unless ``enabled``;
+    the previous setting is restored."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
     """Run the body with ``torch.set_num_threads(n)`` (None: unchanged), restoring the previous count.
 
@@ -124,13 +140,14 @@ def _self_distill(cfg: Any, model: Any = None, tokenizer: Any = None) -> dict[st
                               "tokens_per_s") if k in s}
 
 
-def train_recipe(recipe_path: str | Path, overrides: Sequence[str]) -> dict[str, Any]:
-    """``medusa train RECIPE key=value...`` in-process; returns the final directory and last metrics."""
+def train_recipe(recipe_path: str | Path, overrides: Sequence[str], progress: bool = True) -> dict[str, Any]:
+    """``medusa train RECIPE key=value...`` in-process (``progress=False``: no progress bar); returns the
+    final directory and last metrics."""
     from medusa.config import load_recipe
     from medusa.training.loop import train
 
     recipe = load_recipe(recipe_path, list(overrides))
-    result = train(recipe)
+    result = train(recipe, progress=progress)
     if result.final_dir is None:
         raise MedusaError(f"{recipe_path}: training stopped before its last step")
     last = {k: v for k, v in (result.eval_metrics or result.last_metrics or {}).items()

@@ -129,7 +129,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
     distilled = S.run_stage(out, "distill", lambda: distill_all(s, model_path, data), log)
     overrides = [f"model={model_path}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa1'}",
                  *s.recipe_overrides]
-    trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides), log)
+    trained = S.run_stage(out, "train", lambda: S.train_recipe(s.recipe, overrides, progress=s.progress),
+                          log)
     prompts = [r["prompt"] for r in rows["bench"]]
     with S.torch_threads(s.timing_threads):
         calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
@@ -230,7 +231,8 @@ def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[
 
     overrides = [f"model={model_path}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa2'}",
                  f"heads.init_from={trained['final_dir']}", *s.medusa2_overrides]
-    m2 = S.run_stage(out, "medusa2_train", lambda: S.train_recipe(s.medusa2_recipe, overrides), log)
+    m2 = S.run_stage(out, "medusa2_train", lambda: S.train_recipe(s.medusa2_recipe, overrides,
+                                                                        progress=s.progress), log)
 
     def with_tree() -> dict[str, Any]:
         import shutil

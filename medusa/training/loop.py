@@ -278,9 +278,10 @@ def _finish(run: Run, step: int) -> tuple[Path | None, dict[str, Any] | None]:
     return final_dir, eval_row
 
 
-def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
+def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True) -> TrainResult:
     """Run the recipe. ``stop_at_step`` ends this session after that optimizer step (saving a checkpoint
-    there) without writing ``final/``; a later run with ``train.resume: auto`` continues it."""
+    there) without writing ``final/``; a later run with ``train.resume: auto`` continues it.
+    ``progress=False``: no progress bar (the main process draws it otherwise)."""
     from tqdm.auto import tqdm
 
     if recipe.method == "medusa2":
@@ -292,8 +293,8 @@ def train(recipe: Recipe, stop_at_step: int | None = None) -> TrainResult:
     _open_output(run, step, resume_from)
     params = [p for p in run.trainable.parameters() if p.requires_grad]
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
-    bar = tqdm(total=plan.total_steps, initial=step, disable=not run.accelerator.is_local_main_process,
-               desc="train", dynamic_ncols=True)
+    bar = tqdm(total=plan.total_steps, initial=step, desc="train", dynamic_ncols=True,
+               disable=not (progress and run.accelerator.is_local_main_process))
     window = Window(torch.zeros(STATS_ROWS, recipe.heads.num_heads))
     last, eval_metrics, order_epoch, order = {}, None, -1, []
     while step < end:

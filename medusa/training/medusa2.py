@@ -262,7 +262,9 @@ def _gather_state(module: nn.Module, keep: bool) -> dict[str, torch.Tensor]:
 
 def _gathered_module(unwrapped: Medusa2Module, model: MedusaModel, recipe: Recipe,
                      is_main: bool) -> Medusa2Module | None:
-    """A whole (unpartitioned) copy of a ZeRO-3 trained module on the main process (None elsewhere)."""
+    """A whole (unpartitioned) copy of a ZeRO-3 trained module on the main process (None elsewhere), with
+    heads built as ``model``'s (draft vocabulary ``token_map [N]`` and Hydra projection included), so that it
+    saves what the non-ZeRO path saves."""
     full = _gather_state(unwrapped, is_main)  # every process takes part
     if not is_main:
         return None
@@ -270,7 +272,8 @@ def _gathered_module(unwrapped: Medusa2Module, model: MedusaModel, recipe: Recip
         base = load_base_model(recipe.model, dtype="float32")
     fresh = medusa_from_base(base, num_heads=model.num_heads, num_layers=model.config.num_layers,
                              head_type=model.config.head_type, heads_dtype=torch.float32,
-                             hydra_projection=model.config.hydra_projection or "own")
+                             hydra_projection=model.config.hydra_projection or "own",
+                             token_map=full.get("model.heads.token_map"))  # [N] with a draft vocabulary
     if not recipe.lora.full_finetune:
         lo = recipe.lora
         apply_lora(fresh, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules)

@@ -31,7 +31,10 @@ def test_demo_reduced_end_to_end_then_reuses_stages(tmp_path, capsys):
 
     out = tmp_path / "demo"
     assert main(_settings(out, STORIES)) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    bars = [line for line in captured.err.replace("\r", "\n").splitlines() if "%|" in line or "it/s" in line]
+    assert bars == []  # progress=False (--no-progress): no stage, nor transformers, draws a bar
     report = json.loads((out / "report.json").read_text())
     for key in ("baseline_tokens_per_s", "medusa_tokens_per_s", "speedup", "tokens_per_step", "overhead",
                 "greedy_exact_match", "rows"):

@@ -199,3 +199,45 @@ def test_heads_init_from_zero3_partitioned_lm_head():
                           timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (proc.stdout[-2000:]
                                                                          + proc.stderr[-4000:])
+
+
+@pytest.mark.parametrize("head_type,projection", [("linear", "own"), ("hydra", "shared_lm_head")])
+def test_zero3_gathered_save_equals_plain_save_with_draft_vocab(tmp_path, head_type, projection):
+    """The ZeRO-3 save path rebuilds the module from gathered tensors (m2._gathered_module; a no-op gather
+    here): its checkpoint must equal the plain path's, draft-vocabulary token_map and Hydra projection
+    included."""
+    require_shared(STORIES)
+    recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml",
+                         [f"model={STORIES}", f"heads.head_type={head_type}", "heads.num_heads=2"])
+    model = MedusaModel.from_base(stories_model(), num_heads=2, num_layers=1, head_type=head_type,
+                                  heads_dtype=torch.float32, hydra_projection=projection)
+    token_map = torch.randperm(512, generator=torch.Generator().manual_seed(0))[:64]  # [64], not arange
+    model.use_draft_vocab(token_map)
+    lo = recipe.lora  # as the training run applied it
+    bb.apply_lora(model, r=lo.r, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # "trained": LoRA B and the ResBlocks away from their zero init
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    width = model.config.hidden_size * (3 if head_type == "hydra" else 1)  # hydra: [h, e_1, e_2]
+    wide = torch.randn(1, 5, width, generator=g)  # [B, T, d or d * (K+1)]
+    with torch.no_grad():
+        want = model.heads(wide)  # [K, B, T, V]
+
+    gathered = m2._gathered_module(m2.Medusa2Module(model, 0.8, 64), model, recipe, is_main=True)
+    bb.save_merged(gathered.model, str(tmp_path / "zero3"), recipe=recipe.to_dict())
+    bb.save_merged(model, str(tmp_path / "plain"), recipe=recipe.to_dict())
+    config = "medusa_config.json"
+    assert json.loads((tmp_path / "zero3" / config).read_text()) == json.loads(
+        (tmp_path / "plain" / config).read_text())
+    zero3 = MedusaModel.from_pretrained(tmp_path / "zero3")
+    plain = MedusaModel.from_pretrained(tmp_path / "plain")
+    a, b = zero3.heads.state_dict(), plain.heads.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert zero3.config.draft_vocab == 64 and torch.equal(zero3.heads.token_map, token_map)
+    assert zero3.config.hydra_projection == plain.config.hydra_projection
+    with torch.no_grad():
+        assert torch.equal(zero3.heads(wide), want)
+    merged_a, merged_b = zero3.base_model.state_dict(), plain.base_model.state_dict()
+    assert merged_a.keys() == merged_b.keys() and all(torch.equal(merged_a[k], merged_b[k]) for k in merged_a)
