@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from medusa.eval.timing import timed
+
+T = TypeVar("T")
 
 # aten ops that move no data through a kernel of their own (views, metadata, allocations)
 _NOT_COMPUTE = frozenset({
@@ -66,12 +69,12 @@ def verify_floor(model: Any, input_ids: torch.Tensor, tree: Any, repeats: int = 
             "floor": verify / plain}
 
 
-def compute_ops(fn: Any) -> Counter:
-    """The top-level compute aten ops ``fn()`` issues (profiled once on the CPU side), by name."""
+def compute_ops(fn: Callable[[], T]) -> tuple[T, Counter]:
+    """``fn()``'s result and the top-level compute aten ops it issued (profiled on the CPU side), by name."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
+        result = fn()
     ops: Counter = Counter()
     for event in prof.events():
         parent = event.cpu_parent
@@ -79,7 +82,7 @@ def compute_ops(fn: Any) -> Counter:
             continue
         if event.name not in _NOT_COMPUTE:
             ops[event.name] += 1
-    return ops
+    return result, ops
 
 
 @torch.no_grad()
@@ -89,11 +92,11 @@ def step_op_counts(model: Any, input_ids: torch.Tensor, max_new_tokens: int = 64
     ``generate`` on the same prompt ``[1, P]``, and the ops MEDUSA adds beyond the base forward."""
     base = model.base_model
     model.generate(input_ids, max_new_tokens=4, tree=tree)  # lazy imports and caches out of the count
-    out = model.generate(input_ids, max_new_tokens=max_new_tokens, tree=tree, return_dict_in_generate=True)
-    medusa = compute_ops(lambda: model.generate(input_ids, max_new_tokens=max_new_tokens, tree=tree))
-    hf_new = base.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False).shape[1] \
-        - input_ids.shape[1]
-    hf = compute_ops(lambda: base.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False))
+    base.generate(input_ids, max_new_tokens=4, do_sample=False)
+    out, medusa = compute_ops(lambda: model.generate(input_ids, max_new_tokens=max_new_tokens, tree=tree,
+                                                     return_dict_in_generate=True))
+    ref, hf = compute_ops(lambda: base.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False))
+    hf_new = ref.shape[1] - input_ids.shape[1]
     steps = max(out.num_steps, 1)
     per_step = {k: v / steps for k, v in medusa.items()}
     per_token = {k: v / hf_new for k, v in hf.items()}

@@ -11,8 +11,9 @@ from tiny_models import stories_tokenizer
 
 def test_compute_ops_counts_kernels_not_views():
     x = torch.ones(4, 3)
-    ops = compute_ops(lambda: (x.t().reshape(-1) + 1).mul_(2)[:5].sum())
+    total, ops = compute_ops(lambda: (x.t().reshape(-1) + 1).mul_(2)[:5].sum())
     assert ops == {"aten::add": 1, "aten::mul_": 1, "aten::sum": 1}
+    assert float(total) == 20.0  # fn's own result comes back
 
 
 def test_verify_floor_times_the_tree_forward_against_one_token():
