@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.splitlines()[0])
     p.add_argument("--model", help="local backend: model path or hub id (also the name in the metadata); "
                                    "openai backend: unused, see --served-model")
-    p.add_argument("--prompts", required=True, help=".json/.jsonl/.parquet/.txt file, a datasets directory, "
+    p.add_argument("--prompts", help=".json/.jsonl/.parquet/.txt file, a datasets directory, "
                                                     "or a hub dataset id")
     p.add_argument("--out", required=True, help="output JSONL (appended to; re-running resumes)")
     p.add_argument("--mode", choices=["replay", "self-talk", "completion"], default="replay")
@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    choices=["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text"])
     g.add_argument("--split", default="train", help="dataset split (directories and hub datasets)")
     g.add_argument("--limit", type=int, help="use only the first N prompts")
+    g.add_argument("--synthesize-prompts", type=int, default=0, metavar="N",
+                   help="no prompt set needed: the model writes N user requests itself (sampled from its chat "
+                        "template's user header, deduplicated; kept in <out>.prompts.jsonl), then answers them")
     g.add_argument("--prompt-sentences", type=int, default=1, help="text documents: first N sentences")
     g.add_argument("--prompt-chars", type=int, help="text documents: first N characters (word boundary)")
     g.add_argument("--prompt-tokens", type=int, help="text documents: first N tokens")
