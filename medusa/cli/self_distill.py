@@ -54,8 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--split", default="train", help="dataset split (directories and hub datasets)")
     g.add_argument("--limit", type=int, help="use only the first N prompts")
     g.add_argument("--synthesize-prompts", type=int, default=0, metavar="N",
-                   help="no prompt set needed: the model writes N user requests itself (sampled from its chat "
-                        "template's user header, deduplicated; kept in <out>.prompts.jsonl), then answers them")
+                   help="no prompt set needed: the model writes N user requests itself (sampled from "
+                        "its chat template's user header, deduplicated; kept in <out>.prompts.jsonl), "
+                        "then answers them")
     g.add_argument("--prompt-sentences", type=int, default=1, help="text documents: first N sentences")
     g.add_argument("--prompt-chars", type=int, help="text documents: first N characters (word boundary)")
     g.add_argument("--prompt-tokens", type=int, help="text documents: first N tokens")

@@ -15,8 +15,8 @@ import concurrent.futures as cf
 import functools
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -109,7 +109,7 @@ class SelfDistillConfig:
 
 
 def synthesized_path(out: str | Path) -> Path:
-    """Where ``--synthesize-prompts`` keeps the requests it wrote: beside the output, ``<out>.prompts.jsonl``."""
+    """Where ``--synthesize-prompts`` keeps its requests: ``<out>.prompts.jsonl`` beside the output."""
     out = Path(out)
     return out.with_name(out.stem + ".prompts.jsonl")
 

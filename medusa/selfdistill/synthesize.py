@@ -95,7 +95,8 @@ def read_synthesized(path: Path) -> list[str]:
         try:
             rows.append(str(json.loads(line)["prompt"]))
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise DataError(f"{path}:{lineno}: not a synthesized prompt row ({{\"id\", \"prompt\"}})") from None
+            raise DataError(f"{path}:{lineno}: not a synthesized prompt row "
+                            '({"id", "prompt"})') from None
     return rows
 
 

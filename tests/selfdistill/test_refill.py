@@ -7,7 +7,6 @@ import json
 
 import torch
 from selfdistill_helpers import chat_tokenizer, tiny_chat_model
-from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer
 
 import medusa.selfdistill.backends.refill as R
 from medusa.selfdistill import SelfDistillConfig, self_distill
@@ -15,7 +14,10 @@ from medusa.selfdistill import synthesize as syn
 from medusa.selfdistill.backends.base import Sampling
 from medusa.selfdistill.backends.local import LocalBackend
 
-TEXTS = ["Once upon a time", "Lily had a red ball. She", "The dog", "Tom and his mom went to the park. They saw",
+from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer
+
+TEXTS = ["Once upon a time", "Lily had a red ball. She", "The dog",
+         "Tom and his mom went to the park. They saw",
          "One day, a little bird", "Sam", "The sun was hot and the children wanted to play in the water. So",
          "A big cat sat on the mat and"]
 
@@ -34,8 +36,10 @@ def test_refill_equals_one_prompt_at_a_time_greedy_float32(monkeypatch):
     monkeypatch.setattr(R, "COMPACT_EVERY", 4)  # compact often: shifts are exercised too
     admitted, shifts = [], []
     real_admit, real_shift = R.RefillLoop.admit, R.RefillLoop.shift_all
-    monkeypatch.setattr(R.RefillLoop, "admit", lambda self, t: (admitted.append(len(t)), real_admit(self, t))[1])
-    monkeypatch.setattr(R.RefillLoop, "shift_all", lambda self, d: (shifts.append(d), real_shift(self, d))[1])
+    monkeypatch.setattr(R.RefillLoop, "admit",
+                        lambda self, t: (admitted.append(len(t)), real_admit(self, t))[1])
+    monkeypatch.setattr(R.RefillLoop, "shift_all",
+                        lambda self, d: (shifts.append(d), real_shift(self, d))[1])
     got = {i: (tokens, reason) for i, tokens, reason in R.generate_refill(
         model, prompts, max_new_tokens=12, batch_size=3, pad_id=0, eos_ids=[period])}
     assert sorted(got) == list(range(len(prompts)))
@@ -68,7 +72,8 @@ def test_local_backend_uses_refill_and_keeps_truncated_rows(tmp_path):
     require_shared(STORIES)
     backend = LocalBackend(tiny_chat_model(), tokenizer=chat_tokenizer(), batch_size=2)
     assert backend.refill
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(5)))
+    rows = [json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(5)]
+    (tmp_path / "p.jsonl").write_text("".join(rows))
     s = self_distill(SelfDistillConfig(model="tiny-chat", prompts=str(tmp_path / "p.jsonl"),
                                        out=str(tmp_path / "o.jsonl"), on_length="keep", batch_size=2,
                                        sampling=Sampling(temperature=0.0, max_new_tokens=5), progress=False),
@@ -97,8 +102,8 @@ def test_synthesized_prompts_are_distinct_nonempty_user_turns(tmp_path, monkeypa
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert s["written"] == 4, s
     assert sorted(r["messages"][0]["content"] for r in rows) == sorted(made)
-    again = self_distill(SelfDistillConfig(model="tiny-chat", prompts=None, out=str(out), synthesize_prompts=4,
-                                           on_length="keep", progress=False,
+    again = self_distill(SelfDistillConfig(model="tiny-chat", prompts=None, out=str(out),
+                                           synthesize_prompts=4, on_length="keep", progress=False,
                                            sampling=Sampling(temperature=0.0, max_new_tokens=4)),
                          model=tiny_chat_model(), tokenizer=tok)
     assert again["synthesized"] == 0 and again["already_done"] == 4  # resumed, nothing redone

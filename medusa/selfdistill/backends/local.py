@@ -132,7 +132,8 @@ class LocalBackend:
     def _generate_refill(self, requests: Sequence[Request], encoded: list[tuple[int, list[int]]],
                          sampling: Sampling) -> Iterator[tuple[int, Result]]:
         seed = zlib.crc32(repr([requests[i].seed for i, _ in encoded]).encode())
-        stream = generate_refill(self.model, [ids for _, ids in encoded], max_new_tokens=sampling.max_new_tokens,
+        stream = generate_refill(self.model, [ids for _, ids in encoded],
+                                 max_new_tokens=sampling.max_new_tokens,
                                  batch_size=self.batch_size, pad_id=self.tokenizer.pad_token_id,
                                  eos_ids=self.eos_ids, temperature=sampling.temperature, top_k=sampling.top_k,
                                  top_p=sampling.top_p, seed=seed)
@@ -153,7 +154,8 @@ class LocalBackend:
             found = {j: (tokens, reason) for j, tokens, reason in stream}
             done = [found[j] for j in range(len(prompts))]
         else:
-            sampling = Sampling(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+            sampling = Sampling(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                seed=seed)
             done = []
             for start in range(0, len(prompts), self.batch_size):
                 for r in self._raw_batch(prompts[start:start + self.batch_size], sampling, seed + start):
@@ -162,7 +164,8 @@ class LocalBackend:
         return [(t[:-1] if t and t[-1] in eos else t, reason) for t, reason in done]
 
     @torch.inference_mode()
-    def _raw_batch(self, batch: list[list[int]], sampling: Sampling, seed: int) -> list[tuple[list[int], str]]:
+    def _raw_batch(self, batch: list[list[int]], sampling: Sampling,
+                   seed: int) -> list[tuple[list[int], str]]:
         """``model.generate`` on one left-padded batch: each row's new tokens (up to its EOS) and reason."""
         pad = self.tokenizer.pad_token_id
         width = max(len(ids) for ids in batch)

@@ -45,7 +45,7 @@ def refill_supported(model: torch.nn.Module) -> str | None:
     gen = getattr(model, "generation_config", None)
     for key, neutral in UNSUPPORTED_GENERATION.items():
         value = getattr(gen, key, neutral) if gen is not None else neutral
-        if value not in (neutral, None, [], 0) or (key == "repetition_penalty" and value not in (None, 1.0)):
+        if value not in (neutral, None, [], 0):
             return f"generation_config.{key}={value!r}"
     return None
 
@@ -62,7 +62,7 @@ class SlotCache:
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
                cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``key / value [B, H, q, hd]`` at columns ``[col, col + q)``; return columns ``[0, col + q)``."""
+        """Write ``key / value [B, H, q, hd]`` at columns ``[col, col + q)``; return columns ``[0, col+q)``."""
         q = key.shape[2]
         if layer_idx == len(self.keys):  # first forward: allocate
             b, h, _, hd = key.shape
