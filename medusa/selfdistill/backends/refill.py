@@ -62,7 +62,7 @@ class SlotCache:
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
                cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``key / value [B, H, q, hd]`` at columns ``[col, col + q)``; return columns ``[0, col+q)``."""
+        """Write ``key / value [B, H, q, hd]`` at columns ``[col, col+q)``; return columns ``[0, col+q)``."""
         q = key.shape[2]
         if layer_idx == len(self.keys):  # first forward: allocate
             b, h, _, hd = key.shape
