@@ -36,6 +36,7 @@ from medusa.modeling.config import (
 from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.hydra import HydraHeads, needs_tokens
+from medusa.modeling.packaged import check_packaged_base
 
 
 @dataclass
@@ -238,6 +239,7 @@ class MedusaModel(nn.Module):
             base_model = load_base_model(str(base_model), dtype=dtype, device_map=device_map,
                                          quantization_config=quantization_config, **load_kwargs)
         check_base_matches(config, base_model, source=str(path / CONFIG_NAME))
+        check_packaged_base(config, base_model, source=str(path / CONFIG_NAME))
         weights_path = path / WEIGHTS_NAME
         state = read_heads_file(weights_path)
         heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,

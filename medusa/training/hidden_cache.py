@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from medusa.errors import MedusaError
+from medusa.modeling.packaged import weights_fingerprint
 
 FORMAT = "medusa-hidden-cache"
 VERSION = 1
@@ -41,17 +42,11 @@ HiddenFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]  # batch -> last hi
 
 
 def base_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
-    """Identifies a backbone's weights cheaply: config fields plus, per parameter, its shape and the sum /
-    absolute sum of a strided sample of its values (a different checkpoint changes them)."""
+    """Identifies a backbone's weights cheaply: config fields plus :func:`weights_fingerprint`."""
     cfg = getattr(model, "config", None)
-    digest = hashlib.sha256()
-    for name, p in model.named_parameters():
-        flat = p.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 4096)].double()
-        digest.update(f"{name}:{tuple(p.shape)}:{float(sample.sum()):.10e}:{float(sample.abs().sum()):.10e};".encode())
     return {"name_or_path": str(getattr(model, "name_or_path", "") or getattr(cfg, "_name_or_path", "")),
             "model_type": getattr(cfg, "model_type", None), "hidden_size": getattr(cfg, "hidden_size", None),
-            "weights": digest.hexdigest()[:32]}
+            "weights": weights_fingerprint(model)}
 
 
 def data_fingerprint(examples: Sequence[dict[str, Sequence[int]]]) -> str:
