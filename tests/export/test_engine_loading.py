@@ -1,6 +1,6 @@
-"""Every export loads in its engine (tests/helpers/engine_loaders.py: the engines' loading logic, CPU-only) with
-the documented command and no other flag, on the backbone the heads were trained for (a MEDUSA-2 checkpoint's
-merged one), and gives our head logits: linear and shared_lm_head heads, 1 and 2 ResBlocks."""
+"""Every export loads in its engine (tests/helpers/engine_loaders.py: the engines' loading logic, CPU-only)
+with the documented command and no other flag, on the backbone the heads were trained for (a MEDUSA-2
+checkpoint's merged one), and gives our head logits: linear and shared_lm_head heads, 1 and 2 ResBlocks."""
 
 import json
 import shlex
@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_loaders import official_load, save_tiny_tokenizer, tgi_load, trt_convert, trt_from_hugging_face, vllm_load
+from engine_loaders import (
+    official_load,
+    save_tiny_tokenizer,
+    tgi_load,
+    trt_convert,
+    trt_from_hugging_face,
+    vllm_load,
+)
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -95,7 +102,8 @@ def test_vllm_serves_with_no_token_count(tmp_path, base_dir, checkpoints, name):
 def test_tgi_serves_the_recorded_backbone_and_tokenizer(tmp_path, base_dir, checkpoints, name):
     ck, model = checkpoints[name]
     summary = export_checkpoint(ck, tmp_path / "tgi", "tgi")
-    assert shlex.split(summary["commands"][0]) == ["text-generation-launcher", "--model-id", str(tmp_path / "tgi")]
+    launch = ["text-generation-launcher", "--model-id", str(tmp_path / "tgi")]
+    assert shlex.split(summary["commands"][0]) == launch
     engine = tgi_load(tmp_path / "tgi")
     head_type, k, n, merged = VARIANTS[name]
     assert engine.info["layout"] == ("v2" if head_type == "shared_lm_head" and n == 1 else "v1")
@@ -119,7 +127,7 @@ def test_tensorrt_llm_printed_convert_command_builds_our_heads(tmp_path, base_di
     assert trt_from_hugging_face(tmp_path / "trt") == (k, n)
     _check_served(model, engine.backbone, engine.heads)
     # the same converter without the flags: its defaults (4 heads x 1 layer) do not fit these heads
-    bare = [a for a in shlex.split(summary["commands"][0])]
+    bare = shlex.split(summary["commands"][0])
     for flag in ("--num_medusa_heads", "--num_medusa_layers", "--max_medusa_token_len"):
         i = bare.index(flag)
         del bare[i:i + 2]
@@ -143,7 +151,8 @@ def test_official_medusa_loads_medusa_v1(tmp_path, base_dir, checkpoints, name):
     _check_served(model, engine.backbone, engine.heads, base=engine.info["base"])
     choices = json.loads((out / "medusa_choices.txt").read_text())  # what medusa_generate must be given
     assert max(len(c) for c in choices) == summary["tree_depth"] <= 3
-    assert "builds 5 heads" in summary["notes"][0] and "heads 4..5 stay randomly initialised" in summary["notes"][0]
+    note = summary["notes"][0]
+    assert "builds 5 heads" in note and "heads 4..5 stay randomly initialised" in note
     legacy = official_load(out, legacy=True)  # medusa_model_legacy.py builds medusa_num_heads heads
     assert legacy.num_heads == 3 and legacy.info["missing"] == []
     _check_served(model, legacy.backbone, legacy.heads, base=legacy.info["base"])

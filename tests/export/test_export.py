@@ -113,7 +113,7 @@ def test_tensorrt_llm_uses_calibrated_tree(tmp_path, base_dir):
 
 @pytest.mark.parametrize("fmt", ["medusa-v1", "vllm", "tensorrt-llm"])
 def test_round_trip_bit_exact(tmp_path, base_dir, fmt):
-    layers = 1 if fmt == "medusa-v1" else 2  # official MEDUSA repeats ONE ResBlock: distinct layers are refused
+    layers = 1 if fmt == "medusa-v1" else 2  # official MEDUSA repeats ONE ResBlock: distinct ones refused
     ck, model = _checkpoint(tmp_path, base_dir, num_heads=3, num_layers=layers, dtype="bfloat16")
     export_checkpoint(ck, tmp_path / "exp", fmt)
     import_checkpoint(tmp_path / "exp", tmp_path / "back")

@@ -50,7 +50,7 @@ def _silu_blocks(x: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor 
 
 
 def save_tiny_tokenizer(path: Path, vocab_size: int) -> None:
-    """A word-level fast tokenizer with ``vocab_size`` entries (ids 0..2 = unk / bos / eos), built in-process."""
+    """A word-level fast tokenizer with ``vocab_size`` entries (0..2: unk / bos / eos), built in-process."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -82,14 +82,16 @@ def vllm_load(draft_dir: Path, target: str, num_speculative_tokens: int | None =
         if num_speculative_tokens is None:
             num_speculative_tokens = n_predict
         elif num_speculative_tokens > n_predict and num_speculative_tokens % n_predict:
-            raise ValueError(f"num_speculative_tokens:{num_speculative_tokens} must be divisible by {n_predict=}")
+            raise ValueError(f"num_speculative_tokens:{num_speculative_tokens} must be divisible by "
+                             f"{n_predict=}")
     if num_speculative_tokens is None:
         raise ValueError("num_speculative_tokens must be provided with speculative model unless the draft "
                          "model config contains an n_predict parameter.")
     bias, shared = cfg.get("medusa_fc_bias", False), cfg.get("original_lm_head", False)
-    params = {f"blocks.{i}.layers.{j}.weight": (hidden, hidden) for i in range(num_heads) for j in range(n_layers)}
+    blocks = [(i, j) for i in range(num_heads) for j in range(n_layers)]
+    params = {f"blocks.{i}.layers.{j}.weight": (hidden, hidden) for i, j in blocks}
     if bias:
-        params.update({f"blocks.{i}.layers.{j}.bias": (hidden,) for i in range(num_heads) for j in range(n_layers)})
+        params.update({f"blocks.{i}.layers.{j}.bias": (hidden,) for i, j in blocks})
     if shared:
         params["lm_head.weight"] = (truncated, hidden)
     else:
@@ -117,7 +119,8 @@ def vllm_load(draft_dir: Path, target: str, num_speculative_tokens: int | None =
         for i in range(num_heads):
             layers = [(weights[f"blocks.{i}.layers.{j}.weight"], weights.get(f"blocks.{i}.layers.{j}.bias"))
                       for j in range(n_layers)]
-            logits = F.linear(_silu_blocks(x, layers), weights["lm_head.weight" if shared else f"lm_heads.{i}.weight"])
+            lm_head = weights["lm_head.weight" if shared else f"lm_heads.{i}.weight"]
+            logits = F.linear(_silu_blocks(x, layers), lm_head)
             if token_map is not None:
                 full = torch.full((*logits.shape[:-1], vocab), float("-inf"), dtype=logits.dtype)
                 full[..., token_map] = logits
@@ -197,7 +200,8 @@ def trt_convert(command: str) -> Engine:
     for h in range(args.num_medusa_heads):
         for l in range(n_layers):
             for p in ("weight", "bias"):
-                weights[f"medusa_heads.{h}.medusa_layers.{l}.linear.{p}"] = state[f"{h}.{l}.linear.{p}"].to(dtype)
+                name = f"medusa_heads.{h}.medusa_layers.{l}.linear.{p}"
+                weights[name] = state[f"{h}.{l}.linear.{p}"].to(dtype)
         weights[f"medusa_heads.{h}.lm_head.weight"] = state[f"{h}.{n_layers}.weight"].to(dtype)
     # the engine (MedusaForCausalLM) has the parameters its config says; model.load(weights) needs them all
     needed = {f"medusa_heads.{h}.medusa_layers.{l}.linear.{p}" for h in range(engine_cfg["num_medusa_heads"])
@@ -222,7 +226,7 @@ def trt_convert(command: str) -> Engine:
 
 
 def trt_from_hugging_face(medusa_dir: Path) -> tuple[int | None, int | None]:
-    """``MedusaConfig.from_hugging_face(..., speculative_model_dir=...)``: the head and layer counts it reads."""
+    """What ``MedusaConfig.from_hugging_face(..., speculative_model_dir=DIR)`` reads: heads, layers."""
     cfg = json.loads((medusa_dir / "config.json").read_text())
     return cfg.get("num_medusa_heads", None), cfg.get("medusa_num_layers", None)
 
