@@ -19,6 +19,11 @@
 
 Importing an official v2 file (ResBlocks only) gives a ``shared_lm_head`` checkpoint.
 
+Every export records the backbone the heads were trained for (a MEDUSA-2 checkpoint's merged one; see
+:mod:`medusa.export.backbone`) and returns the commands that load it in its engine
+(:mod:`medusa.export.serving`). ``medusa-v1`` refuses heads whose ResBlocks differ (the official code repeats
+one module) and writes the tree (``medusa_choices``) no deeper than the 5 heads official MEDUSA builds.
+
 Heads with a draft vocabulary (``heads.draft_vocab``) export only to ``vllm`` (``truncated_vocab_size`` +
 ``token_map``); medusa-v1, TensorRT-LLM and TGI have no way to express one, so they are refused.
 """
@@ -41,7 +46,13 @@ from medusa.export.common import (
     require_tree_fits,
 )
 from medusa.export.medusa_v1 import is_v1_dir, read_v1, require_official_layers, write_v1
-from medusa.export.serving import OFFICIAL_NUM_HEADS, official_depth, official_note, serving_commands
+from medusa.export.serving import (
+    OFFICIAL_MODEL_TYPES,
+    OFFICIAL_NUM_HEADS,
+    official_depth,
+    official_note,
+    serving_commands,
+)
 from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory
 from medusa.modeling.base import dtype_name
@@ -130,6 +141,9 @@ def _summary(format: str, out: Path, config: MedusaConfig, heads: HeadsState, ba
              choices: list[list[int]] | None, copied: list[str]) -> dict[str, Any]:
     depth = max((len(c) for c in choices), default=0) if choices is not None else None
     notes = [official_note(heads.num_heads, depth)] if format == "medusa-v1" and depth is not None else []
+    if format == "medusa-v1" and config.base_model_type not in OFFICIAL_MODEL_TYPES:
+        notes.append(f"official MEDUSA serves {' and '.join(OFFICIAL_MODEL_TYPES)} backbones only (this "
+                     f"one is {config.base_model_type})")
     if backbone.tokenizer is None:
         notes.append(f"no tokenizer files found beside the backbone {backbone.path}: give the server one")
     commands = serving_commands(format, str(out), backbone.path, backbone.tokenizer, heads.num_heads,

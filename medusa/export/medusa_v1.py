@@ -15,8 +15,13 @@ layer index holds the same tensors (only a ``.pt`` can store them; safetensors r
 We read the tensors stored under each layer index into distinct layers, which computes exactly what
 the official module computes, whether the layers were shared or not.
 
+- Official MEDUSA (``medusa_model.py`` and ``medusa_model_legacy.py``) reads only ``medusa_lm_head.pt``, so
+  the ``medusa-v1`` export writes it beside the safetensors file (the same tensors), and refuses heads with
+  different ResBlocks (:func:`require_official_layers`).
 - TensorRT-LLM (``examples/medusa/convert_checkpoint.py`` -> ``load_medusa_hf``) reads version 1
-  (``medusa_lm_head.pt`` first, then ``.safetensors``); the tree is a run-time argument
+  (``medusa_lm_head.pt`` first, then ``.safetensors``); its head / layer / draft-length counts come from the
+  converter's flags (see :mod:`medusa.export.serving`), ``MedusaConfig.from_hugging_face`` reads
+  ``num_medusa_heads`` and ``medusa_num_layers``; the tree is a run-time argument
   (``run.py --medusa_choices="[[0], [0, 0], ...]"``), so we add it to the config and ``medusa_choices.txt``.
 - TGI (``server/text_generation_server/models/__init__.py``) treats a ``config.json`` with
   ``medusa_num_heads`` as a Medusa model: it loads ``base_model_name_or_path``, speculates

@@ -18,6 +18,7 @@ import json
 import shlex
 
 OFFICIAL_NUM_HEADS = 5  # medusa_model.py: ``base_model_config.medusa_num_heads = 5`` (its "TODO: fix")
+OFFICIAL_MODEL_TYPES = ("llama", "mistral")  # medusa_model.py: "Only support llama and mistral for now!!"
 TRT_DTYPES = ("float32", "bfloat16", "float16")  # convert_checkpoint.py --dtype choices
 
 
