@@ -128,19 +128,22 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
     S.concat_jsonl(data / "train.jsonl", train)
     return {"train_rows": sum(p["written"] + p["already_done"] for p in parts),
             "train_completion_tokens": sum(p["completion_tokens"] for p in parts),
-            "truncated_share": truncated_share(train),
+            "train_replies": reply_stats(train),
             "calib_rows": calib["written"] + calib["already_done"], "parts": [*parts, calib]}
 
 
-def truncated_share(paths: Sequence[Path]) -> float:
-    """The share of self-distilled replies cut at the token budget (kept: only their EOS is missing)."""
-    total = cut = 0
+def reply_stats(paths: Sequence[Path]) -> dict[str, Any]:
+    """Rows, reply tokens and the share of replies cut at the token budget (kept: only their EOS is missing)
+    over the self-distilled files, resumed rows included."""
+    total = cut = tokens = 0
     for path in paths:
         for line in Path(path).read_text(encoding="utf-8").splitlines():
             if line.strip():
+                meta = json.loads(line).get("metadata", {})
                 total += 1
-                cut += "length" in json.loads(line).get("metadata", {}).get("finish_reasons", [])
-    return round(cut / max(total, 1), 4)
+                cut += "length" in meta.get("finish_reasons", [])
+                tokens += int(meta.get("completion_tokens", 0))
+    return {"rows": total, "reply_tokens": tokens, "truncated_share": round(cut / max(total, 1), 4)}
 
 
 def given_data(s: Settings, data: Path) -> dict[str, Any]:
@@ -210,6 +213,9 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
             trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes,
             progress=s.progress), log)
+        if s.ship:
+            return _train_hydra_and_ship(s, out, model, [*common, f"output_dir={out / 'hydra'}", cache],
+                                         distilled, trained, calibrated, log)
         S.run_stage(out, "export", lambda: S.export_stage(m1 / "final",
                                                           out / "exported" / "vllm", "vllm"), log)
         benched = S.run_stage(out, "bench", lambda: bench_by_category(s, m1 / "final", rows,
@@ -224,11 +230,34 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
                                        rows, log))
         if s.medusa2:
             summary["medusa2"] = _medusa2(s, out, data, model, trained, calibrated, rows, log)
-        if s.ship:
-            summary["ship"] = S.run_stage(out, "ship", lambda: ship_heads(
-                model, {"medusa1": m1 / "final", **({"hydra": out / "hydra" / "final"} if s.hydra else {})},
-                Path(s.ship)), log)
     summary["targets"] = targets(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _train_hydra_and_ship(s: Settings, out: Path, model: str, hydra_overrides_: list[str],
+                          distilled: dict[str, Any], trained: dict[str, Any], calibrated: dict[str, Any],
+                          log: Any) -> dict[str, Any]:
+    """``--ship DIR`` (``make heads-chat``): Hydra heads from the same cache, calibrated at their own
+    ``--nodes``, then both head sets copied into DIR; the benchmark is ``make bench-chat`` (``--shipped``)."""
+    from medusa.pipelines.head_types import HeadTypePlan, hydra_overrides
+
+    finals = {"medusa1": out / "medusa1" / "final"}
+    summary: dict[str, Any] = {"settings": asdict(s), "model": model,
+                               "distill": {k: v for k, v in distilled.items() if k != "parts"},
+                               "train": trained, "calibrate": calibrated}
+    if s.hydra:
+        plan = HeadTypePlan(recipe=s.recipe, overrides=tuple(hydra_overrides_),
+                            user_overrides=tuple(s.recipe_overrides), calib_data=out / "data" / "calib.jsonl",
+                            medusa1_final=finals["medusa1"], hydra_final=out / "hydra" / "final", reports={})
+        hydra_trained = S.run_stage(out, "hydra_train", lambda: S.train_recipe(
+            s.recipe, hydra_overrides(plan), progress=s.progress), log)
+        hydra_calibrated = S.run_stage(out, "hydra_calibrate", lambda: S.calibrate_stage(
+            hydra_trained["final_dir"], plan.hydra_final, plan.calib_data, nodes=s.nodes,
+            progress=s.progress), log)
+        finals["hydra"] = plan.hydra_final
+        summary["hydra"] = {"train": hydra_trained, "calibrate": hydra_calibrated}
+    summary["ship"] = S.run_stage(out, "ship", lambda: ship_heads(model, finals, Path(s.ship)), log)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
@@ -342,6 +371,13 @@ def targets(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
+    if "ship" in summary:
+        return "\n".join([f"shipped to {summary['ship']['dest']}: " + ", ".join(summary["ship"]["heads"]),
+                          f"MEDUSA-1 calibration: {summary['calibrate']['nodes']} nodes, predicted "
+                          f"{summary['calibrate']['expected_tokens_per_step']:.2f} tokens/step"]
+                         + ([f"Hydra calibration: {summary['hydra']['calibrate']['nodes']} nodes, predicted "
+                             f"{summary['hydra']['calibrate']['expected_tokens_per_step']:.2f} tokens/step"]
+                            if "hydra" in summary else []))
     c = summary["cost_curve"]
     lines = ["one forward over a 200-token cache: " + ", ".join(
         f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items())]
