@@ -114,12 +114,11 @@ def draft_vocab_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any
     """Coverage of the held-out completions' tokens per candidate N and the tokens/step a perfect chain of
     K heads keeps (:func:`medusa.modeling.draft_vocab.candidate_rows`); the chosen N: the smallest reaching
     ``s.coverage`` within the heads' parameter budget (:func:`draft_budget`), else the best covering."""
-    from medusa.config import load_recipe
     from medusa.data import load_tokenized
     from medusa.modeling.base import load_tokenizer
     from medusa.modeling.draft_vocab import candidate_rows, choose_draft_vocab
 
-    recipe = load_recipe(s.recipe, list(s.recipe_overrides))
+    recipe = _recipe(s, model_path, data)
     tokenizer = load_tokenizer(model_path)
     train = load_tokenized(str(data / "train.jsonl"), tokenizer, max_length=recipe.data.max_length).examples
     held = load_tokenized(str(data / "calib.jsonl"), tokenizer, max_length=recipe.data.max_length).examples
@@ -131,6 +130,35 @@ def draft_vocab_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any
             "coverage_target": s.coverage, "depth": recipe.heads.num_heads,
             "train_label_tokens": sum(sum(1 for t in ex["labels"] if t != -100) for ex in train),
             "held_out_label_tokens": sum(sum(1 for t in ex["labels"] if t != -100) for ex in held)}
+
+
+def _recipe(s: Settings, model_path: str, data: Path) -> Any:
+    """The MEDUSA-1 recipe as the ``train`` stage will load it (after ``distill``: data.train must exist)."""
+    from medusa.config import load_recipe
+
+    return load_recipe(s.recipe, [f"model={model_path}", f"data.train={data / 'train.jsonl'}",
+                                  *s.recipe_overrides])
+
+
+def text_coverage_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
+    """The same candidate rows on the shared text itself (a larger sample than the completions): the map
+    from every TinyStories story and Alpaca row (instruction, input and reference output) outside the held-out
+    ones, coverage and the perfect-chain bound on the held-out ones' text."""
+    from medusa.modeling.base import load_tokenizer
+    from medusa.modeling.draft_vocab import candidate_rows
+    from medusa.pipelines.stories260k import stories
+
+    tokenizer = load_tokenizer(model_path)
+    rows = json.loads((Path(s.shared) / "data" / "alpaca_5000.json").read_text(encoding="utf-8"))
+    alpaca = [_alpaca_text(r) + (r.get("output") or "") for r in rows]
+    tales, held = stories(s.shared), s.calib_prompts + s.per_category
+    encode = lambda docs: [{"labels": tokenizer(d, add_special_tokens=False)["input_ids"]} for d in docs]
+    train, held_out = encode(tales[:-held] + alpaca[:-held]), encode(tales[-held:] + alpaca[-held:])
+    depth = _recipe(s, model_path, data).heads.num_heads
+    vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
+    return {"rows": candidate_rows(train, held_out, vocab, s.candidates, depth=depth), "depth": depth,
+            "train_tokens": sum(len(e["labels"]) for e in train),
+            "held_out_tokens": sum(len(e["labels"]) for e in held_out)}
 
 
 def draft_budget(heads: Any, hidden: int, base_parameters: int) -> int | None:
@@ -191,6 +219,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         S.run_stage(out, "prompts", lambda: write_prompts(data, rows), log)
         distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data), log)
         vocab = S.run_stage(out, "draft_vocab", lambda: draft_vocab_stage(s, model, data), log)
+        vocab["shared_text"] = S.run_stage(out, "text_coverage", lambda: text_coverage_stage(s, model, data),
+                                           log)
         common = [f"model={model}", f"data.train={data / 'train.jsonl'}",
                   f"train.hidden_cache={out / 'hidden_cache'}", f"heads.draft_vocab={vocab['chosen']}"]
         summary: dict[str, Any] = {"settings": asdict(s), "model": model, "draft_vocab": vocab,
@@ -271,14 +301,21 @@ def targets(summary: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _coverage_lines(title: str, rows: list[dict[str, Any]]) -> list[str]:
+    return [title] + [f"  N={r['draft_vocab']}: coverage {r['held_out_coverage']:.4f} "
+                      f"(train {r['train_coverage']:.4f}), perfect-chain tokens/step "
+                      f"{r['chain_tokens_per_step']:.3f} of {r['chain_tokens_per_step_full']:.3f} "
+                      f"({100 * r['chain_lost']:.2f}% lost)" for r in rows]
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     v = summary["draft_vocab"]
-    lines = [f"draft vocabulary (held-out labels: {v['held_out_label_tokens']} tokens; "
-             f"chain of {v['depth']}):"]
-    lines += [f"  N={r['draft_vocab']}: coverage {r['held_out_coverage']:.4f} "
-              f"(train {r['train_coverage']:.4f}), "
-              f"perfect-chain tokens/step {r['chain_tokens_per_step']:.3f} of "
-              f"{r['chain_tokens_per_step_full']:.3f} ({100 * r['chain_lost']:.2f}% lost)" for r in v["rows"]]
+    lines = _coverage_lines(f"draft vocabulary, self-distilled completions (held out: "
+                            f"{v['held_out_label_tokens']} tokens; chain of {v['depth']}):", v["rows"])
+    if "shared_text" in v:
+        t = v["shared_text"]
+        lines += _coverage_lines(f"draft vocabulary, shared text (map from {t['train_tokens']} tokens, "
+                                 f"held out {t['held_out_tokens']}):", t["rows"])
     share = summary["heads_share"]
     lines += [f"chosen N={v['chosen']}; heads {share['heads_parameters']:,} parameters "
               f"({100 * share['share']:.2f}% of {share['base_parameters']:,})",
