@@ -140,7 +140,7 @@ def _recipe(s: Settings, model_path: str, data: Path) -> Any:
                                   *s.recipe_overrides])
 
 
-def text_coverage_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
+def text_coverage_stage(s: Settings, model_path: str, depth: int) -> dict[str, Any]:
     """The same candidate rows on the shared text itself (a larger sample than the completions): the map
     from every TinyStories story and Alpaca row (instruction, input and reference output) outside the held-out
     ones, coverage and the perfect-chain bound on the held-out ones' text."""
@@ -154,7 +154,6 @@ def text_coverage_stage(s: Settings, model_path: str, data: Path) -> dict[str, A
     tales, held = stories(s.shared), s.calib_prompts + s.per_category
     encode = lambda docs: [{"labels": tokenizer(d, add_special_tokens=False)["input_ids"]} for d in docs]
     train, held_out = encode(tales[:-held] + alpaca[:-held]), encode(tales[-held:] + alpaca[-held:])
-    depth = _recipe(s, model_path, data).heads.num_heads
     vocab = json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]
     return {"rows": candidate_rows(train, held_out, vocab, s.candidates, depth=depth), "depth": depth,
             "train_tokens": sum(len(e["labels"]) for e in train),
@@ -219,8 +218,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         S.run_stage(out, "prompts", lambda: write_prompts(data, rows), log)
         distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data), log)
         vocab = S.run_stage(out, "draft_vocab", lambda: draft_vocab_stage(s, model, data), log)
-        vocab["shared_text"] = S.run_stage(out, "text_coverage", lambda: text_coverage_stage(s, model, data),
-                                           log)
+        vocab["shared_text"] = S.run_stage(out, "text_coverage", lambda: text_coverage_stage(
+            s, model, vocab["depth"]), log)
         common = [f"model={model}", f"data.train={data / 'train.jsonl'}",
                   f"train.hidden_cache={out / 'hidden_cache'}", f"heads.draft_vocab={vocab['chosen']}"]
         summary: dict[str, Any] = {"settings": asdict(s), "model": model, "draft_vocab": vocab,
