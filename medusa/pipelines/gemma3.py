@@ -325,7 +325,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                   f"head types at the same node budget ({summary['head_types']['nodes']} nodes):",
                   S.format_head_types(summary["head_types"])]
     for key, t in summary["targets"].items():
-        measured = "unmeasured" if t["measured"] is None else f"{t['measured']:.4g}"
+        m = t["measured"]
+        measured = "unmeasured" if m is None else f"{m:,}" if isinstance(m, int) else f"{m:.4g}"
         state = "" if t["met"] is None else (" (met)" if t["met"] else " (missed)")
         lines.append(f"target {key} {t['target']}: {measured}{state}")
     return "\n".join(lines)
