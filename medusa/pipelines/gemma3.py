@@ -2,7 +2,7 @@
 
 Resumable stages (a finished stage is reused; delete ``--out`` to start over):
 
-1. ``model``: the pinned GGUF wheels, converted once (:mod:`medusa.pipelines.models`);
+1. ``model``: the pinned GGUF wheels, converted once (:mod:`medusa.modeling.packaged_models`);
 2. ``prompts``: text prompts from ``../shared/data`` — TinyStories openings (1..3 sentences) and Alpaca
    instructions as plain text; the last stories / rows are held out for calibration and the benchmark;
    the benchmark adds Spec-Bench's first turns as plain text, a category each (never trained on);
@@ -207,7 +207,7 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
 
 def run(s: Settings, log: Any = print) -> dict[str, Any]:
     """The whole Gemma-3 benchmark; returns ``summary.json``'s content (also written to ``<out>/``)."""
-    from medusa.pipelines.models import GEMMA3, fetch_model
+    from medusa.modeling.packaged_models import GEMMA3, fetch_model
 
     out, data = Path(s.out), Path(s.out) / "data"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

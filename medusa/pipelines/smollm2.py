@@ -30,9 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import CheckpointError, DataError, MedusaError
+from medusa.errors import DataError, MedusaError
 from medusa.pipelines import stages as S
 from medusa.pipelines.head_types import HeadTypePlan, run_head_types
+from medusa.pipelines.ship import ship_heads
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recorded as the shipped heads' base_model_name_or_path
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
@@ -257,50 +258,9 @@ def _train_hydra_and_ship(s: Settings, out: Path, model: str, hydra_overrides_: 
             progress=s.progress), log)
         finals["hydra"] = plan.hydra_final
         summary["hydra"] = {"train": hydra_trained, "calibrate": hydra_calibrated}
-    summary["ship"] = S.run_stage(out, "ship", lambda: ship_heads(model, finals, Path(s.ship)), log)
+    summary["ship"] = S.run_stage(out, "ship", lambda: ship_heads(model, finals, Path(s.ship), HUB_ID), log)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
-
-
-def ship_heads(model: str, finals: dict[str, Path], dest: Path) -> dict[str, Any]:
-    """Copy each calibrated head set into ``dest/<name>/`` tied to the packaged base (its pinned GGUF sha256
-    and weights fingerprint): ``MedusaModel.from_pretrained(dest/<name>)`` fetches that base and refuses
-    another. Refuses a ``dest/<name>`` that exists (delete it to re-ship)."""
-    shipped = {}
-    for name, final in finals.items():
-        shipped[name] = tie_to_packaged(final, dest / name, model, hub_id=HUB_ID)
-    return {"dest": str(dest), "heads": shipped}
-
-
-def tie_to_packaged(heads_dir: str | Path, dest: str | Path, base_dir: str | Path,
-                    hub_id: str | None = None) -> dict[str, Any]:
-    """Copy the heads checkpoint ``heads_dir`` to ``dest`` (which must not exist), tied to the converted
-    packaged base in ``base_dir`` (its marker's GGUF sha256 and its weights fingerprint)."""
-    import shutil
-
-    import torch
-
-    from medusa.modeling.base import load_base_model
-    from medusa.modeling.config import CONFIG_NAME, MedusaConfig
-    from medusa.modeling.packaged import MARKER, PACKAGED_KEY, weights_fingerprint
-
-    dest, base_dir = Path(dest), Path(base_dir)
-    if dest.exists():
-        raise CheckpointError(f"{dest}: already exists; delete it to ship the heads again")
-    marker = json.loads((base_dir / MARKER).read_text()) if (base_dir / MARKER).is_file() else {}
-    base = load_base_model(str(base_dir), dtype=torch.float32)
-    info = {"name": base_dir.name, "gguf_sha256": marker.get("gguf_sha256"),
-            "weights": weights_fingerprint(base)}
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(heads_dir, tmp, ignore=shutil.ignore_patterns("*.png"))
-    config = MedusaConfig.load(tmp)
-    config.extra = {**(config.extra or {}), PACKAGED_KEY: info}
-    if hub_id:
-        config.base_model_name_or_path = hub_id
-    config.save(tmp)
-    tmp.rename(dest)
-    return {"dir": str(dest), "config": str(dest / CONFIG_NAME), **info}
 
 
 def _bench_shipped(s: Settings, out: Path, model: str, curve: dict[str, Any], rows: list[dict[str, Any]],

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from decoding_helpers import real_rows
 
 from medusa import MedusaModel, MedusaTree
+from medusa.modeling import packaged_models as models
 from medusa.modeling.base import decoder_of
 from medusa.modeling.draft_vocab import build_token_map
-from medusa.pipelines import models
 
 from tiny_models import SHARED, require_shared
 
