@@ -178,13 +178,14 @@ def cost_curve_stage(model_path: str) -> dict[str, Any]:
 
 
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path,
-                      tree: Any = None) -> dict[str, Any]:
+                      tree: Any = None, prompt_lookup: bool = True) -> dict[str, Any]:
     """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, per category (``tree``:
-    None for the checkpoint's tree.json, or a DynamicTree)."""
+    None for the checkpoint's tree.json, or a DynamicTree; ``prompt_lookup=False``: no HF prompt-lookup
+    column, when another bench of the same run measures it)."""
     from medusa.eval.report import category_table
 
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
-                           progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=True,
+                           progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
                            categories=[r["category"] for r in rows], tree=tree)
     result["table"] = category_table(json.loads(report.read_text()))
@@ -274,7 +275,7 @@ def _bench_shipped(s: Settings, out: Path, model: str, curve: dict[str, Any], ro
         raise DataError(f"{shipped}: no medusa1/ or hydra/ head set inside")
     for name in names:
         bench = S.run_stage(out, f"bench_{name}", lambda name=name: bench_by_category(
-            s, shipped / name, rows, out / f"report_{name}.json"), log)
+            s, shipped / name, rows, out / f"report_{name}.json", prompt_lookup=name == names[0]), log)
         summary["bench" if name == "medusa1" else name] = (
             bench if name == "medusa1" else {"bench": bench})
     summary["targets"] = targets(summary)
