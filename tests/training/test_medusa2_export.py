@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from frozen import frozen_state, heads_and_lora
 from medusa2_helpers import batch, naive_heads_loss
 
 from medusa import MedusaModel
@@ -113,16 +114,14 @@ def test_qlora_trains_on_cpu_and_merges_into_an_unquantised_copy(tmp_path, monke
     model = _qlora_model(monkeypatch)
     assert bb.is_4bit(model.base_model)
     assert next(model.heads.parameters()).dtype == torch.float32
-    quantised = {n: p.detach().clone() for n, p in model.base_model.named_parameters()
-                 if p.dtype == torch.uint8}
-    assert quantised
+    frozen = frozen_state(model, heads_and_lora)  # every tensor but the adapters and heads, every dtype
+    assert any(t.dtype == torch.uint8 for t in frozen.values()) and any("embed" in n for n in frozen)
     m2._WARNED_4BIT_TEACHER[0] = False
     with pytest.warns(UserWarning, match="4-bit") as record:
         _train_lora(model, steps=2, lr=1e-2, vocab=512, self_distill=True)
     assert sum("4-bit" in str(w.message) for w in record) == 1  # once, not per step
-    for n, p in model.base_model.named_parameters():
-        if n in quantised:
-            assert torch.equal(p, quantised[n]), n
+    after = model.state_dict()
+    assert [n for n, t in frozen.items() if not torch.equal(after[n], t)] == []
     from peft import get_peft_model_state_dict
 
     adapters = {k: v.clone() for k, v in get_peft_model_state_dict(model.base_model).items()}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from frozen import heads_and_lora, record_frozen
 
 from medusa.config import load_recipe
 from medusa.errors import ConfigError
@@ -128,10 +129,14 @@ def test_tiny_selfdistill_recipe_from_medusa1_heads(tmp_path):
     assert (bias - 0.5).abs().max() < 0.3 and not torch.equal(bias, torch.full_like(bias, 0.5))
 
 
-def test_tiny_qlora_recipe(tmp_path):
+def test_tiny_qlora_recipe(tmp_path, monkeypatch):
     require_module("bitsandbytes")
+    frozen = record_frozen(monkeypatch, heads_and_lora)
     result = train(_recipe("medusa2_lora", tmp_path, "train.max_steps=3", "quantization=4bit",
                            "train.lr=1e-2"))
+    # every 4-bit weight, its quantisation state, norm, embedding and the LM head: all but adapters and heads
+    assert any(t.dtype == torch.uint8 for t in frozen.before[0].values())
+    frozen.assert_unchanged()
     loaded = MedusaModel.from_pretrained(result.final_dir)
     config = json.loads((result.final_dir / "base_model" / "config.json").read_text())
     assert "quantization_config" not in config
