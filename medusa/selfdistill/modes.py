@@ -6,8 +6,9 @@ conversation in its own worker thread.
 Length-truncated replies (``finish_reason == "length"``) follow ``on_length``: ``"error"`` (default in
 chat modes) sends the whole conversation to the errors file; ``"keep"`` (default in completion mode,
 where a fixed-length continuation is the point) writes it with the finish reason in its metadata. In
-self-talk a simulated *user* turn that is truncated or empty ends the conversation after the last
-complete assistant reply (``metadata.ended`` says why); it never appears in the output.
+self-talk a simulated *user* turn follows ``on_length`` too: kept (truncated) under ``"keep"``; under
+``"error"`` a truncated user turn, like an empty one under either, ends the conversation after the last
+complete assistant reply (``metadata.ended`` says why) and never appears in the output.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def self_talk_job(prompt: Prompt, seed: int, on_length: str, turns: int = 3,
         user = yield Request(messages=_flip(history, user_prompt), seed=seed + 2 * turn + 1)
         out.prompt_tokens += user.prompt_tokens
         out.completion_tokens += user.completion_tokens
-        problem = _check(user, "user turn", "error")
+        problem = _check(user, "user turn", on_length)
         if problem is not None:
             out.ended = problem
             break

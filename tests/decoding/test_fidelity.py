@@ -73,8 +73,9 @@ def test_processors_as_arguments_override_generation_config():
     model = MedusaModel.from_base(base, num_heads=3)
     memorise_heads(model, real_rows(ref, mask), steps=150)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, repetition_penalty=0.8,
-                         no_repeat_ngram_size=3)
-    assert torch.equal(out, ref)
+                         no_repeat_ngram_size=3, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert max(max(a) for a in out.accept_lengths) >= 3
     with pytest.raises(MedusaError, match="unknown generation setting.*repetiton_penalty"):
         model.generate(ids, repetiton_penalty=1.2)
 
@@ -91,8 +92,10 @@ def test_finished_rows_padded_like_hf():
     ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW)
     model = MedusaModel.from_base(base, num_heads=4)
     memorise_heads(model, real_rows(ref, mask), steps=150)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW)
+    stopped = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, return_dict_in_generate=True)
+    out = stopped.sequences
     assert torch.equal(out, ref)
+    assert max(max(a) for a in stopped.accept_lengths) >= 3
     assert (out[0, ids.shape[1] + 5:] == eos[0]).all()  # row 0 finished early and is padded with eos[0]
     base.generation_config.pad_token_id = 7  # an explicit pad id wins
     ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW)

@@ -1,6 +1,7 @@
 """Hydra heads and dynamic trees on the static-cache path, eager and compiled (CPU inductor): greedy == HF
 greedy (stories260K with fitted heads, batch 1 and a left-padded batch of 3), the same decisions as the
-eager path, the sampling law (chi-square), and no step-to-step recompilation."""
+eager path, the sampling law (chi-square; compiled: tests/decoding/test_sample_law.py), and no step-to-step
+recompilation."""
 
 import pytest
 import torch
@@ -110,7 +111,3 @@ def test_static_sample_is_lossless_chi_square(head_type, tree):
     tree = MedusaTree.from_choices(FULL_TREE) if tree == "full" else tree  # Hydra on a static tree
     _sample_check(head_type, tree, cache_implementation="static")
 
-
-@pytest.mark.slow  # CPU inductor on a batch of 6000
-def test_compiled_dynamic_sample_is_lossless_chi_square():
-    _sample_check("linear", "dynamic:12", compile=True)

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
+from tiny_models import SHARED, STORIES, require_shared, stories_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -23,10 +23,11 @@ PROMPTS = ["Once upon a time, there was a little dog.", "Tom and Sue went to the
 
 @pytest.fixture(scope="module")
 def stories_medusa():
-    """stories260K with 3 untrained heads (identity ResBlocks, LM-head copies: they propose real tokens)."""
-    from medusa import MedusaModel
+    """stories260K with 4 heads fitted on its own greedy outputs (shared with the decoding tests): their
+    tree paths are accepted, so the greedy checks cover accepted runs, not only the root."""
+    from fit_heads import fitted_stories_heads
 
-    return MedusaModel.from_base(stories_model(), num_heads=3).eval()
+    return fitted_stories_heads(num_heads=4, num_layers=1)
 
 
 def test_bench_greedy_matches_hf_generate_and_writes_files(stories_medusa, tmp_path):
@@ -44,6 +45,7 @@ def test_bench_greedy_matches_hf_generate_and_writes_files(stories_medusa, tmp_p
         assert row["exact_match"] is True
         assert row["steps"] >= 1 and row["tokens_per_step"] >= 1.0
     hist = {int(k): v for k, v in report["accept_length_histogram"].items()}
+    assert max(hist) >= 3 and report["tokens_per_step"] > 1.5, hist  # accepted runs, exact all the same
     # every token after the prefill's first came from a verification step
     assert sum(k * v for k, v in hist.items()) == sum(r["new_tokens"] - 1 for r in report["rows"])
     rows = report["rows"]
@@ -75,19 +77,20 @@ def test_bench_stops_both_at_eos_alike(stories_medusa):
 
     tok = stories_tokenizer()
     base = stories_medusa.base_model
-    ids = tok(PROMPTS[0], return_tensors="pt").input_ids
+    ids = tok(PROMPTS[1], return_tensors="pt").input_ids
     ref = base.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[0, ids.shape[1]:].tolist()
     stop = ref[6]
     first = ref.index(stop)
     old = base.generation_config.eos_token_id
     base.generation_config.eos_token_id = stop
     try:
-        report = bench(stories_medusa, tok, PROMPTS[:1], max_new_tokens=12, ignore_eos=False, progress=False)
+        report = bench(stories_medusa, tok, PROMPTS[1:2], max_new_tokens=12, ignore_eos=False, progress=False)
     finally:
         base.generation_config.eos_token_id = old
     row = report["rows"][0]
     assert row["new_tokens"] == row["baseline_new_tokens"] == first + 1
     assert report["greedy_exact_match"] == 1.0
+    assert max(int(k) for k in report["accept_length_histogram"]) >= 3  # accepted runs before the EOS
 
 
 def test_bench_sampling_has_no_exact_match(stories_medusa):
@@ -107,7 +110,7 @@ def test_cli_bench_mtbench_prompts_and_assistant(stories_medusa, tmp_path, capsy
     stories_medusa.save_pretrained(heads)
     prompts = tmp_path / "q.jsonl"
     prompts.write_text("\n".join(json.dumps({"question_id": i, "turns": [p, "and then?"]})
-                                 for i, p in enumerate(PROMPTS[:2])) + "\n")
+                                 for i, p in enumerate(PROMPTS[1:])) + "\n")
     out = tmp_path / "bench" / "report.json"
     rc = main(["bench", "--heads", str(heads), "--prompts", str(prompts), "--max-new-tokens", "10",
                "--assistant-model", str(STORIES), "--threads", "1", "--quiet", "--out", str(out)])
@@ -115,7 +118,8 @@ def test_cli_bench_mtbench_prompts_and_assistant(stories_medusa, tmp_path, capsy
     report = json.loads(out.read_text())
     assert report["prompts"] == 2 and report["greedy_exact_match"] == 1.0
     assert report["assisted"]["greedy_exact_match"] == 1.0  # the base drafting for itself: same tokens
-    assert report["rows"][0]["prompt"] == PROMPTS[0]
+    assert report["rows"][0]["prompt"] == PROMPTS[1]
+    assert max(int(k) for k in report["accept_length_histogram"]) >= 3
     assert "speedup (median)" in capsys.readouterr().out
 
 

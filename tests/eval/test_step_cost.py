@@ -1,5 +1,7 @@
 """The step-cost measures: op counting, the verification-forward floor and ``medusa generate --profile``."""
 
+import re
+
 import torch
 
 from medusa.eval.step_cost import compute_ops, step_op_counts, verify_floor
@@ -45,3 +47,5 @@ def test_generate_profile_cli_prints_the_floor_and_the_ops(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "overhead floor" in out and "per MEDUSA step vs" in out and "identical to HF      True" in out
+    tokens_per_step = float(re.search(r"^tokens/step +([0-9.]+)$", out, re.M).group(1))
+    assert tokens_per_step > 1.5  # identical with tree paths accepted, not by the root alone

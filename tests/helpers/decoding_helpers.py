@@ -35,16 +35,21 @@ def memorise_heads(model: MedusaModel, sequences: list[torch.Tensor], steps: int
     """Fit the heads (in place) to predict the given real-token sequences: head k at t -> token t+k+2.
 
     Trained on the model's own greedy continuations of the test prompts, the heads are then accepted
-    often, so long accepted runs and cache compaction get exercised.
+    often, so long accepted runs and cache compaction get exercised. Hydra heads are teacher-forced on
+    the sequences' own tokens.
     """
     from medusa.modeling.base import decoder_of
+    from medusa.modeling.hydra import needs_tokens
 
     torch.manual_seed(seed)
     feats: list[list[torch.Tensor]] = [[] for _ in range(model.num_heads)]
     targets: list[list[torch.Tensor]] = [[] for _ in range(model.num_heads)]
     with torch.no_grad():
         for seq in sequences:
-            hidden = decoder_of(model.base_model)(input_ids=seq.view(1, -1)).last_hidden_state[0]  # [T, d]
+            hidden = decoder_of(model.base_model)(input_ids=seq.view(1, -1)).last_hidden_state  # [1, T, d]
+            if needs_tokens(model.heads):
+                hidden = model.heads.teacher_inputs(hidden, seq.view(1, -1))  # [1, T, d * (K+1)]
+            hidden = hidden[0]
             for k in range(model.num_heads):
                 shift = k + 2
                 if seq.numel() > shift:

@@ -73,8 +73,10 @@ def test_greedy_equals_hf_through_eos_batch_1(chat, row):
 
 def test_greedy_equals_hf_through_eos_batch_2(chat):
     model, _, batch, ref = chat
-    out = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=40)
-    assert torch.equal(out, ref)  # left padding, the row that stops at EOS padded like HF's
+    out = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=40,
+                         return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)  # left padding, the row that stops at EOS padded like HF's
+    assert all(max(a) >= 3 for a in out.accept_lengths)  # tree paths accepted in both rows
 
 
 def test_spec_bench_rows_per_category():

@@ -10,9 +10,10 @@ from selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_cha
 
 from medusa.errors import MedusaError
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+from medusa.selfdistill.backends.base import Result
 from medusa.selfdistill.backends.local import LocalBackend
-from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip
-from medusa.selfdistill.prompts import load_prompts
+from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip, self_talk_job
+from medusa.selfdistill.prompts import Prompt, load_prompts
 
 from tiny_models import SHARED, STORIES, require_module, require_shared, stories_model, stories_tokenizer
 
@@ -96,22 +97,50 @@ def test_self_talk_alternates_roles_for_n_turns(tmp_path):
                                                         {"role": "assistant", "content": "dropped"},
                                                         {"role": "user", "content": "dropped too"}]},
                               {"id": "b", "prompt": "Tell me a story."}])
+    # Every reply is cut at max_new_tokens=6; --on-length keep keeps the simulated user turns too.
     s = self_distill(_cfg(tmp_path, mode="self-talk", turns=3), model=tiny_chat_model(),
                      tokenizer=chat_tokenizer())
     assert s["written"] == 2
     for row in _rows(tmp_path / "out.jsonl"):
         msgs = [m for m in row["messages"] if m["role"] != "system"]
         assert msgs[0]["content"] in ("Let us talk.", "Tell me a story.")
-        assert [m["role"] for m in msgs] == ["user", "assistant"] * (len(msgs) // 2)
-        ended = row["metadata"]["ended"]
-        # three assistant replies, or fewer when a simulated user turn was unusable (then it says why)
-        assert (ended == "turns" and len(msgs) == 6) or ("user turn" in ended and len(msgs) < 6)
+        assert [m["role"] for m in msgs] == ["user", "assistant"] * 3  # three turns each
+        assert row["metadata"]["ended"] == "turns"
+        assert "length" in row["metadata"]["finish_reasons"]
         assert "dropped" not in json.dumps(row["messages"])
     hist = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
             {"role": "assistant", "content": "a1"}]
     assert _flip(hist, DEFAULT_USER_PROMPT) == [{"role": "user", "content": DEFAULT_USER_PROMPT},
                                                 {"role": "assistant", "content": "u1"},
                                                 {"role": "user", "content": "a1"}]
+
+
+def _drive(job, replies):
+    """Run a mode's coroutine on scripted replies (``Result``s, one per request); its Outcome."""
+    request = next(job)
+    try:
+        for reply in replies:
+            assert request.messages is not None
+            request = job.send(reply)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("the job asked for more replies than scripted")
+
+
+@pytest.mark.parametrize("on_length", ["keep", "error"])
+def test_self_talk_user_turns_follow_on_length(on_length):
+    prompt = Prompt(id="p", messages=[{"role": "user", "content": "Hi"}], text="Hi")
+    whole, cut = Result("an answer", "stop"), Result("a cut question", "length")
+    out = _drive(self_talk_job(prompt, 0, on_length, turns=3), [whole, cut, whole, cut, whole])
+    if on_length == "keep":
+        assert out.ended == "turns" and out.error is None
+        assert [m["content"] for m in out.row["messages"]] == ["Hi", "an answer", "a cut question",
+                                                               "an answer", "a cut question", "an answer"]
+    else:  # the conversation ends after the last complete assistant reply, saying why
+        assert out.error is None and out.ended.startswith("user turn: truncated")
+        assert [m["content"] for m in out.row["messages"]] == ["Hi", "an answer"]
+    empty = _drive(self_talk_job(prompt, 0, on_length, turns=3), [whole, Result("  ", "stop")])
+    assert empty.ended == "user turn: empty reply" and len(empty.row["messages"]) == 2
 
 
 def test_length_truncated_chat_replies_go_to_the_errors_file(tmp_path):

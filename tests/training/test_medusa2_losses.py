@@ -76,4 +76,8 @@ def test_medusa2_loss_combines_terms():
     teacher = _logits(7)
     loss, metrics = medusa2_loss(logits, labels, heads, lambda0=0.01, teacher_logits=teacher, temperature=2.0)
     torch.testing.assert_close(loss, self_distill_kl(logits, teacher, labels, 2.0) + 0.01 * heads)
-    assert metrics["distill_kl"] == metrics["lm_loss"]
+    assert metrics["distill_kl"] == pytest.approx(float(self_distill_kl(logits, teacher, labels, 2.0)))
+    # the student equal to its teacher: L_LM is 0 (the KL), not the CE, which is not
+    loss, metrics = medusa2_loss(logits, labels, heads, lambda0=0.01, teacher_logits=logits.clone())
+    assert metrics["distill_kl"] == 0.0 and float(causal_lm_loss(logits, labels)) > 1.0
+    torch.testing.assert_close(loss, 0.01 * heads)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from frozen import heads_and_lora, record_frozen
 
 from medusa.config import load_recipe
 from medusa.errors import ConfigError
@@ -72,10 +73,30 @@ def _rows(result):
     return [json.loads(r) for r in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _first_batch_ce(recipe):
+    """The untouched base model's next-token cross-entropy on the run's first batch (the run's own data
+    order), computed here with F.cross_entropy on the HF model's logits."""
+    import torch.nn.functional as F
+
+    from medusa.data import collate
+    from medusa.training import setup as S
+
+    data = S.load_data(recipe, S.load_tokenizer(recipe))
+    order = S.epoch_order(len(data.train.examples), recipe.train.seed, 0)
+    batch = collate([data.train.examples[i] for i in order[:recipe.train.batch_size]], data.pad_token_id)
+    with torch.no_grad():
+        logits = stories_model()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    v = logits.shape[-1]  # logits [B, T, V]: position t predicts label t + 1
+    return float(F.cross_entropy(logits[:, :-1].reshape(-1, v), batch["labels"][:, 1:].reshape(-1),
+                                 ignore_index=-100))
+
+
 @pytest.mark.parametrize("name, first_term",
                          [("medusa2_lora", "lm_loss"), ("medusa2_selfdistill", "distill_kl")])
 def test_metrics_log_the_loss_terms_every_step(tmp_path, name, first_term):
-    """Each step's row carries L_LM (or the KL), L_heads and lambda0, and they add up to the logged loss."""
+    """Each step's row carries L_LM (or the KL), L_heads and lambda0, and they add up to the logged loss.
+    At step 1 the LoRA adapters are still zero (B = 0): the plain recipe's L_LM is the base model's CE on
+    that batch, and the self-distillation recipe's is the KL of the model to itself, 0, though that CE > 0."""
     recipe = _recipe(name, tmp_path, "train.max_steps=3", "train.logging_steps=1", "train.batch_size=4",
                      "medusa2.schedule=linear")
     rows = _rows(train(recipe))
@@ -83,11 +104,16 @@ def test_metrics_log_the_loss_terms_every_step(tmp_path, name, first_term):
     for r in rows:
         for key in ("lm_loss", first_term, "heads_loss", "lambda0", "loss"):
             assert math.isfinite(r[key]), (key, r)
-        assert r[first_term] == r["lm_loss"]
         assert r["loss"] == pytest.approx(r["lm_loss"] + r["lambda0"] * r["heads_loss"], rel=1e-5, abs=1e-7)
         assert r["heads_loss"] > 0
     # the linear schedule over 3 steps: lambda0 * step / 3 at steps 0, 1, 2
     assert [r["lambda0"] for r in rows] == pytest.approx([recipe.medusa2.lambda0 * s / 3 for s in range(3)])
+    ce = _first_batch_ce(recipe)
+    assert ce > 1.0
+    if first_term == "lm_loss":
+        assert rows[0]["lm_loss"] == pytest.approx(ce, rel=1e-4)
+    else:
+        assert rows[0]["distill_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_tiny_selfdistill_recipe_from_medusa1_heads(tmp_path):
@@ -103,10 +129,14 @@ def test_tiny_selfdistill_recipe_from_medusa1_heads(tmp_path):
     assert (bias - 0.5).abs().max() < 0.3 and not torch.equal(bias, torch.full_like(bias, 0.5))
 
 
-def test_tiny_qlora_recipe(tmp_path):
+def test_tiny_qlora_recipe(tmp_path, monkeypatch):
     require_module("bitsandbytes")
+    frozen = record_frozen(monkeypatch, heads_and_lora)
     result = train(_recipe("medusa2_lora", tmp_path, "train.max_steps=3", "quantization=4bit",
                            "train.lr=1e-2"))
+    # every 4-bit weight, its quantisation state, norm, embedding and the LM head: all but adapters and heads
+    assert any(t.dtype == torch.uint8 for t in frozen.before[0].values())
+    frozen.assert_unchanged()
     loaded = MedusaModel.from_pretrained(result.final_dir)
     config = json.loads((result.final_dir / "base_model" / "config.json").read_text())
     assert "quantization_config" not in config

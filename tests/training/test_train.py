@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from frozen import heads_only, record_frozen
 
 from medusa.config import load_recipe
 from medusa.modeling.model import MedusaModel
@@ -33,7 +34,8 @@ def _metrics(run_dir):
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_tiny_recipe_learns_and_keeps_backbone_frozen(tmp_path):
+def test_tiny_recipe_learns_and_keeps_backbone_frozen(tmp_path, monkeypatch):
+    frozen = record_frozen(monkeypatch, heads_only)
     recipe = _recipe(tmp_path, "train.max_steps=40", "train.lr=5e-3")
     result = train(recipe)
     rows = [r for r in _metrics(result.output_dir) if "loss" in r]
@@ -42,9 +44,8 @@ def test_tiny_recipe_learns_and_keeps_backbone_frozen(tmp_path):
     assert {"head1_top5", "head3_loss", "lr", "tokens_per_s", "grad_norm"} <= set(rows[-1])
     assert result.eval_metrics is not None and "eval_head1_top1" in result.eval_metrics
 
+    frozen.assert_unchanged()  # every backbone tensor, bit for bit
     fresh = stories_model()
-    for (name, p), (_, q) in zip(result.model.base_model.state_dict().items(), fresh.state_dict().items()):
-        assert torch.equal(p, q), f"backbone tensor {name} changed"
     untrained = MedusaModel.from_base(fresh, num_heads=3, num_layers=1, heads_dtype=torch.float32)
     trained = MedusaModel.from_pretrained(result.final_dir, base_model=fresh)
     assert trained.config.recipe["train"]["max_steps"] == 40
@@ -70,8 +71,9 @@ def test_resume_equals_straight_run(tmp_path):
     assert last_a["loss"] == pytest.approx(last_b["loss"], rel=1e-5)
 
 
-def test_4bit_backbone_trains_on_cpu(tmp_path):
+def test_4bit_backbone_trains_on_cpu(tmp_path, monkeypatch):
     require_module("bitsandbytes")
+    frozen = record_frozen(monkeypatch, heads_only)
     result = train(_recipe(tmp_path, "quantization=4bit", "train.max_steps=3", "data.eval_split=0.0",
                            "train.logging_steps=1"))
     import bitsandbytes as bnb
@@ -79,6 +81,8 @@ def test_4bit_backbone_trains_on_cpu(tmp_path):
     base = result.model.base_model
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in base.modules())
     assert all(not p.requires_grad for p in base.parameters())
+    assert any(t.dtype == torch.uint8 for t in frozen.before[0].values())  # packed 4-bit weights among them
+    frozen.assert_unchanged()  # norms, embeddings, LM head, 4-bit weights and their states
     rows = _metrics(result.output_dir)
     assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
     untrained = MedusaModel.from_base(stories_model(), num_heads=3, heads_dtype=torch.float32)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from frozen import heads_and_lora, heads_only, record_frozen
 
 from medusa.config import load_recipe
 from medusa.errors import ConfigError
@@ -29,14 +30,14 @@ def _recipe(tmp_path, *overrides):
 
 
 @pytest.mark.parametrize("teacher", [0.0, 1.0])
-def test_hydra_heads_learn_and_round_trip(tmp_path, teacher):
+def test_hydra_heads_learn_and_round_trip(tmp_path, monkeypatch, teacher):
+    frozen = record_frozen(monkeypatch, heads_only)
     result = train(_recipe(tmp_path, "train.max_steps=30", "train.lr=5e-3", f"heads.teacher_loss={teacher}"))
     rows = [json.loads(line) for line in (Path(result.output_dir) / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "loss" in r]
     assert rows[-1]["loss"] < 0.9 * rows[0]["loss"]
+    frozen.assert_unchanged()  # the input embedding the heads read, the LM head, all of it
     fresh = stories_model()
-    for p, q in zip(result.model.base_model.state_dict().values(), fresh.state_dict().values()):
-        assert torch.equal(p, q)
     trained = MedusaModel.from_pretrained(result.final_dir, base_model=fresh)
     assert isinstance(trained.heads, HydraHeads) and trained.config.head_type == "hydra"
     assert trained.config.recipe["heads"]["teacher_loss"] == teacher
@@ -54,12 +55,14 @@ def test_recipe_checks_hydra_keys(tmp_path):
         _recipe(tmp_path, "heads.num_layers=0")
 
 
-def test_medusa2_lora_trains_hydra_heads_with_the_teacher_loss(tmp_path):
+def test_medusa2_lora_trains_hydra_heads_with_the_teacher_loss(tmp_path, monkeypatch):
+    frozen = record_frozen(monkeypatch, heads_and_lora)
     recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml",
                          [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=2",
                           "data.eval_split=0.0", "train.eval_steps=0", "train.max_steps=6",
                           "heads.head_type=hydra", "heads.teacher_loss=0.5"])
     result = train(recipe)
+    frozen.assert_unchanged()  # everything but the adapters and the heads: embeddings, norms, LM head
     loaded = MedusaModel.from_pretrained(result.final_dir)
     assert isinstance(loaded.heads, HydraHeads) and loaded.config.base_model_subdir == "base_model"
     ids = torch.tensor([[1, 403, 407, 261, 378, 29, 261, 269, 363, 260, 365, 267]])  # [1, T]

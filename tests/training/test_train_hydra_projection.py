@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from frozen import heads_and_lora, heads_only, record_frozen
 from safetensors.torch import load_file
 
 import medusa.training.loop as loop
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.usefixtures("tiny_recipe_env")
 
 
 def test_medusa_train_hydra_shared_lm_head_with_a_draft_vocab(tmp_path, monkeypatch, capsys):
+    frozen = record_frozen(monkeypatch, heads_only)
     results = []
     train = loop.train
     monkeypatch.setattr(loop, "train", lambda recipe: results.append(train(recipe)) or results[-1])
@@ -44,6 +46,7 @@ def test_medusa_train_hydra_shared_lm_head_with_a_draft_vocab(tmp_path, monkeypa
     assert isinstance(heads, HydraHeads) and heads.lm_heads is None and heads.draft_vocab == 200
     assert heads.shared_lm_head is lm_head_of(result.model.base_model)
     assert torch.equal(lm_head_of(result.model.base_model).weight, lm_head_of(fresh).weight)  # frozen
+    frozen.assert_unchanged()  # and so is every other base tensor, the input embedding the heads read too
     state = load_file(Path(result.final_dir) / "medusa_heads.safetensors")
     assert not any(k.startswith("lm_heads") for k in state) and state["token_map"].shape == (200,)
     cfg = json.loads((Path(result.final_dir) / "medusa_config.json").read_text())
@@ -71,11 +74,13 @@ def test_recipe_checks_hydra_projection(tmp_path):
         load_recipe(TINY, base + ["heads.hydra_projecton=own"])
 
 
-def test_medusa2_lora_trains_hydra_shared_lm_head_with_a_draft_vocab(tmp_path):
+def test_medusa2_lora_trains_hydra_shared_lm_head_with_a_draft_vocab(tmp_path, monkeypatch):
+    frozen = record_frozen(monkeypatch, heads_and_lora)
     recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa2_lora.yaml",
                          [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=2",
                           "data.eval_split=0.0", "train.eval_steps=0", "train.max_steps=6", *HYDRA])
     result = loop.train(recipe)
+    frozen.assert_unchanged()  # the shared LM head and the input embedding are not adapted
     loaded = MedusaModel.from_pretrained(result.final_dir)
     assert isinstance(loaded.heads, HydraHeads) and loaded.config.base_model_subdir == "base_model"
     assert loaded.heads.projection == "shared_lm_head" and loaded.heads.draft_vocab == 200

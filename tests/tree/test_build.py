@@ -48,14 +48,30 @@ def test_max_depth_and_budget():
         build_tree_choices(acc, 0)
 
 
-def test_default_tree_is_the_builder_on_the_profile():
-    for heads in (1, 3, 5, 7):
-        tree = default_tree(heads)
-        assert len(tree) == min(64, 11) if heads == 1 else len(tree) == 64
-        assert tree.depth <= heads
-        assert tree.choices == sorted(map(tuple, build_tree_choices(default_accuracy_profile(heads), 64)),
-                                      key=lambda p: (len(p), p))
-        assert default_tree_choices(heads, 64) == build_tree_choices(default_accuracy_profile(heads), 64)
+def _swaps(choices, heads, ranks):
+    """Every tree one leaf-for-frontier-node swap away from ``choices`` (still prefix-closed)."""
+    tree = set(choices)
+    leaves = [p for p in tree if not any(p + (r,) in tree for r in range(ranks))]
+    frontier = [p + (r,) for p in [(), *tree] if len(p) < heads for r in range(ranks) if p + (r,) not in tree]
+    for leaf in leaves:
+        for node in frontier:
+            if node[:-1] != leaf:
+                yield [p for p in choices if p != leaf] + [node]
+
+
+@pytest.mark.parametrize("heads", [1, 3, 5])
+def test_default_tree_is_locally_optimal_on_its_profile(heads):
+    """The 64-node default tree (11 with one head: its 10 ranks) cannot gain expected tokens per step by
+    trading any leaf for any other node, and smaller defaults are worth less."""
+    profile = default_accuracy_profile(heads)
+    tree = default_tree(heads)
+    assert len(tree) == (11 if heads == 1 else 64) and tree.depth <= heads
+    value = expected_tokens_per_step(tree.choices, profile)
+    swaps = list(_swaps(tree.choices, heads, len(profile[0])))
+    assert bool(swaps) == (heads > 1)  # one head: all of its ranks are in the tree, nothing to trade
+    assert all(expected_tokens_per_step(s, profile) <= value + 1e-12 for s in swaps)
+    smaller = [expected_tokens_per_step(default_tree_choices(heads, n), profile) for n in (2, 4, 8)]
+    assert smaller == sorted(smaller) and smaller[-1] < value
 
 
 @pytest.mark.parametrize("heads", [1, 5, 7])

@@ -8,6 +8,7 @@ from medusa.eval.bench import bench
 from medusa.modeling.draft_vocab import coverage
 from medusa.tree.calibrate import NO_TARGET, calibrate, collect_hit_ranks
 
+from fit_heads import fitted_stories_heads
 from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
 
 
@@ -69,14 +70,19 @@ def test_hit_ranks_are_over_target_ids_and_coverage_is_recorded():
 
 def test_bench_reports_draft_vocab_coverage_of_generated_tokens():
     require_shared(STORIES)
-    base = stories_model()
-    tm = torch.arange(3, 3 + 200)  # 200 of 512 ids
-    model = MedusaModel.from_base(base, num_heads=2, token_map=tm).eval()
-    report = bench(model, stories_tokenizer(), ["Once upon a time, there was a little dog."],
-                   max_new_tokens=16, progress=False)
-    assert report["greedy_exact_match"] == 1.0
+    prompt = "Once upon a time, there was a little dog."
     tok = stories_tokenizer()
-    ids = tok("Once upon a time, there was a little dog.", return_tensors="pt").input_ids
-    new = base.generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, ids.shape[1]:]
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = stories_model().generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16)
+    new = ref[0, ids.shape[1]:]
+    # 200 of 512 ids: every generated id but the last new one, so the coverage is neither 0 nor 1
+    seen = list(dict.fromkeys(new.tolist()))
+    tm = torch.tensor(sorted(seen[:-1] + [t for t in range(3, 512) if t not in seen][:201 - len(seen)]))
+    model = fitted_stories_heads(4, 1)  # fitted full-vocabulary heads restricted to the draft ids
+    model.use_draft_vocab(tm)
+    report = bench(model, tok, [prompt], max_new_tokens=16, progress=False)
+    assert report["greedy_exact_match"] == 1.0
+    assert max(int(k) for k in report["accept_length_histogram"]) >= 3  # accepted runs through draft ids
     assert report["draft_vocab"] == 200
     assert report["draft_vocab_coverage"] == pytest.approx(coverage(tm, new))
+    assert 0 < report["draft_vocab_coverage"] < 1
