@@ -15,6 +15,7 @@ def _cmd_self_distill(args: argparse.Namespace) -> int:
         model=args.model, prompts=args.prompts, out=args.out, mode=args.mode, backend=args.backend,
         prompt_format=args.format, split=args.split, limit=args.limit, prompt_sentences=args.prompt_sentences,
         prompt_chars=args.prompt_chars, prompt_tokens=args.prompt_tokens, turns=args.turns,
+        synthesize_prompts=args.synthesize_prompts,
         sampling=sampling, num_samples=args.num_samples, on_length=args.on_length,
         retry_errors=args.retry_errors, chat_template=args.chat_template, tokenizer=args.tokenizer,
         batch_size=args.batch_size, dtype=args.dtype, device=args.device, load_in_4bit=args.load_in_4bit,
