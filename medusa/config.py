@@ -378,18 +378,15 @@ def recipe_from_dict(data: dict[str, Any]) -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read a YAML recipe, apply ``dotted.key=value`` overrides, build and validate it."""
-    import yaml
+    """Read a YAML recipe, apply ``dotted.key=value`` overrides, build and validate it. A missing or
+    non-UTF-8 file, invalid YAML and a key given twice are errors naming the file and line."""
+    from medusa.io import read_yaml
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: recipe file not found")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise ConfigError(f"{path}: recipe file not found" if not path.exists()
+                          else f"{path}: is a directory, expected a YAML recipe file")
+    data = read_yaml(path, ConfigError) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of keys")
     data = _yaml_number_fix(data)

@@ -57,11 +57,12 @@ def _check_paths(src: Path, out: Path) -> None:
 
 
 def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str | Path | None = None,
-                      base: str | None = None) -> dict[str, Any]:
+                      base: str | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Write the heads of our checkpoint ``src`` in ``format`` to ``out``; returns a summary.
 
     ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm``; default: the checkpoint's own,
-    else the built-in default tree. ``base``: where ``shared_lm_head`` checkpoints find the LM head.
+    else the built-in default tree. ``base``: where ``shared_lm_head`` checkpoints find the LM head. An
+    existing non-empty ``out`` is refused unless ``overwrite`` (then only the files written are replaced).
     """
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
@@ -93,7 +94,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
             choices = [list(c) for c in default_tree(heads.num_heads).choices]
     elif tree is not None:
         raise MedusaError(f"--tree only applies to --format tensorrt-llm (got {format})")
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, tree, base]) as tmp:
         if format == "vllm":
             write_vllm(heads, tmp)
         else:
@@ -137,7 +138,7 @@ def detect_format(src: Path) -> str:
 
 
 def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
-                      format: str = "auto") -> dict[str, Any]:
+                      format: str = "auto", overwrite: bool = False) -> dict[str, Any]:
     """Official heads (v0.1 ``.pt``, v2 safetensors, medusa-v1 / TGI / TensorRT-LLM) or vLLM heads ->
     our checkpoint at ``out``. The base model is ``base`` or the one the source config names; only its
     config is read (model_type / hidden_size / vocab_size must fit the heads). Heads without a W2 of
@@ -175,7 +176,8 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
         from medusa.tree import MedusaTree
 
         tree = MedusaTree.from_choices(heads.choices, num_heads=heads.num_heads)
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, base],
+                          owns=(CONFIG_NAME, WEIGHTS_NAME, TREE_NAME)) as tmp:
         config.save(tmp)
         save_file(our_tensors(heads), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         if tree is not None:

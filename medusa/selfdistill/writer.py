@@ -37,35 +37,62 @@ def row_key(row: dict[str, Any]) -> Key:
     raise KeyError("row has no metadata.source_id / metadata.sample")
 
 
-def _repair_tail(path: Path) -> None:
-    """Cut a partial last line (a write interrupted by a kill) so appends start on a fresh line."""
-    with open(path, "rb+") as fh:
-        data = fh.read()
-        if not data or data.endswith(b"\n"):
-            return
-        cut = data.rfind(b"\n") + 1
-        fh.truncate(cut)
+def _repair_tail(path: Path, data: bytes) -> None:
+    """Cut a partial last line (a write interrupted by a kill: not JSON) so appends start on a fresh line;
+    a complete row that only lacks its newline gets it. Called once every line is known to be ours."""
+    cut = data.rfind(b"\n") + 1
+    if cut == len(data):
+        return
+    try:
+        json.loads(data[cut:])
+    except ValueError:
+        with open(path, "rb+") as fh:
+            fh.truncate(cut)
+        return
+    with open(path, "ab") as fh:
+        fh.write(b"\n")
+
+
+def _partial_row(raw: bytes) -> bool:
+    """The last line is a row cut short by a kill: UTF-8 text starting like a row but not JSON."""
+    try:
+        text = raw.decode("utf-8")
+        json.loads(text)
+    except UnicodeDecodeError:
+        return False
+    except ValueError:
+        return text.startswith("{")
+    return False
 
 
 def read_keys(path: Path, what: str) -> tuple[set[Key], dict[str, Any] | None]:
-    """Keys of the complete rows in ``path`` and the metadata of its first row."""
+    """Keys of the complete rows in ``path`` and the metadata of its first row. A file that is not ours (a
+    line that is not a self-distill row, or not UTF-8) is an error naming it and is left untouched."""
     keys: set[Key] = set()
     first_meta = None
     if not path.exists():
         return keys, None
-    _repair_tail(path)
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                keys.add(row_key(row))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise DataError(f"{path}:{lineno}: not a self-distill {what} row ({exc}); "
-                                "use a different --out or remove the file") from exc
-            if first_meta is None:
-                first_meta = row.get("metadata")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; --out must be a JSONL file path")
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if _partial_row(lines[-1]):
+        lines.pop()  # checked, then cut by _repair_tail
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+            keys.add(row_key(row))
+        except UnicodeDecodeError:
+            raise DataError(f"{path}:{lineno}: not UTF-8 text; use a different --out or remove the "
+                            "file") from None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"{path}:{lineno}: not a self-distill {what} row ({exc}); "
+                            "use a different --out or remove the file") from None
+        if first_meta is None:
+            first_meta = row.get("metadata")
+    _repair_tail(path, data)
     return keys, first_meta
 
 
