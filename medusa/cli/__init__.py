@@ -111,19 +111,40 @@ class PathKind:
             raise argparse.ArgumentTypeError(f"{path}: is a directory, expected a file")
         if want == "dir" and not path.is_dir():
             raise argparse.ArgumentTypeError(f"{path}: is a file, expected a directory")
-        if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
-            raise argparse.ArgumentTypeError(f"{path}: permission denied")
+        try:  # really open it: os.access asks about the real, not the effective, user
+            if path.is_dir():
+                os.listdir(path)
+            else:
+                open(path, "rb").close()
+        except PermissionError:
+            raise argparse.ArgumentTypeError(f"{path}: permission denied") from None
+
+    @staticmethod
+    def _model_config(path: Path) -> None:
+        """A local model directory's config.json must be readable JSON (cheap; read before any load)."""
+        import json
+
+        from medusa.io import read_text
+
+        config = path / "config.json"
+        if config.is_file():
+            try:
+                json.loads(read_text(config))
+            except (MedusaError, ValueError) as exc:
+                raise argparse.ArgumentTypeError(f"{path}: not a model directory ({exc})") from None
 
     def __call__(self, text: str) -> str:
         path = Path(text).expanduser()
         looks_local = text.startswith((".", "/", "~")) or path.exists()
+        data_suffix = path.suffix.lower() in (".json", ".jsonl", ".txt", ".parquet")
         if self.kind in ("file", "dir", "path"):
             self._must(path, self.kind)
-        elif self.kind == "source" and (looks_local or path.suffix.lower() in (".json", ".jsonl", ".txt",
-                                                                              ".parquet")):
-            self._must(path, "path")
+        elif self.kind == "source" and (looks_local or data_suffix):
+            self._must(path, "file" if data_suffix else "path")
         elif self.kind == "model" and looks_local:
             self._must(path, "path" if path.suffix == ".gguf" else "dir")
+            if path.is_dir():
+                self._model_config(path)
         elif self.kind == "tree" and text not in ("dynamic", "dynamic-raw"):
             self._must(path, "file")
         elif self.kind == "template" and text.endswith((".jinja", ".j2")):

@@ -189,6 +189,8 @@ def read_rows(source: str | Path, split: str = "train") -> Iterator[tuple[str, A
             yield from _text_rows(path)
         else:
             raise DataError(f"{path}: unsupported file type {suffix!r} (use .json, .jsonl, .parquet or .txt)")
+    elif path.is_dir() and path.suffix.lower() in DATA_SUFFIXES:
+        raise DataError(f"{path}: is a directory, expected a {path.suffix} file")
     elif path.is_dir():
         yield from _dataset_rows(str(path), split)
     elif source.startswith((".", "/", "~")) or path.suffix.lower() in DATA_SUFFIXES:

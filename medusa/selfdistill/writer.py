@@ -112,7 +112,7 @@ class ResumableWriter:
             # an errors row whose key was written later (an earlier retry succeeded) is not an error any more
             error_keys -= self.done
         self.failed_before = error_keys
-        self._fh = open(self.out, "a", encoding="utf-8")
+        self._fh = None  # opened at the first row: a run that fails before it leaves no file behind
         self._err = None
         self._last_sync = time.monotonic()
         self._fsync_every_s = fsync_every_s
@@ -134,6 +134,8 @@ class ResumableWriter:
         key = row_key(row)
         if key in self.done:
             raise RuntimeError(f"row {key} written twice")  # a bug in the runner, never a user error
+        if self._fh is None:
+            self._fh = open(self.out, "a", encoding="utf-8")
         self._append(self._fh, row)
         self.done.add(key)
         self.written += 1
