@@ -12,6 +12,7 @@ imports this package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import math
@@ -19,7 +20,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,24 +201,62 @@ class _BelowError(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
-def quiet_libraries() -> None:
-    """Third-party chatter off (transformers' loading bar and advisories, bitsandbytes' kernel and
-    DeepSpeed's accelerator warnings): what a command prints is its own output, its own progress bar and,
-    on a user error, the one ``error:`` line."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+_QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+              "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
+
+def _restore_hf(saved_env: dict[str, str | None], before: tuple[bool, int] | None, hub_before: bool) -> None:
+    """Put transformers' / huggingface_hub's bars and verbosity back as they were (or as the user's
+    environment would have set them, for a library the command imported)."""
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        bars_default = saved_env["HF_HUB_DISABLE_PROGRESS_BARS"] in (None, "", "0", "false")
+        bar, level = before or (bars_default, None)
+        (hf_logging.enable_progress_bar if bar else hf_logging.disable_progress_bar)()
+        if level is not None:
+            hf_logging.set_verbosity(level)
+        elif saved_env["TRANSFORMERS_VERBOSITY"] is None:
+            hf_logging.set_verbosity(logging.WARNING)
+    if "huggingface_hub" in sys.modules and not hub_before and \
+            saved_env["HF_HUB_DISABLE_PROGRESS_BARS"] in (None, "", "0", "false"):
+        from huggingface_hub.utils import enable_progress_bars
+
+        enable_progress_bars()
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Third-party chatter off while a command runs (transformers' loading bar and advisories,
+    bitsandbytes' kernel and DeepSpeed's accelerator warnings): what a command prints is its own output, its
+    own progress bar and, on a user error, the one ``error:`` line. Restored afterwards (in-process
+    callers)."""
+    saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
+    hub_before = "huggingface_hub" in sys.modules
+    before = None
+    if "transformers" in sys.modules:  # already imported: its settings were read, set them directly
+        from transformers.utils import logging as hf_logging
+
+        before = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity())
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    for key, value in _QUIET_ENV.items():
+        os.environ.setdefault(key, value)
     for name in ("bitsandbytes", "DeepSpeed"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _BelowError) for f in logger.filters):
             logger.addFilter(_BelowError())
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module=r"(bitsandbytes|deepspeed)(\.|$)")
-    if "transformers" in sys.modules:  # already imported (in-process callers): its settings are read
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"(bitsandbytes|deepspeed)(\.|$)")
+            yield
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _restore_hf(saved_env, before, hub_before)
 
 
 def wants_debug(argv: Sequence[str]) -> bool:
@@ -226,13 +265,13 @@ def wants_debug(argv: Sequence[str]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    quiet_libraries()
 
     def call() -> int:
         args = build_parser().parse_args(argv)
         return args.func(args)
 
-    return run_command(call, wants_debug(argv))
+    with quiet_libraries():
+        return run_command(call, wants_debug(argv))
 
 
 if __name__ == "__main__":

@@ -43,15 +43,28 @@ def _cmd_self_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _openai_options(op: argparse._ArgumentGroup) -> None:
+    op.add_argument("--endpoint", help="server base URL, e.g. http://127.0.0.1:8000/v1")
+    op.add_argument("--served-model", help="model name to request (default: the first in /v1/models)")
+    op.add_argument("--api", choices=["chat", "completions"], help="default: chat, or completions in "
+                                                                   "completion mode")
+    op.add_argument("--api-key", help="default: $OPENAI_API_KEY")
+    op.add_argument("--concurrency", type=count(1024), default=16, help="requests in flight")
+    op.add_argument("--timeout", type=Bounded(float, 0.0, 86400.0, lo_open=True), default=600.0,
+                    help="seconds per request")
+    op.add_argument("--retries", type=count(100, lo=0), default=5)
+    op.add_argument("--retry-backoff", type=Bounded(float, 0.0, 3600.0), default=1.0,
+                    help="first backoff in seconds (doubles)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("self-distill", help="generate training data from the model's own replies",
                        description=__doc__.splitlines()[0])
     p.add_argument("--model", type=PathKind("model"),
                    help="local backend: model path or hub id (also the name in the metadata); "
-                                   "openai backend: unused, see --served-model")
+                        "openai backend: unused, see --served-model")
     p.add_argument("--prompts", required=True, type=PathKind("source"),
-                   help=".json/.jsonl/.parquet/.txt file, a datasets directory, "
-                                                    "or a hub dataset id")
+                   help=".json/.jsonl/.parquet/.txt file, a datasets directory, or a hub dataset id")
     p.add_argument("--out", required=True, type=PathKind("out_file"),
                    help="output JSONL (appended to; re-running resumes)")
     p.add_argument("--mode", choices=["replay", "self-talk", "completion"], default="replay")
@@ -67,8 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="text documents: first N characters (word boundary)")
     g.add_argument("--prompt-tokens", type=count(10**6), help="text documents: first N tokens")
     g.add_argument("--turns", type=count(100),
-                   help="replay: answer at most N user turns; self-talk: N assistant "
-                                             "replies (default 3)")
+                   help="replay: answer at most N user turns; self-talk: N assistant replies (default 3)")
     g.add_argument("--user-prompt", help="self-talk: the instruction the model gets when playing the user")
     g.add_argument("--chat-template", type=PathKind("template"),
                    help="a Jinja chat template (file or string) replacing the tokenizer's")
@@ -90,18 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     lo.add_argument("--dtype", help="default: bfloat16 on GPU, float32 on CPU")
     lo.add_argument("--device", help="default: cuda if available")
     lo.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes NF4")
-    op = p.add_argument_group("openai backend")
-    op.add_argument("--endpoint", help="server base URL, e.g. http://127.0.0.1:8000/v1")
-    op.add_argument("--served-model", help="model name to request (default: the first in /v1/models)")
-    op.add_argument("--api", choices=["chat", "completions"], help="default: chat, or completions in "
-                                                                   "completion mode")
-    op.add_argument("--api-key", help="default: $OPENAI_API_KEY")
-    op.add_argument("--concurrency", type=count(1024), default=16, help="requests in flight")
-    op.add_argument("--timeout", type=Bounded(float, 0.0, 86400.0, lo_open=True), default=600.0,
-                    help="seconds per request")
-    op.add_argument("--retries", type=count(100, lo=0), default=5)
-    op.add_argument("--retry-backoff", type=Bounded(float, 0.0, 3600.0), default=1.0,
-                    help="first backoff in seconds (doubles)")
+    _openai_options(p.add_argument_group("openai backend"))
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_self_distill)

@@ -48,7 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m medusa.train`` / ``accelerate launch -m medusa.train``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = wants_debug(argv)
-    quiet_libraries()
     parser = Parser(prog="medusa.train", description=__doc__.splitlines()[0])
     add_arguments(parser)
 
@@ -56,4 +55,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args([a for a in argv if a != "--debug"])
         return run(args.recipe, args.overrides, args.overwrite)
 
-    return run_command(call, debug)
+    with quiet_libraries():
+        return run_command(call, debug)

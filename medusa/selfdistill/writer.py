@@ -134,13 +134,18 @@ class ResumableWriter:
         key = row_key(row)
         if key in self.done:
             raise RuntimeError(f"row {key} written twice")  # a bug in the runner, never a user error
-        if self._fh is None:
-            self._fh = open(self.out, "a", encoding="utf-8")
-        self._append(self._fh, row)
+        self._append(self._open_out(), row)
         self.done.add(key)
         self.written += 1
 
+    def _open_out(self) -> Any:
+        """The output, opened (created) once generation has a first outcome, a row or an error row."""
+        if self._fh is None:
+            self._fh = open(self.out, "a", encoding="utf-8")
+        return self._fh
+
     def write_error(self, source_id: str, sample: int, reason: str, **extra: Any) -> None:
+        self._open_out()
         if self._err is None:
             self._err = open(self.errors, "a", encoding="utf-8")
         row = {"source_id": source_id, "sample": sample, "reason": reason,
@@ -158,5 +163,7 @@ class ResumableWriter:
     def __enter__(self) -> ResumableWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:  # a finished run with no row: its (empty) output exists
+            self._open_out()
         self.close()

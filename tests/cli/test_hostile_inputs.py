@@ -390,3 +390,59 @@ def test_hostile_input(case: Case, pristine: Path, monkeypatch):
         for p in ws.glob("locked*"):  # hard links elsewhere keep their modes: only what the case locked
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
         shutil.rmtree(ws.parent)
+
+
+# ------------------------------------------------------------------------------------- the issue's classes
+def _json_array_bad_row(ws: Path) -> list[str]:
+    rows = [{"prompt": "Once upon", "completion": " a time"}, {"prompt": 5, "completion": "x"}]
+    (ws / "rows.json").write_text(json.dumps(rows))  # one line: the row index is what names the culprit
+    return ["train", str(ws / "recipe.yaml"), f"data.train={ws / 'rows.json'}", "data.format=auto"]
+
+
+def _alpaca_empty_output(ws: Path) -> list[str]:
+    rows = [{"instruction": "Say hi.", "input": "", "output": "Hi."},
+            {"instruction": "Say no.", "output": ""}]
+    (ws / "alpaca.json").write_text(json.dumps(rows))
+    return ["train", str(ws / "recipe.yaml"), f"data.train={ws / 'alpaca.json'}", "data.format=alpaca",
+            "data.chat_template=chatml"]
+
+
+def _duplicate_key(ws: Path) -> list[str]:
+    recipe = ws / "recipe.yaml"
+    recipe.write_text(recipe.read_text() + "dtype: bfloat16\n")
+    return ["train", str(recipe)]
+
+
+ISSUE_CASES = {
+    "prompt_past_positions": (lambda ws: ["generate", "--heads", str(ws / "heads"), "--prompt", "Once upon a",
+                                          "--max-new-tokens", "600"],
+                              "exceed the base model's 512 positions (max_position_embeddings); allowed "
+                              "--max-new-tokens for this prompt: 1.."),
+    "nodes_past_the_possible_tree": (lambda ws: ["calibrate", "--heads", str(ws / "heads"), "--data",
+                                                 str(ws / "data.jsonl"), "--topk", "2", "--nodes", "100"],
+                                     "--nodes 100: a tree of --topk 2 ranks and depth 2 has at most 7 nodes"),
+    "json_array_bad_row_index": (_json_array_bad_row, "rows.json: row 1 (line 1)"),
+    "alpaca_empty_output_hints_skip_invalid": (_alpaca_empty_output, "data.skip_invalid: true"),
+    "duplicate_yaml_key": (_duplicate_key, "recipe.yaml:7: duplicate key 'dtype' (first given on line 2)"),
+    "export_into_the_source_folder": (lambda ws: ["export", "--format", "vllm", str(ws / "heads"), str(ws),
+                                                  "--overwrite"], "holds the input"),
+    "bench_limit_0": (lambda ws: ["bench", "--heads", str(ws / "heads"), "--prompts", str(ws / "prompts.txt"),
+                                  "--limit", "0"], "argument --limit: 0 is out of range (must be >= 1"),
+}
+
+
+@pytest.mark.parametrize("name", ISSUE_CASES)
+def test_issue_case(name: str, pristine: Path):
+    """The classes the issue reported, by example: one ``error:`` line naming the culprit, files untouched."""
+    build, needle = ISSUE_CASES[name]
+    ws = _workspace(pristine)
+    try:
+        argv = build(ws)
+        before = _snapshot(ws.parent)
+        code, out, err = _call(argv, as_other_user=False)
+        assert code == 2 and out == "" and "Traceback" not in err, (argv, out, err)
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (needle, err)
+        assert _snapshot(ws.parent) == before
+    finally:
+        shutil.rmtree(ws.parent)
