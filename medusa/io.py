@@ -88,15 +88,17 @@ def check_output_dir(target: str | Path, overwrite: bool = False,
 
 def check_output_file(path: str | Path, overwrite: bool = False,
                       inputs: Iterable[str | Path | None] = ()) -> None:
-    """Refuse an output file path that is a directory, is one of ``inputs``, or exists (unless
-    ``overwrite``). Raises :class:`MedusaError` naming it."""
+    """Refuse an output file path that is a directory, is one of ``inputs`` or a file inside one (even with
+    ``overwrite``), or exists (unless ``overwrite``). Raises :class:`MedusaError` naming it."""
     path = Path(path)
     _check_parent(path)
     if path.is_dir():
         raise MedusaError(f"{path}: is a directory; give a file path")
-    for item in inputs:
-        if item is not None and str(item) and Path(item).exists() and _within(path, Path(item)):
-            raise MedusaError(f"{path}: is the input {item}; write the output to another file")
+    for item in inputs:  # the input itself, or a file already inside an input directory
+        if item is not None and str(item) and Path(item).exists() and _within(path, Path(item)) \
+                and (path.exists() or path.resolve() == Path(item).resolve()):
+            raise MedusaError(f"{path}: is the input {item}" if path.resolve() == Path(item).resolve()
+                              else f"{path}: is part of the input {item}; write the output to another file")
     if path.exists() and not overwrite:
         raise MedusaError(f"{path}: exists; {OVERWRITE_HINT}")
 

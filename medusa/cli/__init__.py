@@ -205,9 +205,10 @@ _QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "er
               "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
 
-def _restore_hf(saved_env: dict[str, str | None], before: tuple[bool, int] | None, hub_before: bool) -> None:
-    """Put transformers' / huggingface_hub's bars and verbosity back as they were (or as the user's
-    environment would have set them, for a library the command imported)."""
+def _restore_hf(saved_env: dict[str, str | None], before: tuple[bool, int] | None) -> None:
+    """Put transformers' bars and verbosity back as they were (or as the user's environment would have set
+    them, when the command imported it). huggingface_hub reads its setting once, at import: a hub first
+    imported by the command keeps its bars off in this process."""
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
@@ -218,11 +219,6 @@ def _restore_hf(saved_env: dict[str, str | None], before: tuple[bool, int] | Non
             hf_logging.set_verbosity(level)
         elif saved_env["TRANSFORMERS_VERBOSITY"] is None:
             hf_logging.set_verbosity(logging.WARNING)
-    if "huggingface_hub" in sys.modules and not hub_before and \
-            saved_env["HF_HUB_DISABLE_PROGRESS_BARS"] in (None, "", "0", "false"):
-        from huggingface_hub.utils import enable_progress_bars
-
-        enable_progress_bars()
 
 
 @contextlib.contextmanager
@@ -232,7 +228,6 @@ def quiet_libraries() -> Iterator[None]:
     own progress bar and, on a user error, the one ``error:`` line. Restored afterwards (in-process
     callers)."""
     saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
-    hub_before = "huggingface_hub" in sys.modules
     before = None
     if "transformers" in sys.modules:  # already imported: its settings were read, set them directly
         from transformers.utils import logging as hf_logging
@@ -256,7 +251,9 @@ def quiet_libraries() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        _restore_hf(saved_env, before, hub_before)
+        with warnings.catch_warnings():  # huggingface_hub warns that its own bars stay off
+            warnings.simplefilter("ignore")
+            _restore_hf(saved_env, before)
 
 
 def wants_debug(argv: Sequence[str]) -> bool:
