@@ -52,7 +52,8 @@ BASELINES: dict[str, list] = {
 }
 # Recipe keys that name paths, with the PathKind they would have on a command line.
 RECIPE_PATHS = {"model": "model", "data.train": "source", "data.eval": "source", "heads.init_from": "dir",
-                "output_dir": "out_dir", "train.resume": "dir", "train.hidden_cache": "cache_dir"}
+                "data.chat_template": "template", "output_dir": "out_dir", "train.resume": "dir",
+                "train.hidden_cache": "cache_dir"}
 # Numeric recipe keys for which 0 is a meaningful value (the rest must refuse it).
 RECIPE_ZERO_OK = {"heads.num_layers", "heads.draft_vocab", "heads.teacher_loss", "data.eval_split",
                   "train.warmup_ratio", "train.weight_decay", "train.max_grad_norm", "train.seed",
