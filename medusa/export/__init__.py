@@ -19,6 +19,11 @@
 
 Importing an official v2 file (ResBlocks only) gives a ``shared_lm_head`` checkpoint.
 
+Every export records the backbone the heads were trained for (a MEDUSA-2 checkpoint's merged one; see
+:mod:`medusa.export.backbone`) and returns the commands that load it in its engine
+(:mod:`medusa.export.serving`). ``medusa-v1`` refuses heads whose ResBlocks differ (the official code repeats
+one module) and writes the tree (``medusa_choices``) no deeper than the 5 heads official MEDUSA builds.
+
 Heads with a draft vocabulary (``heads.draft_vocab``) export only to ``vllm`` (``truncated_vocab_size`` +
 ``token_map``); medusa-v1, TensorRT-LLM and TGI have no way to express one, so they are refused.
 """
@@ -32,6 +37,7 @@ import torch
 from safetensors.torch import save_file
 
 from medusa.errors import CheckpointError, MedusaError, first_line
+from medusa.export.backbone import Backbone, resolve_backbone, write_backbone
 from medusa.export.common import (
     HeadsState,
     copy_tokenizer,
@@ -39,11 +45,18 @@ from medusa.export.common import (
     read_our_checkpoint,
     require_tree_fits,
 )
-from medusa.export.medusa_v1 import is_v1_dir, read_v1, write_v1
+from medusa.export.medusa_v1 import is_v1_dir, read_v1, require_official_layers, write_v1
+from medusa.export.serving import (
+    OFFICIAL_MODEL_TYPES,
+    OFFICIAL_NUM_HEADS,
+    official_depth,
+    official_note,
+    serving_commands,
+)
 from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory
 from medusa.modeling.base import dtype_name
-from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig, base_location
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
 
 EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi")
 IMPORT_FORMATS = ("auto", "vllm", "medusa-v1")
@@ -57,12 +70,18 @@ def _check_paths(src: Path, out: Path) -> None:
 
 
 def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str | Path | None = None,
-                      base: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+                      base: str | None = None, with_backbone: bool = False,
+                      overwrite: bool = False) -> dict[str, Any]:
     """Write the heads of our checkpoint ``src`` in ``format`` to ``out``; returns a summary.
 
-    ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm``; default: the checkpoint's own,
-    else the built-in default tree. ``base``: where ``shared_lm_head`` checkpoints find the LM head. An
-    existing non-empty ``out`` is refused unless ``overwrite`` (then only the files written are replaced).
+    ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm`` / ``medusa-v1``; default: the
+    checkpoint's own, else the built-in default tree. ``base``: the backbone the export records and where
+    ``shared_lm_head`` checkpoints find the LM head (default: a MEDUSA-2 checkpoint's merged backbone, else
+    the config's base). ``with_backbone``: copy a MEDUSA-2 checkpoint's merged backbone into
+    ``out/base_model`` and record that. The summary's ``backbone`` / ``backbone_source`` say which was
+    recorded, ``commands`` how each engine loads the export, ``notes`` what the engine needs besides.
+    An existing non-empty ``out`` is refused unless ``overwrite`` (then only the files written are
+    replaced; see :mod:`medusa.io`).
     """
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
@@ -77,35 +96,70 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
         raise MedusaError(f"{src}: --format {format} cannot express a draft vocabulary (heads.draft_vocab: "
                           f"{pre.draft_vocab}); export it with --format vllm, or train with "
                           f"heads.draft_vocab: 0")
+    backbone = resolve_backbone(src, pre, out, base=base, with_backbone=with_backbone)
     keep_shared = format == "tgi" and pre.head_type == "shared_lm_head" and pre.num_layers == 1
     materialise = "none" if keep_shared else "once" if format == "vllm" else "per_head"
     config, heads = read_our_checkpoint(src, base=base, materialise=materialise)
-    choices = None
-    if format == "tensorrt-llm":
-        from medusa.tree import MedusaTree, default_tree
-
-        if tree is not None:
-            choices = [list(c) for c in MedusaTree.from_json(tree).choices]
-            require_tree_fits(choices, heads.num_heads, str(tree))
-        elif heads.choices is not None:
-            choices = heads.choices
-            require_tree_fits(choices, heads.num_heads, str(src / TREE_NAME))
-        else:
-            choices = [list(c) for c in default_tree(heads.num_heads).choices]
-    elif tree is not None:
-        raise MedusaError(f"--tree only applies to --format tensorrt-llm (got {format})")
+    heads.base_model_name_or_path = backbone.path
+    if format == "medusa-v1":
+        require_official_layers(heads, str(src / WEIGHTS_NAME))
+    choices = _export_choices(format, src, tree, heads)
     with atomic_directory(out, overwrite=overwrite, inputs=[src, tree, base]) as tmp:
+        write_backbone(backbone, tmp)
         if format == "vllm":
             write_vllm(heads, tmp)
         else:
-            write_v1(heads, tmp, choices=choices)
-        has_base = bool(config.base_model_subdir or config.base_model_name_or_path)
-        copied = copy_tokenizer(base_location(src, config), tmp) if format == "tgi" and has_base else []
+            write_v1(heads, tmp, choices=choices, target=format)
+        tok_dir = backbone.tokenizer_dir
+        copied = copy_tokenizer(str(tok_dir), tmp) if format == "tgi" and tok_dir is not None else []
+    return _summary(format, out, config, heads, backbone, choices, copied)
+
+
+def _export_choices(format: str, src: Path, tree: str | Path | None,
+                    heads: HeadsState) -> list[list[int]] | None:
+    """The tree written with ``tensorrt-llm`` / ``medusa-v1`` exports (``medusa_choices``): ``tree``, the
+    checkpoint's, else the default one; no deeper than the heads (official MEDUSA: than its 5 heads)."""
+    if format not in ("tensorrt-llm", "medusa-v1"):
+        if tree is not None:
+            raise MedusaError(f"--tree only applies to --format tensorrt-llm or medusa-v1 (got {format})")
+        return None
+    from medusa.tree import MedusaTree, default_tree
+
+    depth = official_depth(heads.num_heads) if format == "medusa-v1" else heads.num_heads
+    if tree is not None:
+        choices, source = [list(c) for c in MedusaTree.from_json(tree).choices], str(tree)
+    elif heads.choices is not None:
+        choices, source = heads.choices, str(src / TREE_NAME)
+    else:
+        return [list(c) for c in default_tree(depth).choices]
+    require_tree_fits(choices, heads.num_heads, source)
+    deepest = max(len(c) for c in choices)
+    if deepest > depth:
+        raise MedusaError(f"{source}: tree depth {deepest} is deeper than the {OFFICIAL_NUM_HEADS} heads "
+                          f"official MEDUSA builds; pass --tree with depth <= {depth}")
+    return choices
+
+
+def _summary(format: str, out: Path, config: MedusaConfig, heads: HeadsState, backbone: Backbone,
+             choices: list[list[int]] | None, copied: list[str]) -> dict[str, Any]:
+    depth = max((len(c) for c in choices), default=0) if choices is not None else None
+    notes = [official_note(heads.num_heads, depth)] if format == "medusa-v1" and depth is not None else []
+    if format == "medusa-v1" and config.base_model_type not in OFFICIAL_MODEL_TYPES:
+        notes.append(f"official MEDUSA serves {' and '.join(OFFICIAL_MODEL_TYPES)} backbones only (this "
+                     f"one is {config.base_model_type})")
+    if backbone.tokenizer is None:
+        notes.append(f"no tokenizer files found beside the backbone {backbone.path}: give the server one")
+    commands = serving_commands(format, str(out), backbone.path, backbone.tokenizer, heads.num_heads,
+                                heads.num_layers, len(choices) if choices is not None else None,
+                                dtype_name(heads.dtype))
     return {"format": format, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,
             "layout": _layout(format, heads),
             "materialised_lm_head": config.head_type == "shared_lm_head" and not heads.shared_lm_head,
             "lm_head_copies": _lm_head_copies(heads),
-            "tree_nodes": (len(choices) + 1) if choices is not None else None, "tokenizer_files": copied}
+            "tree_nodes": (len(choices) + 1) if choices is not None else None, "tree_depth": depth,
+            "tokenizer_files": copied, "backbone": backbone.path, "backbone_source": backbone.source,
+            "backbone_description": backbone.description, "tokenizer": backbone.tokenizer,
+            "commands": commands, "notes": notes}
 
 
 def _layout(format: str, heads: HeadsState) -> str:

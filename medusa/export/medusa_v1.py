@@ -15,8 +15,13 @@ layer index holds the same tensors (only a ``.pt`` can store them; safetensors r
 We read the tensors stored under each layer index into distinct layers, which computes exactly what
 the official module computes, whether the layers were shared or not.
 
+- Official MEDUSA (``medusa_model.py`` and ``medusa_model_legacy.py``) reads only ``medusa_lm_head.pt``, so
+  the ``medusa-v1`` export writes it beside the safetensors file (the same tensors), and refuses heads with
+  different ResBlocks (:func:`require_official_layers`).
 - TensorRT-LLM (``examples/medusa/convert_checkpoint.py`` -> ``load_medusa_hf``) reads version 1
-  (``medusa_lm_head.pt`` first, then ``.safetensors``); the tree is a run-time argument
+  (``medusa_lm_head.pt`` first, then ``.safetensors``); its head / layer / draft-length counts come from the
+  converter's flags (see :mod:`medusa.export.serving`), ``MedusaConfig.from_hugging_face`` reads
+  ``num_medusa_heads`` and ``medusa_num_layers``; the tree is a run-time argument
   (``run.py --medusa_choices="[[0], [0, 0], ...]"``), so we add it to the config and ``medusa_choices.txt``.
 - TGI (``server/text_generation_server/models/__init__.py``) treats a ``config.json`` with
   ``medusa_num_heads`` as a Medusa model: it loads ``base_model_name_or_path``, speculates
@@ -71,15 +76,41 @@ def choices_string(choices: list[list[int]]) -> str:
     return "[" + ", ".join("[" + ", ".join(str(r) for r in c) + "]" for c in choices) + "]"
 
 
-def write_v1(heads: HeadsState, out: Path, choices: list[list[int]] | None = None) -> None:
-    save_file(v1_tensors(heads), str(out / WEIGHTS), metadata={"format": "pt"})
+def write_v1(heads: HeadsState, out: Path, choices: list[list[int]] | None = None,
+             target: str = "medusa-v1") -> None:
+    """The v1 layout for ``target`` (``medusa-v1``, ``tensorrt-llm`` or ``tgi``). ``medusa-v1`` also gets
+    ``medusa_lm_head.pt`` (the same tensors): the official loaders read only that file. ``tensorrt-llm`` also
+    gets ``num_medusa_heads`` (what ``MedusaConfig.from_hugging_face`` reads) and ``max_draft_len``."""
+    tensors = v1_tensors(heads)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    if target == "medusa-v1":
+        torch.save({k: v.clone() for k, v in tensors.items()}, out / LEGACY_WEIGHTS)
     config = v1_config(heads)
+    if target == "tensorrt-llm":
+        config["num_medusa_heads"] = heads.num_heads
     if choices is not None:
         text = choices_string(choices)
         config["medusa_choices"] = text
-        config["max_draft_len"] = len(choices)  # TensorRT-LLM: tree nodes besides the root
+        if target == "tensorrt-llm":
+            config["max_draft_len"] = len(choices)  # TensorRT-LLM: tree nodes besides the root
         (out / CHOICES_FILE).write_text(text + "\n")
     write_json(out / CONFIG, config)
+
+
+def require_official_layers(heads: HeadsState, source: str) -> None:
+    """Official MEDUSA builds a head as ``Sequential(*[ResBlock(d)] * L, Linear)``: ONE module repeated, so
+    loading L different ResBlocks leaves the last one's weights in every layer. Only heads whose layers are
+    all the same tensors (e.g. imported from an official checkpoint) mean the same thing there."""
+    for k in range(heads.num_heads):
+        for l in range(1, heads.num_layers):
+            same = torch.equal(heads.w1[k][l], heads.w1[k][0]) and torch.equal(heads.b1[k][l], heads.b1[k][0])
+            if not same:
+                raise CheckpointError(
+                    f"{source}: --format medusa-v1 cannot hold head {k}'s {heads.num_layers} different "
+                    f"ResBlocks (layer {l} differs from layer 0): the official MEDUSA code builds each head "
+                    f"as [ResBlock(d)] * medusa_num_layers, one module repeated, so it would run the last "
+                    f"layer's weights {heads.num_layers} times; export with --format tensorrt-llm, tgi or "
+                    f"vllm (they build distinct layers), or train with heads.num_layers: 1")
 
 
 def is_v1_dir(path: Path) -> bool:

@@ -8,6 +8,9 @@ shared by every head instead and loads ``lm_head.weight`` (or a ``lm_heads.0.wei
 ``shared_lm_head`` heads are written that way, with the base LM head materialised once
 (``HeadsState.tied_w2``); ``linear`` heads get ``lm_heads.{i}.weight`` and ``original_lm_head: false``.
 
+``n_predict`` (= the head count) is what vLLM's ``SpeculativeConfig`` defaults ``num_speculative_tokens`` to;
+without it the count must be passed, and a wrong one rewrites ``num_heads`` (``num_lookahead_tokens``).
+
 Draft vocabulary: with ``truncated_vocab_size < vocab_size`` vLLM also loads the tensor ``token_map``
 (``[truncated_vocab_size]`` target ids, used as an index: int64), takes ``lm_heads.{i}.weight`` as
 ``[truncated_vocab_size, hidden_size]`` rows in token_map order (a full ``[vocab_size, d]`` one, per head or
@@ -44,6 +47,9 @@ def vllm_config(heads: HeadsState) -> dict[str, Any]:
         "model_type": "medusa",
         "architectures": ["MedusaModel"],
         "num_heads": heads.num_heads,
+        # SpeculativeConfig: num_speculative_tokens defaults to n_predict, so `vllm serve` needs no count
+        # (a count passed anyway overrides num_heads: fewer drops heads, more finds no weights)
+        "n_predict": heads.num_heads,
         "num_hidden_layers": heads.num_layers,
         "hidden_size": heads.hidden_size,
         "vocab_size": heads.full_vocab_size if heads.token_map is not None else heads.vocab_size,

@@ -140,3 +140,28 @@ def base_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap
     return logits
+
+
+def native_bf16(device: str | torch.device = "cpu") -> bool:
+    """Whether ``device`` computes bfloat16 matmuls natively: CUDA (Ampere+), or a CPU with AVX-512 BF16 / AMX
+    (there bf16 matmuls run ~2.5x faster than float32; elsewhere bf16 is emulated and slower)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def fast_dtype(device: str | torch.device = "cpu") -> str:
+    """``"bfloat16"`` where the device computes it natively (:func:`native_bf16`), else ``"float32"``."""
+    return "bfloat16" if native_bf16(device) else "float32"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.errors import CheckpointError
+from medusa.modeling.packaged import check_marker, packaged_info, resolve_packaged
 
 FORMAT_VERSION = 1
 CONFIG_NAME = "medusa_config.json"
@@ -105,11 +106,17 @@ def _hydra_projection(data: dict[str, Any], source: str) -> str | None:
 def base_location(checkpoint: str | Path, config: MedusaConfig, base: str | None = None,
                   hint: str = "pass base_model=") -> str:
     """Where a checkpoint's base model lives: ``base`` if given, the merged backbone stored inside the
-    checkpoint (MEDUSA-2), else the recorded ``base_model_name_or_path``."""
+    checkpoint (MEDUSA-2), the packaged base the heads are tied to (fetched and converted when missing;
+    :mod:`medusa.modeling.packaged`), else the recorded ``base_model_name_or_path``."""
     if base is not None:
+        info = packaged_info(config)
+        if info is not None and Path(str(base)).is_dir():
+            check_marker(info, base)
         return str(base)
     if config.base_model_subdir:
         return str(Path(checkpoint) / config.base_model_subdir)
+    if packaged_info(config) is not None:
+        return resolve_packaged(packaged_info(config))
     if not config.base_model_name_or_path:
         raise CheckpointError(f"{Path(checkpoint) / CONFIG_NAME}: base_model_name_or_path is empty; {hint}")
     return config.base_model_name_or_path

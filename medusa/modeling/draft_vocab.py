@@ -56,6 +56,67 @@ def coverage(token_map: torch.Tensor | None, tokens: torch.Tensor) -> float:
     return float(torch.isin(tokens.to(token_map.device), token_map).float().mean())
 
 
+
+def _label_runs(labels: Sequence[int]) -> torch.Tensor:
+    """The trained (non ``-100``) labels of one example, in order -> ``[L]`` int64."""
+    t = torch.as_tensor(labels, dtype=torch.long)
+    return t[t != IGNORE_INDEX]
+
+
+def chain_bound(token_map: torch.Tensor | None, examples: Iterable[dict[str, Sequence[int]]],
+                depth: int) -> float:
+    """Tokens/step a perfect chain of ``depth`` heads would gain on the ``examples``' labels when every
+    drafted token must lie in the draft vocabulary: the mean over positions t of 1 + the run of in-vocabulary
+    tokens among t+1 .. t+depth (``1 + depth`` for the full vocabulary; nan without a position)."""
+    total, count = 0.0, 0
+    for ex in examples:
+        seq = _label_runs(ex["labels"])
+        n = seq.numel() - depth
+        if n <= 0:
+            continue
+        inside = torch.ones_like(seq, dtype=torch.bool) if token_map is None else torch.isin(seq, token_map)
+        alive = torch.ones(n, dtype=torch.bool)  # [n]: the chain from t is still unbroken
+        run = torch.zeros(n, dtype=torch.long)
+        for j in range(1, depth + 1):
+            alive &= inside[j:j + n]
+            run += alive
+        total += float((1 + run).sum())
+        count += n
+    return total / count if count else float("nan")
+
+
+def candidate_rows(train: Sequence[dict[str, Sequence[int]]], held_out: Sequence[dict[str, Sequence[int]]],
+                   vocab_size: int, candidates: Sequence[int], depth: int) -> list[dict[str, Any]]:
+    """For each candidate N: the map from the ``train`` labels, its coverage of the train and ``held_out``
+    labels, and the perfect-chain tokens/step bound on ``held_out`` (:func:`chain_bound`) and the share of
+    the full vocabulary's bound it loses."""
+    counts = label_counts(train, vocab_size)
+    held = torch.cat([_label_runs(ex["labels"]) for ex in held_out] or [torch.zeros(0, dtype=torch.long)])
+    seen = torch.cat([_label_runs(ex["labels"]) for ex in train] or [torch.zeros(0, dtype=torch.long)])
+    full = chain_bound(None, held_out, depth)
+    rows = []
+    for n in candidates:
+        token_map = most_frequent(counts, min(int(n), vocab_size))
+        bound = chain_bound(token_map, held_out, depth)
+        rows.append({"draft_vocab": int(token_map.shape[0]), "train_coverage": coverage(token_map, seen),
+                     "held_out_coverage": coverage(token_map, held), "chain_tokens_per_step": bound,
+                     "chain_tokens_per_step_full": full, "chain_lost": 1 - bound / full})
+    return rows
+
+
+def choose_draft_vocab(rows: Sequence[dict[str, Any]], coverage_target: float,
+                       max_n: int | None = None) -> int:
+    """The smallest candidate (``rows`` from :func:`candidate_rows`) whose held-out coverage reaches
+    ``coverage_target``, else the one with the best coverage; never above ``max_n`` (a parameter budget)."""
+    allowed = [r for r in rows if max_n is None or r["draft_vocab"] <= max_n]
+    if not allowed:
+        raise ConfigError(f"heads.draft_vocab: every candidate exceeds the budget of {max_n} tokens")
+    allowed = sorted(allowed, key=lambda r: r["draft_vocab"])
+    for r in allowed:
+        if r["held_out_coverage"] >= coverage_target:
+            return r["draft_vocab"]
+    return max(allowed, key=lambda r: (r["held_out_coverage"], -r["draft_vocab"]))["draft_vocab"]
+
 # ----------------------------------------------------------------------------------------- heads' side
 # Free functions of a ``token_map`` for the heads classes that hold one (MedusaHeads, HydraHeads; a ``cache``
 # dict is the module's own ``__dict__``: a cached tensor is rebuilt whenever the map or the weight changes).
@@ -166,6 +227,6 @@ def init_from_lm_head(heads: Any, weight: torch.Tensor) -> None:
             head.weight.copy_(weight.to(head.weight.dtype))
 
 
-__all__ = ["build_token_map", "check_token_map", "coverage", "draft_vocab_summary", "init_from_lm_head",
-           "label_counts", "most_frequent", "restrict_vocab", "scatter_to_target", "set_token_map",
-           "shared_rows", "target_to_draft_map"]
+__all__ = ["build_token_map", "candidate_rows", "chain_bound", "check_token_map", "choose_draft_vocab",
+           "coverage", "draft_vocab_summary", "init_from_lm_head", "label_counts", "most_frequent",
+           "restrict_vocab", "scatter_to_target", "set_token_map", "shared_rows", "target_to_draft_map"]

@@ -14,6 +14,7 @@ from torch import nn
 
 from medusa.errors import CheckpointError
 from medusa.io import atomic_directory
+from medusa.modeling.attention import body_mask
 from medusa.modeling.base import (
     base_logits,
     decoder_of,
@@ -36,6 +37,7 @@ from medusa.modeling.config import (
 from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.hydra import HydraHeads, needs_tokens
+from medusa.modeling.packaged import check_packaged_base
 
 
 @dataclass
@@ -162,10 +164,12 @@ class MedusaModel(nn.Module):
         """One pass of the base body; base and head logits at ``positions`` (all by default).
 
         ``positions``: LongTensor ``[P]`` (same for every row) or ``[B, P]``; logits are then ``[B, P, V]``
-        and head logits ``[K, B, P, V]``. ``attention_mask`` may be 2-D padding or a 4-D float mask.
+        and head logits ``[K, B, P, V]``. ``attention_mask`` may be 2-D padding or a 4-D float mask
+        ``[B, 1, T, S]``; sliding-window layers get it cut to their window (:func:`body_mask`).
         """
         body = decoder_of(self.base_model)
-        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        out = body(input_ids=input_ids, attention_mask=body_mask(self.base_model, attention_mask),
+                   position_ids=position_ids,
                    past_key_values=past_key_values, use_cache=use_cache, **kwargs)
         hidden = out.last_hidden_state  # [B, T, d]
         picked = _gather_positions(hidden, positions)  # [B, P, d]
@@ -242,6 +246,7 @@ class MedusaModel(nn.Module):
             base_model = load_base_model(str(base_model), dtype=dtype, device_map=device_map,
                                          quantization_config=quantization_config, **load_kwargs)
         check_base_matches(config, base_model, source=str(path / CONFIG_NAME))
+        check_packaged_base(config, base_model, source=str(path / CONFIG_NAME))
         weights_path = path / WEIGHTS_NAME
         state = read_heads_file(weights_path)
         heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,

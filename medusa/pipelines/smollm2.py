@@ -33,10 +33,13 @@ from typing import Any
 from medusa.errors import DataError, MedusaError
 from medusa.pipelines import stages as S
 from medusa.pipelines.head_types import HeadTypePlan, run_head_types
+from medusa.pipelines.ship import ship_heads
 
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recorded as the shipped heads' base_model_name_or_path
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-TARGETS = {"medusa1_tokens_per_step": 2.5, "medusa2_tokens_per_step": 2.8, "greedy_exact_match": 1.0}
+TARGETS = {"medusa1_tokens_per_step": 2.3, "hydra_tokens_per_step": 3.0, "medusa2_tokens_per_step": 2.8,
+           "greedy_exact_match": 1.0, "best_speedup": 1.5}
 
 
 @dataclass
@@ -44,11 +47,12 @@ class Settings:
     out: str = "out/bench/smollm2"
     shared: str = os.environ.get("MEDUSA_SHARED", "../shared")
     cache: str | None = None  # converted model cache (default ~/.cache/medusa/models)
-    sharegpt_prompts: int | None = 96  # ShareGPT conversations (first turn; None: all 500, mostly identity)
-    alpaca_prompts: int = 128  # Alpaca rows for training (the first ones)
-    calib_prompts: int = 32  # Alpaca rows for calibration (the last ones, never trained on)
-    distill_tokens: int = 192
-    distill_batch: int = 32
+    sharegpt_prompts: int | None = 0  # ShareGPT conversations (first turn; None: all 500, mostly identity)
+    alpaca_prompts: int = 4800  # Alpaca rows for training (the first ones)
+    calib_prompts: int = 200  # Alpaca rows for calibration (the last ones, never trained on)
+    synthesize: int = 0  # user requests the model writes itself (Magpie), answered and trained on too
+    distill_tokens: int = 256
+    distill_batch: int = 64
     recipe: str = str(RECIPES / "smollm2_medusa1.yaml")
     recipe_overrides: tuple[str, ...] = ()
     hydra: bool = True  # Hydra heads and dynamic-tree rows beside MEDUSA-1 (--no-hydra: off)
@@ -56,12 +60,14 @@ class Settings:
     medusa2_recipe: str = str(RECIPES / "smollm2_medusa2.yaml")
     medusa2_overrides: tuple[str, ...] = ()
     nodes: str = "auto"
-    per_category: int | None = 5  # Spec-Bench prompts per category (None: all 280)
+    per_category: int | None = 10  # Spec-Bench prompts per category (None: all 280)
+    ship: str | None = None  # copy the calibrated MEDUSA-1 and Hydra heads here (data/heads/<model>)
     max_new_tokens: int = 128
     repeats: int = 1
     prompt_lookup_num_tokens: int = 10
     threads: int | None = None
     device: str | None = None
+    shipped: str | None = None  # benchmark these shipped head sets (medusa1/, hydra/) instead of training
     train_data: str | None = None  # already self-distilled conversations: skip the distill stage
     calib_data: str | None = None  # held-out self-distilled conversations (with train_data)
     progress: bool = True
@@ -106,19 +112,39 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
                                                  for i, r in enumerate(alpaca[start:])])
     common = dict(max_new_tokens=s.distill_tokens, batch_size=s.distill_batch, progress=s.progress,
                   device=s.device)
-    parts = [
-        S.distill_chat(model_path, shared / "sharegpt_dummy_conversation.json",
-                       data / "distill_sharegpt.jsonl",
-                       prompt_format="sharegpt", limit=s.sharegpt_prompts, **common),
-        S.distill_chat(model_path, data / "prompts_alpaca.jsonl", data / "distill_alpaca.jsonl",
-                       prompt_format="alpaca", **common),
-        S.distill_chat(model_path, data / "prompts_calib.jsonl", data / "calib.jsonl", prompt_format="alpaca",
-                       **common),
-    ]
-    S.concat_jsonl(data / "train.jsonl", [data / "distill_sharegpt.jsonl", data / "distill_alpaca.jsonl"])
-    return {"train_rows": sum(p["written"] + p["already_done"] for p in parts[:2]),
-            "train_completion_tokens": sum(p["completion_tokens"] for p in parts[:2]),
-            "calib_rows": parts[2]["written"] + parts[2]["already_done"], "parts": parts}
+    parts, train = [], []
+    if s.sharegpt_prompts != 0:
+        parts.append(S.distill_chat(model_path, shared / "sharegpt_dummy_conversation.json",
+                                    data / "distill_sharegpt.jsonl", prompt_format="sharegpt",
+                                    limit=s.sharegpt_prompts, **common))
+        train.append(data / "distill_sharegpt.jsonl")
+    parts.append(S.distill_chat(model_path, data / "prompts_alpaca.jsonl", data / "distill_alpaca.jsonl",
+                                prompt_format="alpaca", **common))
+    train.append(data / "distill_alpaca.jsonl")
+    if s.synthesize:
+        parts.append(S.distill_synthesized(model_path, data / "distill_synth.jsonl", s.synthesize, **common))
+        train.append(data / "distill_synth.jsonl")
+    calib = S.distill_chat(model_path, data / "prompts_calib.jsonl", data / "calib.jsonl",
+                           prompt_format="alpaca", **common)
+    S.concat_jsonl(data / "train.jsonl", train)
+    return {"train_rows": sum(p["written"] + p["already_done"] for p in parts),
+            "train_completion_tokens": sum(p["completion_tokens"] for p in parts),
+            "train_replies": reply_stats(train),
+            "calib_rows": calib["written"] + calib["already_done"], "parts": [*parts, calib]}
+
+
+def reply_stats(paths: Sequence[Path]) -> dict[str, Any]:
+    """Rows, reply tokens and the share of replies cut at the token budget (kept: only their EOS is missing)
+    over the self-distilled files, resumed rows included."""
+    total = cut = tokens = 0
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                meta = json.loads(line).get("metadata", {})
+                total += 1
+                cut += "length" in meta.get("finish_reasons", [])
+                tokens += int(meta.get("completion_tokens", 0))
+    return {"rows": total, "reply_tokens": tokens, "truncated_share": round(cut / max(total, 1), 4)}
 
 
 def given_data(s: Settings, data: Path) -> dict[str, Any]:
@@ -152,13 +178,14 @@ def cost_curve_stage(model_path: str) -> dict[str, Any]:
 
 
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path,
-                      tree: Any = None) -> dict[str, Any]:
+                      tree: Any = None, prompt_lookup: bool = True) -> dict[str, Any]:
     """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, per category (``tree``:
-    None for the checkpoint's tree.json, or a DynamicTree)."""
+    None for the checkpoint's tree.json, or a DynamicTree; ``prompt_lookup=False``: no HF prompt-lookup
+    column, when another bench of the same run measures it)."""
     from medusa.eval.report import category_table
 
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
-                           progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=True,
+                           progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
                            categories=[r["category"] for r in rows], tree=tree)
     result["table"] = category_table(json.loads(report.read_text()))
@@ -175,6 +202,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
     with S.torch_threads(s.threads):
         model = S.run_stage(out, "model", lambda: {"path": str(fetch_smollm2(s.cache))}, log)["path"]
         curve = S.run_stage(out, "cost_curve", lambda: cost_curve_stage(model), log)
+        if s.shipped:
+            return _bench_shipped(s, out, model, curve, rows, log)
         distilled = S.run_stage(out, "distill", lambda: distill_stage(s, model, data) if s.train_data is None
                                 else given_data(s, data), log)
         m1 = out / "medusa1"
@@ -186,6 +215,9 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         calibrated = S.run_stage(out, "calibrate", lambda: S.calibrate_stage(
             trained["final_dir"], m1 / "final", data / "calib.jsonl", nodes=s.nodes,
             progress=s.progress), log)
+        if s.ship:
+            return _train_hydra_and_ship(s, out, model, [*common, f"output_dir={out / 'hydra'}", cache],
+                                         distilled, trained, calibrated, log)
         S.run_stage(out, "export", lambda: S.export_stage(m1 / "final",
                                                           out / "exported" / "vllm", "vllm"), log)
         benched = S.run_stage(out, "bench", lambda: bench_by_category(s, m1 / "final", rows,
@@ -200,6 +232,52 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
                                        rows, log))
         if s.medusa2:
             summary["medusa2"] = _medusa2(s, out, data, model, trained, calibrated, rows, log)
+    summary["targets"] = targets(summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _train_hydra_and_ship(s: Settings, out: Path, model: str, hydra_overrides_: list[str],
+                          distilled: dict[str, Any], trained: dict[str, Any], calibrated: dict[str, Any],
+                          log: Any) -> dict[str, Any]:
+    """``--ship DIR`` (``make heads-chat``): Hydra heads from the same cache, calibrated at their own
+    ``--nodes``, then both head sets copied into DIR; the benchmark is ``make bench-chat`` (``--shipped``)."""
+    from medusa.pipelines.head_types import HeadTypePlan, hydra_overrides
+
+    finals = {"medusa1": out / "medusa1" / "final"}
+    summary: dict[str, Any] = {"settings": asdict(s), "model": model,
+                               "distill": {k: v for k, v in distilled.items() if k != "parts"},
+                               "train": trained, "calibrate": calibrated}
+    if s.hydra:
+        plan = HeadTypePlan(recipe=s.recipe, overrides=tuple(hydra_overrides_),
+                            user_overrides=tuple(s.recipe_overrides), calib_data=out / "data" / "calib.jsonl",
+                            medusa1_final=finals["medusa1"], hydra_final=out / "hydra" / "final", reports={})
+        hydra_trained = S.run_stage(out, "hydra_train", lambda: S.train_recipe(
+            s.recipe, hydra_overrides(plan), progress=s.progress), log)
+        hydra_calibrated = S.run_stage(out, "hydra_calibrate", lambda: S.calibrate_stage(
+            hydra_trained["final_dir"], plan.hydra_final, plan.calib_data, nodes=s.nodes,
+            progress=s.progress), log)
+        finals["hydra"] = plan.hydra_final
+        summary["hydra"] = {"train": hydra_trained, "calibrate": hydra_calibrated}
+    summary["ship"] = S.run_stage(out, "ship", lambda: ship_heads(model, finals, Path(s.ship), HUB_ID), log)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _bench_shipped(s: Settings, out: Path, model: str, curve: dict[str, Any], rows: list[dict[str, Any]],
+                   log: Any) -> dict[str, Any]:
+    """``--shipped DIR``: benchmark the head sets shipped in DIR (``medusa1/``, ``hydra/``) per category."""
+    shipped = Path(s.shipped)
+    summary: dict[str, Any] = {"settings": asdict(s), "model": model, "cost_curve": curve,
+                               "shipped": str(shipped)}
+    names = [n for n in ("medusa1", "hydra") if (shipped / n).is_dir()]
+    if not names:
+        raise DataError(f"{shipped}: no medusa1/ or hydra/ head set inside")
+    for name in names:
+        bench = S.run_stage(out, f"bench_{name}", lambda name=name: bench_by_category(
+            s, shipped / name, rows, out / f"report_{name}.json", prompt_lookup=name == names[0]), log)
+        summary["bench" if name == "medusa1" else name] = (
+            bench if name == "medusa1" else {"bench": bench})
     summary["targets"] = targets(summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
@@ -236,20 +314,42 @@ def _medusa2(s: Settings, out: Path, data: Path, model: str, trained: dict[str, 
 
 
 def targets(summary: dict[str, Any]) -> dict[str, Any]:
-    measured = {"medusa1_tokens_per_step": summary["bench"]["tokens_per_step"],
-                "greedy_exact_match": summary["bench"]["greedy_exact_match"]}
+    measured: dict[str, float] = {}
+    benches = []
+    if "bench" in summary:
+        measured["medusa1_tokens_per_step"] = summary["bench"]["tokens_per_step"]
+        benches.append(summary["bench"])
+    if "hydra" in summary:
+        measured["hydra_tokens_per_step"] = summary["hydra"]["bench"]["tokens_per_step"]
+        benches.append(summary["hydra"]["bench"])
     if "medusa2" in summary:
         measured["medusa2_tokens_per_step"] = summary["medusa2"]["bench"]["tokens_per_step"]
-        measured["greedy_exact_match"] = min(measured["greedy_exact_match"],
-                                             summary["medusa2"]["bench"]["greedy_exact_match"])
+        benches.append(summary["medusa2"]["bench"])
+    if benches:
+        measured["greedy_exact_match"] = min(b["greedy_exact_match"] for b in benches)
+        measured["best_speedup"] = max(b["speedup"] for b in benches)
     return {k: {"target": TARGETS[k], "measured": v, "met": v >= TARGETS[k]} for k, v in measured.items()}
 
 
 def format_summary(summary: dict[str, Any]) -> str:
+    if "ship" in summary:
+        return "\n".join([f"shipped to {summary['ship']['dest']}: " + ", ".join(summary["ship"]["heads"]),
+                          f"MEDUSA-1 calibration: {summary['calibrate']['nodes']} nodes, predicted "
+                          f"{summary['calibrate']['expected_tokens_per_step']:.2f} tokens/step"]
+                         + ([f"Hydra calibration: {summary['hydra']['calibrate']['nodes']} nodes, predicted "
+                             f"{summary['hydra']['calibrate']['expected_tokens_per_step']:.2f} tokens/step"]
+                            if "hydra" in summary else []))
     c = summary["cost_curve"]
     lines = ["one forward over a 200-token cache: " + ", ".join(
-        f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items()),
-             f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
+        f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items())]
+    if "shipped" in summary:
+        lines += [f"shipped heads {summary['shipped']}:"]
+        if "bench" in summary:
+            lines += ["MEDUSA-1:", summary["bench"]["table"]]
+        if "hydra" in summary:
+            lines += ["Hydra:", summary["hydra"]["bench"]["table"]]
+    else:
+        lines += [f"MEDUSA-1 ({summary['calibrate']['nodes']}-node tree):", summary["bench"]["table"]]
     if "head_types" in summary:
         hydra = summary["hydra"]
         lines += [f"Hydra ({hydra['calibrate']['nodes']}-node tree):", hydra["bench"]["table"],
@@ -285,6 +385,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                         help="held-out self-distilled conversations (with --train-data)")
     parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
     parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
+    parser.add_argument("--synthesize", type=int, default=Settings.synthesize, metavar="N",
+                        help="also train on N user requests the model writes itself (Magpie)")
+    parser.add_argument("--shipped", default=None, metavar="DIR",
+                        help="benchmark the head sets shipped in DIR (medusa1/, hydra/); no training")
+    parser.add_argument("--ship", default=None, metavar="DIR",
+                        help="after training, copy the calibrated MEDUSA-1 and Hydra heads into DIR")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     S.add_common_arguments(parser)
     args = parser.parse_args(argv)
@@ -293,6 +399,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                  sharegpt_prompts=args.sharegpt_prompts, alpaca_prompts=args.alpaca_prompts,
                  calib_prompts=args.calib_prompts, train_data=args.train_data, calib_data=args.calib_data,
                  threads=args.threads, medusa2=args.medusa2, hydra=not args.no_hydra,
+                 synthesize=args.synthesize, shipped=args.shipped, ship=args.ship,
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
     if args.all_prompts:
         s.sharegpt_prompts, s.alpaca_prompts, s.per_category = None, 5000 - s.calib_prompts, None

@@ -129,6 +129,21 @@ def distill_chat(model_path: str, prompts: str | Path, out: str | Path, max_new_
     return _self_distill(cfg)
 
 
+def distill_synthesized(model_path: str, out: str | Path, count: int, max_new_tokens: int,
+                        batch_size: int = 32, device: str | None = None,
+                        progress: bool = True) -> dict[str, Any]:
+    """``medusa self-distill --synthesize-prompts N``: the model writes ``count`` user requests (kept in
+    ``<out>.prompts.jsonl``) and answers them greedily; a reply cut at the budget is kept."""
+    from medusa.selfdistill import Sampling, SelfDistillConfig
+
+    cfg = SelfDistillConfig(model=model_path, prompts=None, out=str(out), mode="replay", turns=1,
+                            synthesize_prompts=count,
+                            sampling=Sampling(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens,
+                                              seed=0),
+                            batch_size=batch_size, device=device, on_length="keep", progress=progress)
+    return _self_distill(cfg)
+
+
 def _self_distill(cfg: Any, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Run a self-distillation config; an output with no row at all is a stage error."""
     from medusa.selfdistill import self_distill
@@ -190,7 +205,7 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
 def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:
     from medusa.export import export_checkpoint
 
-    return export_checkpoint(str(heads_dir), str(out), format)
+    return export_checkpoint(str(heads_dir), str(out), format, overwrite=True)  # the stage's own directory
 
 
 def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str | Path, max_new_tokens: int,
@@ -292,5 +307,6 @@ def run_main(run: Callable[[Any], dict[str, Any]], settings: Any, describe: Call
 
 
 __all__ = ["StageError", "add_common_arguments", "bench_stage", "calibrate_stage", "concat_jsonl",
-           "distill", "distill_chat", "export_stage", "format_head_types", "head_type_rows", "marker_path",
+           "distill", "distill_chat", "distill_synthesized", "export_stage", "format_head_types",
+           "head_type_rows", "marker_path",
            "run_main", "run_stage", "train_recipe", "write_jsonl"]

@@ -16,6 +16,7 @@ import functools
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -32,7 +33,7 @@ FAIL_FAST_ROWS = 10  # stop when the first this-many rows of a run all fail: a s
 @dataclass
 class SelfDistillConfig:
     model: str | None
-    prompts: str
+    prompts: str | None
     out: str
     mode: str = "replay"
     backend: str = "local"
@@ -44,6 +45,7 @@ class SelfDistillConfig:
     prompt_tokens: int | None = None
     turns: int | None = None
     user_prompt: str = DEFAULT_USER_PROMPT
+    synthesize_prompts: int = 0  # > 0: the model writes this many user requests first (Magpie), then answers
     sampling: Sampling = field(default_factory=Sampling)
     num_samples: int = 1
     on_length: str | None = None  # default: "error" in chat modes, "keep" in completion mode
@@ -84,6 +86,18 @@ class SelfDistillConfig:
             raise ConfigError("--backend openai needs --endpoint URL")
         if self.backend == "local" and not self.model:
             raise ConfigError("--backend local needs --model")
+        if self.synthesize_prompts < 0:
+            raise ConfigError(f"--synthesize-prompts must be >= 0, got {self.synthesize_prompts}")
+        if self.synthesize_prompts:
+            if self.prompts:
+                raise ConfigError("--synthesize-prompts writes its own prompt file (<out>.prompts.jsonl): "
+                                  "drop --prompts")
+            if self.backend != "local" or self.mode == "completion":
+                raise ConfigError("--synthesize-prompts needs --backend local and a chat mode "
+                                  "(replay or self-talk)")
+            self.prompts = str(synthesized_path(self.out))
+        elif not self.prompts:
+            raise ConfigError("--prompts is required (or --synthesize-prompts N)")
         if self.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
         if self.turns is not None and self.turns < 1:
@@ -92,6 +106,42 @@ class SelfDistillConfig:
         if s.max_new_tokens < 1 or s.temperature < 0 or not 0 < s.top_p <= 1:
             raise ConfigError(f"bad sampling parameters {s.to_dict()} (max_new_tokens >= 1, "
                               "temperature >= 0, 0 < top_p <= 1)")
+
+
+def synthesized_path(out: str | Path) -> Path:
+    """Where ``--synthesize-prompts`` keeps its requests: ``<out>.prompts.jsonl`` beside the output."""
+    out = Path(out)
+    return out.with_name(out.stem + ".prompts.jsonl")
+
+
+def _synthesize(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
+    """Write the missing synthesized requests to ``cfg.prompts``; returns the loaded local backend (reused
+    for the answers) and a summary."""
+    from medusa.selfdistill import synthesize as syn
+
+    path = Path(cfg.prompts)
+    have = syn.read_synthesized(path)
+    backend = _make_backend(cfg, model, tokenizer)
+    summary = {"synthesized_file": str(path), "synthesized_before": len(have), "synthesized": 0}
+    missing = cfg.synthesize_prompts - len(have)
+    if missing > 0:
+        opts = syn.SynthesisOptions(seed=cfg.sampling.seed + len(have))
+        bar = tqdm(total=missing, unit="prompt", desc="synthesize prompts", disable=not cfg.progress,
+                   dynamic_ncols=True)
+        started = time.monotonic()
+
+        def generate(prompts: list[list[int]], seed: int) -> list[tuple[list[int], str]]:
+            return backend.sample(prompts, seed, opts.temperature, opts.top_p, opts.max_tokens)
+
+        new = syn.synthesize(generate, backend.tokenizer, missing, opts,
+                             seen={syn.normalise(t) for t in have},
+                             on_round=lambda r, k: bar.update(k - bar.n))
+        bar.close()
+        syn.append_synthesized(path, new, start=len(have))
+        summary.update(synthesized=len(new), synthesis_s=round(time.monotonic() - started, 3))
+        if len(have) + len(new) < cfg.synthesize_prompts:
+            summary["synthesis_short"] = cfg.synthesize_prompts - len(have) - len(new)
+    return backend, summary
 
 
 def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name: str) -> None:
@@ -210,7 +260,7 @@ def _stream(cfg: SelfDistillConfig, backend: Any, todo: list[tuple[Prompt, int]]
     jobs = [(p, s, make_job(cfg.mode, p, row_seed(cfg.sampling.seed, p.id, s), cfg.on_length, cfg.turns,
                             cfg.user_prompt)) for p, s in todo]
     if cfg.backend == "local":
-        return _drive_local(backend, jobs, cfg.sampling, window=max(cfg.batch_size * 8, 64))
+        return _drive_local(backend, jobs, cfg.sampling, window=max(cfg.batch_size * 32, 256))
     return _drive_server(backend, jobs, cfg.sampling)
 
 
@@ -245,11 +295,11 @@ def _consume(cfg: SelfDistillConfig, stream: Iterator[tuple[Prompt, int, Outcome
 
 
 def _generate(cfg: SelfDistillConfig, writer: ResumableWriter, todo: list[tuple[Prompt, int]], model: Any,
-              tokenizer: Any, summary: dict[str, Any]) -> None:
+              tokenizer: Any, summary: dict[str, Any], backend: Any = None) -> None:
     """Check the output can be resumed with this model, start the backend and run the ``todo`` rows."""
     if cfg.backend == "local":
         _check_resumable(cfg, writer, cfg.model)
-    backend = _make_backend(cfg, model, tokenizer)
+    backend = backend or _make_backend(cfg, model, tokenizer)
     model_name = cfg.model if cfg.backend == "local" else backend.model_name
     _check_resumable(cfg, writer, model_name)
     _consume(cfg, _stream(cfg, backend, todo), writer, model_name, len(todo), summary)
@@ -264,6 +314,9 @@ def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = Non
     cfg.validate()
     tokenizer, opts = _tokenizers(cfg, tokenizer)
     started = time.monotonic()
+    backend, synthesis = None, {}
+    if cfg.synthesize_prompts:
+        backend, synthesis = _synthesize(cfg, model, tokenizer)
     with ResumableWriter(cfg.out, retry_errors=cfg.retry_errors) as writer:
         invalid: list[str] = []
         on_invalid = functools.partial(_log_invalid, writer, invalid)
@@ -274,10 +327,10 @@ def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = Non
             "out": str(writer.out), "errors_file": str(writer.errors), "prompts": len(prompts),
             "invalid_prompts": len(invalid), "already_done": sum((p.id, s) in writer.done for p, s in keys),
             "skipped_failed_before": sum((p.id, s) in writer.failed_before for p, s in keys),
-            "written": 0, "errors": 0, "completion_tokens": 0,
+            "written": 0, "errors": 0, "completion_tokens": 0, **synthesis,
         }
         if todo:
-            _generate(cfg, writer, todo, model, tokenizer, summary)
+            _generate(cfg, writer, todo, model, tokenizer, summary, backend)
     summary["elapsed_s"] = round(time.monotonic() - started, 3)
     gen = summary.get("generation_s") or 0.0
     summary["rows_per_s"] = round((summary["written"] + summary["errors"]) / gen, 3) if gen else 0.0

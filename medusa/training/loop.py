@@ -183,7 +183,7 @@ def _log_eval(run: Run, step: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- the loop
-def _build(recipe: Recipe) -> Run:
+def _build(recipe: Recipe, progress: bool = True) -> Run:
     """Accelerator, data, step plan, model, optimizer and scheduler, prepared by accelerate."""
     from accelerate.utils import set_seed
 
@@ -196,7 +196,8 @@ def _build(recipe: Recipe) -> Run:
     cache = None
     if recipe.train.hidden_cache:
         cache = prepare_cache(recipe.train.hidden_cache, model.base_model, data.train.examples,
-                              data.pad_token_id, recipe.train.batch_size, accelerator, log=accelerator.print)
+                              data.pad_token_id, recipe.train.batch_size, accelerator, log=accelerator.print,
+                              bf16_compute=accelerator.mixed_precision == "bf16", progress=progress)
     optimizer = torch.optim.AdamW(optimizer_groups(recipe, trainable), lr=recipe.train.lr)
     scheduler = S.make_scheduler(optimizer, recipe, plan)
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
@@ -312,7 +313,7 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
     resume_from = resolve_resume(recipe.train.resume, Path(recipe.output_dir))
     stale = check_output_dir(recipe.output_dir, resume_from is not None, overwrite, _inputs(recipe),
                              keep=recipe.train.hidden_cache)
-    run = _build(recipe)
+    run = _build(recipe, progress)
     plan, t = run.plan, recipe.train
     step = int(load_checkpoint(run.accelerator, resume_from)["global_step"]) if resume_from is not None else 0
     _open_output(run, step, resume_from, stale)

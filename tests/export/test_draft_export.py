@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
+from engine_loaders import vllm_load
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -39,28 +39,6 @@ def _draft_checkpoint(tmp_path, base_dir, head_type="linear", num_heads=3, num_l
     return path, model, tm
 
 
-def _vllm_logits(out_dir, hidden):
-    """What vLLM's Medusa model computes from the exported directory (models/medusa.py, read by hand):
-    blocks -> lm_heads[i] -> logits scattered into the full vocabulary at token_map, -inf elsewhere."""
-    cfg = json.loads((out_dir / "config.json").read_text())
-    state = load_file(out_dir / "model.safetensors")
-    token_map = state["token_map"] if cfg["truncated_vocab_size"] < cfg["vocab_size"] else None
-    logits = []
-    for i in range(cfg["num_heads"]):
-        x = hidden
-        for j in range(cfg["num_hidden_layers"]):
-            bias = state[f"blocks.{i}.layers.{j}.bias"] if cfg["medusa_fc_bias"] else None
-            x = x + F.silu(F.linear(x, state[f"blocks.{i}.layers.{j}.weight"], bias))
-        # original_lm_head: ONE lm_head = ParallelLMHead(truncated_vocab_size, H) shared by every head
-        w = state["lm_head.weight"] if cfg["original_lm_head"] else state[f"lm_heads.{i}.weight"]
-        assert w.shape[0] == cfg["truncated_vocab_size"]  # vLLM's ParallelLMHead(truncated_vocab_size, H)
-        draft = F.linear(x, w)
-        full = torch.full((*draft.shape[:-1], cfg["vocab_size"]), float("-inf"))
-        full[..., token_map] = draft
-        logits.append(full)
-    return torch.stack(logits)
-
-
 @pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
 def test_vllm_export_writes_truncated_vocab_and_token_map(tmp_path, base_dir, head_type):
     src, model, tm = _draft_checkpoint(tmp_path, base_dir, head_type)
@@ -82,7 +60,9 @@ def test_vllm_export_writes_truncated_vocab_and_token_map(tmp_path, base_dir, he
     hidden = torch.randn(2, 5, d)
     with torch.no_grad():
         ours = model.heads(hidden)
-    torch.testing.assert_close(_vllm_logits(tmp_path / "vllm", hidden), ours, rtol=1e-5, atol=1e-5)
+    engine = vllm_load(tmp_path / "vllm", target=str(base_dir))  # vLLM's loader: token_map scatter, -inf
+    assert engine.info["num_speculative_tokens"] == 3
+    torch.testing.assert_close(engine.heads(hidden), ours, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])

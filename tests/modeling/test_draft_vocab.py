@@ -158,3 +158,35 @@ def test_greedy_with_draft_vocab_equals_hf(head_type):
         one = model.generate(ids[row:row + 1], max_new_tokens=60, tree=tree, return_dict_in_generate=True)
         assert torch.equal(one.sequences, ref[row:row + 1])
     assert out.tokens_per_step > 1.5, out.accept_lengths  # mapped candidates really were accepted
+
+
+# ------------------------------------------------------------------ choosing N (the Gemma-3 benchmark)
+def test_chain_bound_counts_in_vocabulary_runs():
+    """Labels a b c d e (c outside the map), depth 2: from a the chain keeps b (then c breaks it), from b
+    nothing, from c both d and e: tokens/step (2 + 1 + 3) / 3; the full vocabulary keeps 1 + depth."""
+    from medusa.modeling.draft_vocab import chain_bound
+
+    examples = [{"labels": [-100, 10, 11, 12, 13, 14]}, {"labels": [10, 11]}]  # the second is too short
+    token_map = torch.tensor([10, 11, 13, 14])
+    assert chain_bound(token_map, examples, 2) == pytest.approx(2.0)
+    assert chain_bound(None, examples, 2) == pytest.approx(3.0)
+    assert chain_bound(token_map, examples[1:], 2) != chain_bound(token_map, examples[1:], 2)  # nan: none
+
+
+def test_candidate_rows_and_choice():
+    from medusa.modeling.draft_vocab import candidate_rows, choose_draft_vocab
+
+    torch.manual_seed(0)
+    zipf = 1.0 / torch.arange(1, V + 1).float()  # a Zipf-like label distribution
+    sample = lambda n: {"labels": torch.multinomial(zipf, n, replacement=True).tolist()}
+    train, held = [sample(400) for _ in range(4)], [sample(200) for _ in range(2)]
+    rows = candidate_rows(train, held, V, (8, 32, V), depth=3)
+    cov = [r["held_out_coverage"] for r in rows]
+    assert cov[0] < cov[1] < cov[2] == 1.0 and rows[2]["chain_lost"] == 0.0
+    assert rows[0]["chain_lost"] > rows[1]["chain_lost"] > 0 and rows[0]["train_coverage"] < 1
+    assert choose_draft_vocab(rows, cov[1]) == 32  # the smallest reaching the target
+    assert choose_draft_vocab(rows, 0.0) == 8
+    assert choose_draft_vocab(rows, 1.1) == V  # none reaches it: the best covering
+    assert choose_draft_vocab(rows, 1.1, max_n=32) == 32  # within the parameter budget
+    with pytest.raises(ConfigError, match="budget"):
+        choose_draft_vocab(rows, 0.5, max_n=4)

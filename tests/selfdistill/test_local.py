@@ -37,7 +37,7 @@ def _write_prompts(tmp_path, rows):
 
 def test_completion_mode_on_stories260k_batched_equals_unbatched(tmp_path):
     require_shared(TINYSTORIES)
-    common = dict(model=str(STORIES), prompts=str(TINYSTORIES), mode="completion", limit=6,
+    common = dict(model=str(STORIES), prompts=str(TINYSTORIES), mode="completion", limit=6, dtype="float32",
                   sampling=Sampling(temperature=0.0, max_new_tokens=8), progress=False)
     s4 = self_distill(SelfDistillConfig(out=str(tmp_path / "b4.jsonl"), batch_size=4, **common))
     s1 = self_distill(SelfDistillConfig(out=str(tmp_path / "b1.jsonl"), batch_size=1, **common))
@@ -132,16 +132,17 @@ def test_length_truncated_chat_replies_go_to_the_errors_file(tmp_path):
 
 def test_interrupted_run_resumes_without_duplicates(tmp_path, monkeypatch):
     _write_prompts(tmp_path, [{"prompt": f"question {i}"} for i in range(10)])
-    real = LocalBackend._generate_batch
-    calls = {"n": 0}
+    import medusa.selfdistill.backends.local as local
 
-    def dies_on_third_batch(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(self, *args, **kwargs)
+    real = local.generate_refill
 
-    monkeypatch.setattr(LocalBackend, "_generate_batch", dies_on_third_batch)
+    def dies_after_six_replies(*args, **kwargs):  # a Ctrl-C while the 7th reply is being generated
+        for n, item in enumerate(real(*args, **kwargs)):
+            if n == 6:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(local, "generate_refill", dies_after_six_replies)
     with pytest.raises(KeyboardInterrupt):
         self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(),
                      tokenizer=chat_tokenizer())
@@ -149,7 +150,7 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path, monkeypatch):
     assert len(first) == 6
     with open(tmp_path / "out.jsonl", "a") as fh:
         fh.write('{"id": "question 9:0", "messa')  # and a kill mid-write
-    monkeypatch.setattr(LocalBackend, "_generate_batch", real)
+    monkeypatch.setattr(local, "generate_refill", real)
     s = self_distill(_cfg(tmp_path, mode="replay", batch_size=3), model=tiny_chat_model(),
                      tokenizer=chat_tokenizer())
     assert s["already_done"] == 6 and s["written"] == 4

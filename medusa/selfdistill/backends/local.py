@@ -1,4 +1,10 @@
-"""The ``local`` backend: batched ``transformers`` generation (left padding, prompts sorted by length)."""
+"""The ``local`` backend: batched generation in-process (prompts sorted by length; finished rows refilled).
+
+Where :func:`~medusa.selfdistill.backends.refill.refill_supported` allows, replies come from
+:func:`~medusa.selfdistill.backends.refill.generate_refill` (a preallocated KV cache whose finished slots take
+the next prompt); otherwise from ``model.generate`` a batch at a time. The default dtype is bfloat16 where the
+device computes it natively (CUDA, or a CPU with AVX-512 BF16 / AMX), else float32.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,10 @@ from typing import Any
 import torch
 
 from medusa.errors import ConfigError, MedusaError
+from medusa.modeling.base import fast_dtype
 from medusa.modeling.base import load_tokenizer as _load_tokenizer
 from medusa.selfdistill.backends.base import Request, Result, Sampling
+from medusa.selfdistill.backends.refill import generate_refill, refill_supported
 
 
 class NoChatTemplate(MedusaError):
@@ -59,7 +67,7 @@ class LocalBackend:
                     "4bit", compute_dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32,
                     double_quant=False)
                 kwargs["device_map"] = {"": device}
-            dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+            dtype = dtype or fast_dtype(device)
             self.model = load_base_model(str(model), dtype=dtype, **kwargs)
             if not load_in_4bit:
                 self.model.to(device)
@@ -78,6 +86,7 @@ class LocalBackend:
         self.device = next(self.model.parameters()).device
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self.eos_ids = self._eos_ids()
+        self.refill = refill_supported(self.model) is None
 
     def _eos_ids(self) -> list[int]:
         ids: set[int] = set()
@@ -110,6 +119,9 @@ class LocalBackend:
                 continue
             encoded.append((i, ids))
         encoded.sort(key=lambda item: len(item[1]))
+        if self.refill:
+            yield from self._generate_refill(requests, encoded, sampling)
+            return
         for start in range(0, len(encoded), self.batch_size):
             batch = encoded[start:start + self.batch_size]
             seed = zlib.crc32(repr([requests[i].seed for i, _ in batch]).encode())
@@ -117,20 +129,44 @@ class LocalBackend:
             yield from zip([i for i, _ in batch],
                            self._generate_batch([ids for _, ids in batch], chat, sampling, seed))
 
-    @torch.inference_mode()
-    def _decode(self, prompt: list[int], new: list[int], chat: bool) -> str:
-        """Chat replies are decoded on their own. A completion is the text the new tokens add to the
-        prompt (decoded together, minus the prompt), so ``prompt + completion`` keeps its spaces."""
-        if chat:
-            return self.tokenizer.decode(new, skip_special_tokens=True)
-        head = self.tokenizer.decode(prompt, skip_special_tokens=True)
-        full = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
-        if full.startswith(head):
-            return full[len(head):]
-        return self.tokenizer.decode(new, skip_special_tokens=True)
+    def _generate_refill(self, requests: Sequence[Request], encoded: list[tuple[int, list[int]]],
+                         sampling: Sampling) -> Iterator[tuple[int, Result]]:
+        seed = zlib.crc32(repr([requests[i].seed for i, _ in encoded]).encode())
+        stream = generate_refill(self.model, [ids for _, ids in encoded],
+                                 max_new_tokens=sampling.max_new_tokens,
+                                 batch_size=self.batch_size, pad_id=self.tokenizer.pad_token_id,
+                                 eos_ids=self.eos_ids, temperature=sampling.temperature, top_k=sampling.top_k,
+                                 top_p=sampling.top_p, seed=seed)
+        eos = set(self.eos_ids)
+        for j, tokens, reason in stream:
+            i, prompt = encoded[j]
+            text = tokens[:-1] if tokens and tokens[-1] in eos else tokens
+            yield i, Result(self._decode(prompt, text, requests[i].messages is not None), reason,
+                            len(prompt), len(tokens))
 
-    def _generate_batch(self, batch: list[list[int]], chat: list[bool], sampling: Sampling,
-                        seed: int) -> list[Result]:
+    def sample(self, prompts: list[list[int]], seed: int, temperature: float, top_p: float,
+               max_new_tokens: int) -> list[tuple[list[int], str]]:
+        """One sampled continuation per prompt (token ids, the end token dropped) and why it ended."""
+        if self.refill:
+            stream = generate_refill(self.model, prompts, max_new_tokens=max_new_tokens,
+                                     batch_size=self.batch_size, pad_id=self.tokenizer.pad_token_id,
+                                     eos_ids=self.eos_ids, temperature=temperature, top_p=top_p, seed=seed)
+            found = {j: (tokens, reason) for j, tokens, reason in stream}
+            done = [found[j] for j in range(len(prompts))]
+        else:
+            sampling = Sampling(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                seed=seed)
+            done = []
+            for start in range(0, len(prompts), self.batch_size):
+                for r in self._raw_batch(prompts[start:start + self.batch_size], sampling, seed + start):
+                    done.append(r)
+        eos = set(self.eos_ids)
+        return [(t[:-1] if t and t[-1] in eos else t, reason) for t, reason in done]
+
+    @torch.inference_mode()
+    def _raw_batch(self, batch: list[list[int]], sampling: Sampling,
+                   seed: int) -> list[tuple[list[int], str]]:
+        """``model.generate`` on one left-padded batch: each row's new tokens (up to its EOS) and reason."""
         pad = self.tokenizer.pad_token_id
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [B, T] left-padded
@@ -146,15 +182,33 @@ class LocalBackend:
             torch.manual_seed(seed)
         out = self.model.generate(input_ids=input_ids.to(self.device),
                                   attention_mask=attention_mask.to(self.device), **kwargs)
-        new = out[:, width:].tolist()  # [B, <= max_new_tokens]
-        results = []
         eos = set(self.eos_ids)
-        for ids, prompt, is_chat in zip(new, batch, chat):
+        rows = []
+        for ids in out[:, width:].tolist():  # [B, <= max_new_tokens]
             stop = next((j for j, t in enumerate(ids) if t in eos), None)
             if stop is None:  # never finished, so generate did not pad this row
-                reason = "length" if len(ids) >= sampling.max_new_tokens else "stop"
-                results.append(Result(self._decode(prompt, ids, is_chat), reason, len(prompt), len(ids)))
+                rows.append((ids, "length" if len(ids) >= sampling.max_new_tokens else "stop"))
             else:
-                results.append(Result(self._decode(prompt, ids[:stop], is_chat), "stop",
-                                      len(prompt), stop + 1))
+                rows.append((ids[:stop + 1], "stop"))
+        return rows
+
+    @torch.inference_mode()
+    def _decode(self, prompt: list[int], new: list[int], chat: bool) -> str:
+        """Chat replies are decoded on their own. A completion is the text the new tokens add to the
+        prompt (decoded together, minus the prompt), so ``prompt + completion`` keeps its spaces."""
+        if chat:
+            return self.tokenizer.decode(new, skip_special_tokens=True)
+        head = self.tokenizer.decode(prompt, skip_special_tokens=True)
+        full = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
+        if full.startswith(head):
+            return full[len(head):]
+        return self.tokenizer.decode(new, skip_special_tokens=True)
+
+    def _generate_batch(self, batch: list[list[int]], chat: list[bool], sampling: Sampling,
+                        seed: int) -> list[Result]:
+        eos = set(self.eos_ids)
+        results = []
+        for (ids, reason), prompt, is_chat in zip(self._raw_batch(batch, sampling, seed), batch, chat):
+            text = ids[:-1] if ids and ids[-1] in eos else ids
+            results.append(Result(self._decode(prompt, text, is_chat), reason, len(prompt), len(ids)))
         return results

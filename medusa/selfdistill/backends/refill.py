@@ -1,0 +1,288 @@
+"""Batched generation that refills finished rows: no batch waits on its longest reply.
+
+``generate_refill`` keeps ``batch_size`` slots busy. Each slot holds one reply in progress; a slot whose reply
+ends (EOS or ``max_new_tokens``) is handed the next prompt, prefilled on its own and written into the shared
+KV buffers beside the rows still running. The KV cache is preallocated (:class:`SlotCache`): a step writes one
+column for every slot, so nothing is concatenated per step (``DynamicCache``'s ``torch.cat`` was 75% of a
+batch-64 bf16 step on CPU). Each row keeps its own positions and a 4-D float mask hides the columns that
+are not its own, so every reply equals the one a lone ``generate`` call would give (greedy; tested).
+
+Supported: decoder-only models whose attention takes a 4-D mask and calls ``cache.update(k, v, layer)``
+(Llama, Mistral without a window, Qwen2/3, Gemma, Phi-3, GPT-NeoX...), and a generation config with no
+logits processors beyond temperature / top-k / top-p (:func:`refill_supported` says which).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Generation-config fields that add a logits processor this loop does not apply (their neutral value).
+UNSUPPORTED_GENERATION = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
+                          "suppress_tokens": None, "begin_suppress_tokens": None, "min_new_tokens": None,
+                          "min_length": 0, "forced_bos_token_id": None, "forced_eos_token_id": None,
+                          "sequence_bias": None, "encoder_repetition_penalty": 1.0}
+COMPACT_EVERY = 64  # shift the buffers left once every slot's first column is at least this far in
+
+
+def refill_supported(model: torch.nn.Module) -> str | None:
+    """``None`` when :func:`generate_refill` reproduces ``model.generate`` for this model, else the reason."""
+    cfg = model.config
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "encoder-decoder model"
+    text = getattr(cfg, "get_text_config", lambda: cfg)()
+    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True) is not False:
+        return f"sliding-window attention ({text.sliding_window})"
+    impl = str(getattr(text, "_attn_implementation", "") or "")
+    if "flash" in impl or "paged" in impl or "flex" in impl:
+        return f"attn_implementation={impl}"
+    gen = getattr(model, "generation_config", None)
+    for key, neutral in UNSUPPORTED_GENERATION.items():
+        value = getattr(gen, key, neutral) if gen is not None else neutral
+        if value not in (neutral, None, [], 0):
+            return f"generation_config.{key}={value!r}"
+    return None
+
+
+class SlotCache:
+    """KV buffers shared by ``batch`` slots: per layer ``[B, H_kv, capacity, head_dim]``, written at column
+    ``col`` by every forward (duck-types the one ``Cache`` method decoder layers call: ``update``)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.col = 0  # columns [0, col) hold keys / values; the next forward writes from col
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
+               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``key / value [B, H, q, hd]`` at columns ``[col, col+q)``; return columns ``[0, col+q)``."""
+        q = key.shape[2]
+        if layer_idx == len(self.keys):  # first forward: allocate
+            b, h, _, hd = key.shape
+            self.keys.append(key.new_zeros(b, h, self.capacity, hd))
+            self.values.append(value.new_zeros(b, h, self.capacity, value.shape[3]))
+        end = self.col + q
+        self.keys[layer_idx][:, :, self.col:end] = key
+        self.values[layer_idx][:, :, self.col:end] = value
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.col
+
+    def shift(self, delta: int) -> None:
+        """Move columns ``[0, col)`` by ``delta`` (left when negative); ``col`` follows."""
+        lo, hi = (0, self.col) if delta >= 0 else (-delta, self.col)
+        for buf in (*self.keys, *self.values):
+            buf[:, :, lo + delta:hi + delta] = buf[:, :, lo:hi].clone()
+        self.col += delta
+
+    def write_rows(self, rows: torch.Tensor, other: SlotCache, width: int) -> None:
+        """Copy ``other``'s first ``width`` columns into slots ``rows`` at columns ``[col - width, col)``."""
+        for mine, theirs in zip((*self.keys, *self.values), (*other.keys, *other.values)):
+            mine[rows, :, self.col - width:self.col] = theirs[:, :, :width]
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only slots ``rows`` (the batch shrinks)."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+
+
+@dataclass
+class Row:
+    index: int  # into the caller's prompts
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+
+
+def pick_tokens(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,
+                generator: torch.Generator | None) -> torch.Tensor:
+    """``logits [B, V]`` -> next tokens ``[B]``: argmax when ``temperature == 0``, else a sample after
+    temperature, top-k and top-p (HF's order)."""
+    if temperature <= 0:
+        return logits.float().argmax(-1)  # bf16 argmax is ~10x slower on CPU
+    scores = logits.float() / temperature
+    if top_k:
+        kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1)  # ascending, as HF's TopPLogitsWarper
+        cum = sorted_scores.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - top_p
+        drop[:, -1] = False
+        scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+class RefillLoop:
+    """The state of one :func:`generate_refill` call: slots, their masks and positions, the queue."""
+
+    def __init__(self, model: torch.nn.Module, prompts: Sequence[list[int]], max_new_tokens: int,
+                 batch_size: int, pad_id: int, eos_ids: Sequence[int]) -> None:
+        self.model, self.max_new, self.pad, self.eos = model, max_new_tokens, pad_id, set(eos_ids)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.queue = deque(Row(i, list(p)) for i, p in enumerate(prompts))
+        longest = max((len(p) for p in prompts), default=1)
+        self.cache = SlotCache(2 * (longest + max_new_tokens) + COMPACT_EVERY)
+        n = min(batch_size, len(prompts))
+        self.slots: list[Row | None] = [None] * n
+        self.valid = torch.zeros(n, self.cache.capacity, dtype=torch.bool, device=self.device)  # [B, cap]
+        self.next_pos = torch.zeros(n, dtype=torch.long, device=self.device)  # [B]
+        self.last = torch.full((n,), pad_id, dtype=torch.long, device=self.device)  # [B] token to feed next
+
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor,
+                cache: SlotCache) -> torch.Tensor:
+        """``ids [B, q]`` at ``positions [B, q]``, seeing the columns ``valid [B, col + q]`` marks (causally
+        among the q new ones) -> logits ``[B, V]`` of the last position."""
+        q = ids.shape[1]
+        allowed = valid.unsqueeze(1).expand(-1, q, -1).clone()  # [B, q, col + q]
+        allowed[:, :, cache.col:] &= torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        neg = torch.finfo(self.dtype).min
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, neg)
+        out = self.model(input_ids=ids, attention_mask=mask.unsqueeze(1), position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)  # mask: [B, 1, q, col + q]
+        cache.col += q
+        return out.logits[:, -1]  # [B, V]
+
+    def admit(self, targets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill the next ``len(targets)`` prompts on their own, then write them into slots ``targets``
+        ending at the current column. Returns ``(slots [n], logits of their first reply token [n, V])``."""
+        rows = [self.queue.popleft() for _ in targets]
+        width = max(len(r.prompt) for r in rows)
+        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)  # [n, W] left-padded
+        own = torch.zeros(len(rows), width, dtype=torch.bool)  # [n, W]
+        for j, r in enumerate(rows):
+            ids[j, width - len(r.prompt):] = torch.tensor(r.prompt)
+            own[j, width - len(r.prompt):] = True
+        ids, own = ids.to(self.device), own.to(self.device)
+        positions = (own.long().cumsum(-1) - 1).clamp_min(0)  # [n, W]
+        fresh = SlotCache(width)
+        logits = self.forward(ids, own, positions, fresh)
+        if self.cache.col < width:
+            self.shift_all(width - self.cache.col)
+        if not self.cache.keys:  # first admission: allocate the shared buffers like the fresh ones
+            b, cap = len(self.slots), self.cache.capacity
+            self.cache.keys = [k.new_zeros(b, k.shape[1], cap, k.shape[3]) for k in fresh.keys]
+            self.cache.values = [v.new_zeros(b, v.shape[1], cap, v.shape[3]) for v in fresh.values]
+        index = torch.tensor(targets, device=self.device)
+        col = self.cache.col
+        self.cache.write_rows(index, fresh, width)
+        self.valid[index] = False
+        self.valid[index, col - width:col] = own
+        self.next_pos[index] = positions[:, -1] + 1
+        for t, r in zip(targets, rows):
+            self.slots[t] = r
+        return index, logits
+
+    def take(self, index: torch.Tensor, tokens: torch.Tensor) -> Iterator[tuple[int, list[int], str]]:
+        """Append ``tokens [n]`` to slots ``index [n]``; yield ``(prompt index, reply tokens, reason)`` for
+        each reply that ends (its slot is freed)."""
+        for slot, tok in zip(index.tolist(), tokens.tolist()):
+            row = self.slots[slot]
+            row.tokens.append(tok)
+            if tok in self.eos or len(row.tokens) >= self.max_new:
+                self.slots[slot] = None
+                self.valid[slot] = False
+                yield row.index, row.tokens, "stop" if tok in self.eos else "length"
+            else:
+                self.last[slot] = tok
+
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token for every live slot: ``(slots [n], logits [n, V])``."""
+        live = torch.tensor([r is not None for r in self.slots], device=self.device)  # [B]
+        col = self.cache.col
+        if col + 1 > self.cache.capacity:
+            raise RuntimeError(f"refill cache full ({self.cache.capacity} columns)")
+        self.valid[:, col] = live
+        logits = self.forward(self.last[:, None], self.valid[:, :col + 1], self.next_pos[:, None], self.cache)
+        self.next_pos += 1
+        index = live.nonzero().squeeze(-1)
+        return index, logits.index_select(0, index)
+
+    def shift_all(self, delta: int) -> None:
+        """Shift every slot's columns by ``delta`` (the KV buffers and the valid mask)."""
+        lo, hi = (0, self.cache.col) if delta >= 0 else (-delta, self.cache.col)
+        if self.cache.keys:
+            self.cache.shift(delta)
+        else:
+            self.cache.col += delta
+        self.valid[:, lo + delta:hi + delta] = self.valid[:, lo:hi].clone()
+        if delta > 0:
+            self.valid[:, :delta] = False
+        else:
+            self.valid[:, hi + delta:] = False
+
+    def compact(self) -> None:
+        """Drop the leading columns no live slot uses; once the queue is empty and at most half the slots are
+        busy, drop the idle slots (the batch shrinks)."""
+        live = [j for j, r in enumerate(self.slots) if r is not None]
+        if not live:
+            return
+        if not self.queue and len(live) <= len(self.slots) // 2:
+            keep = torch.tensor(live, device=self.device)
+            self.cache.select(keep)
+            self.valid, self.next_pos, self.last = self.valid[keep], self.next_pos[keep], self.last[keep]
+            self.slots = [self.slots[j] for j in live]
+        used = self.valid[:, :self.cache.col].any(0)  # [col]
+        first = int(used.nonzero()[0]) if bool(used.any()) else self.cache.col
+        if first >= COMPACT_EVERY or (first > 0 and self.cache.col + 1 >= self.cache.capacity):
+            self.shift_all(-first)
+
+
+@contextmanager
+def grouped_sdpa() -> Iterator[None]:
+    """Let transformers' SDPA attention read grouped K / V heads in place (``enable_gqa``) even with a mask,
+    instead of copying them once per query head (``repeat_kv``): 10% of a batch-64 step on CPU."""
+    key = "TRANSFORMERS_SDPA_FORCE_GQA"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def generate_refill(model: torch.nn.Module, prompts: Sequence[list[int]], *, max_new_tokens: int,
+                    batch_size: int, pad_id: int, eos_ids: Sequence[int], temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
+                    on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, list[int], str]]:
+    """Generate a reply for every prompt (token ids) with ``batch_size`` slots kept busy.
+
+    Yields ``(prompt index, reply tokens (EOS included when it ended), "stop" | "length")`` as replies end,
+    in completion order. ``on_step(n)`` is called after each forward with the number of tokens it produced.
+    """
+    if not prompts:
+        return
+    loop = RefillLoop(model, prompts, max_new_tokens, batch_size, pad_id, eos_ids)
+    generator = None
+    if temperature > 0:
+        generator = torch.Generator(device=loop.device).manual_seed(seed)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        return pick_tokens(logits, temperature, top_k, top_p, generator)
+
+    with torch.inference_mode(), grouped_sdpa():
+        index, logits = loop.admit(list(range(len(loop.slots))))
+        yield from loop.take(index, pick(logits))
+        while any(r is not None for r in loop.slots) or loop.queue:
+            free = [j for j, r in enumerate(loop.slots) if r is None]
+            if loop.queue and free and (len(free) >= max(1, len(loop.slots) // 8)
+                                        or len(free) == len(loop.slots)):
+                index, logits = loop.admit(free[:len(loop.queue)])
+                yield from loop.take(index, pick(logits))
+                continue
+            loop.compact()
+            index, logits = loop.step()
+            if on_step is not None:
+                on_step(len(index))
+            yield from loop.take(index, pick(logits))

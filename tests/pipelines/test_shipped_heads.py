@@ -1,0 +1,84 @@
+"""The heads shipped for SmolLM2-135M-Instruct (data/heads/smollm2-135m-instruct/{medusa1,hydra}): they load
+through the packaged base (found or converted like ``make test`` does), are refused on another base, and
+greedy MEDUSA with their calibrated tree equals HF greedy through EOS on chat prompts, with runs accepted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_chat_model import smollm2_dir
+
+from medusa import MedusaModel
+from medusa.errors import CheckpointError
+from medusa.modeling.config import CONFIG_NAME, MedusaConfig, base_location
+from medusa.modeling.packaged import MARKER, PACKAGED_KEY
+
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "heads" / "smollm2-135m-instruct"
+PROMPTS = ["What is the capital of France?", "Give three tips for staying healthy."]
+SETS = ["medusa1", "hydra"]
+
+
+@pytest.fixture(scope="module")
+def base():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_dir(), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir())
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_shipped_heads_are_tied_to_the_packaged_base(name):
+    smollm2_dir()
+    config = MedusaConfig.load(SHIPPED / name)
+    info = config.extra[PACKAGED_KEY]
+    assert info["name"] == "smollm2-135m-instruct" and len(info["gguf_sha256"]) == 64 and info["weights"]
+    assert (SHIPPED / name / "tree.json").is_file()
+    assert Path(base_location(SHIPPED / name, config)) == smollm2_dir()  # found where make test put it
+    size = sum(f.stat().st_size for f in (SHIPPED / name).iterdir())
+    assert size < 10 * 2**20
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_shipped_heads_greedy_equal_hf_through_eos(name, base, tokenizer):
+    model = MedusaModel.from_pretrained(SHIPPED / name, base_model=base)
+    for prompt in PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        with torch.no_grad():
+            ref = base.generate(ids, max_new_tokens=256, do_sample=False)
+        assert ref[0, -1].item() == 2  # the reply ended with <|im_end|>
+        out = model.generate(ids, max_new_tokens=256, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        assert max(out.accept_lengths[0]) >= 3  # the trained heads got whole runs accepted
+
+
+def test_shipped_heads_refuse_another_base(base, tmp_path):
+    other = type(base)(base.config)
+    other.load_state_dict(base.state_dict())
+    with torch.no_grad():
+        other.model.layers[3].mlp.down_proj.weight.mul_(1.01)  # same shape, other weights
+    with pytest.raises(CheckpointError, match="another model"):
+        MedusaModel.from_pretrained(SHIPPED / "medusa1", base_model=other)
+    fake = tmp_path / "fake-base"  # a converted directory made from another GGUF
+    fake.mkdir()
+    marker = json.loads((smollm2_dir() / MARKER).read_text())
+    (fake / MARKER).write_text(json.dumps({**marker, "gguf_sha256": "0" * 64}))
+    with pytest.raises(CheckpointError, match="trained on smollm2-135m-instruct"):
+        base_location(SHIPPED / "medusa1", MedusaConfig.load(SHIPPED / "medusa1"), base=str(fake))
+    copy = tmp_path / "heads"
+    shutil.copytree(SHIPPED / "medusa1", copy)
+    data = json.loads((copy / CONFIG_NAME).read_text())
+    data["extra"][PACKAGED_KEY]["name"] = "no-such-model"
+    (copy / CONFIG_NAME).write_text(json.dumps(data))
+    with pytest.raises(Exception, match="no-such-model"):
+        MedusaModel.from_pretrained(copy)
