@@ -28,6 +28,7 @@ FORMATS = ("auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text"
 SCHEDULERS = ("cosine", "linear", "constant")
 REPORT_TO = ("none", "wandb", "tensorboard")
 MIXED_PRECISION = ("no", "bf16", "fp16")
+STEPS_MAX = 10**9
 
 
 @dataclass
@@ -211,7 +212,8 @@ def _choice(key: str, value: Any, allowed: tuple) -> None:
 
 def _range(key: str, value: float, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False) -> None:
-    bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi)
+    bad = (value != value or (lo is not None and (value <= lo if lo_open else value < lo))  # nan too
+           or (hi is not None and value > hi))
     if bad:
         lo_s = "" if lo is None else (f"> {lo}" if lo_open else f">= {lo}")
         hi_s = "" if hi is None else f"<= {hi}"
@@ -247,7 +249,7 @@ def _validate_heads(recipe: Recipe) -> None:
     _range("heads.num_layers", h.num_layers, 0, 16)
     _choice("heads.head_type", h.head_type, HEAD_TYPES)
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
-    _range("heads.draft_vocab", h.draft_vocab, 0)
+    _range("heads.draft_vocab", h.draft_vocab, 0, 10_000_000)
     _range("heads.teacher_loss", h.teacher_loss, 0.0, 1.0)
     if h.head_type == "hydra" and h.num_layers < 1:
         raise ConfigError(f"heads.num_layers: hydra heads need at least 1 layer, got {h.num_layers}")
@@ -269,27 +271,28 @@ def _validate_data(recipe: Recipe) -> None:
     _check_path("data.eval", d.eval)
     _range("data.eval_split", d.eval_split, 0.0, 0.5)
     _choice("data.format", d.format, FORMATS)
-    _range("data.max_length", d.max_length, 2)
+    _range("data.max_length", d.max_length, 2, 1 << 20)
     if d.chat_template and d.chat_template.endswith((".jinja", ".j2")):
         _check_path("data.chat_template", d.chat_template)
 
 
 def _validate_train(recipe: Recipe) -> None:
     t = recipe.train
-    _range("train.lr", t.lr, 0.0, lo_open=True)
-    _range("train.epochs", t.epochs, 0.0, lo_open=True)
-    if t.max_steps == 0 or t.max_steps < -1:
-        raise ConfigError(f"train.max_steps: {t.max_steps} is out of range (must be -1 or >= 1)")
-    _range("train.batch_size", t.batch_size, 1)
-    _range("train.grad_accum", t.grad_accum, 1)
+    _range("train.lr", t.lr, 0.0, 10.0, lo_open=True)
+    _range("train.epochs", t.epochs, 0.0, 10_000, lo_open=True)
+    if t.max_steps == 0 or t.max_steps < -1 or t.max_steps > STEPS_MAX:
+        raise ConfigError(f"train.max_steps: {t.max_steps} is out of range (must be -1 or 1..{STEPS_MAX})")
+    _range("train.batch_size", t.batch_size, 1, 65536)
+    _range("train.grad_accum", t.grad_accum, 1, 65536)
     _range("train.warmup_ratio", t.warmup_ratio, 0.0, 1.0)
     _choice("train.scheduler", t.scheduler, SCHEDULERS)
-    _range("train.weight_decay", t.weight_decay, 0.0)
-    _range("train.max_grad_norm", t.max_grad_norm, 0.0)
-    _range("train.save_steps", t.save_steps, 0)
-    _range("train.eval_steps", t.eval_steps, 0)
-    _range("train.logging_steps", t.logging_steps, 1)
-    _range("train.loss_chunk_size", t.loss_chunk_size, 1)
+    _range("train.weight_decay", t.weight_decay, 0.0, 10.0)
+    _range("train.max_grad_norm", t.max_grad_norm, 0.0, 1e6)
+    _range("train.save_steps", t.save_steps, 0, STEPS_MAX)
+    _range("train.eval_steps", t.eval_steps, 0, STEPS_MAX)
+    _range("train.logging_steps", t.logging_steps, 1, STEPS_MAX)
+    _range("train.seed", t.seed, 0, 2**32 - 1)
+    _range("train.loss_chunk_size", t.loss_chunk_size, 1, 1 << 24)
     if t.mixed_precision is not None:
         _choice("train.mixed_precision", t.mixed_precision, MIXED_PRECISION)
     if t.resume not in (None, "auto"):
@@ -304,14 +307,14 @@ def _validate_train(recipe: Recipe) -> None:
 def _validate_method_keys(recipe: Recipe) -> None:
     """lora.* and medusa2.* (checked whatever the method, so that an override typo fails early)."""
     lo = recipe.lora
-    _range("lora.r", lo.r, 1)
-    _range("lora.alpha", lo.alpha, 0.0, lo_open=True)
+    _range("lora.r", lo.r, 1, 65536)
+    _range("lora.alpha", lo.alpha, 0.0, 1e6, lo_open=True)
     _range("lora.dropout", lo.dropout, 0.0, 1.0)
     m = recipe.medusa2
-    _range("medusa2.lambda0", m.lambda0, 0.0)
+    _range("medusa2.lambda0", m.lambda0, 0.0, 1000.0)
     parse_schedule(m.schedule, "medusa2.schedule")
-    _range("medusa2.lr_multiplier", m.lr_multiplier, 0.0, lo_open=True)
-    _range("medusa2.distill_temperature", m.distill_temperature, 0.0, lo_open=True)
+    _range("medusa2.lr_multiplier", m.lr_multiplier, 0.0, 1000.0, lo_open=True)
+    _range("medusa2.distill_temperature", m.distill_temperature, 0.0, 100.0, lo_open=True)
 
 
 def validate(recipe: Recipe) -> Recipe:
@@ -378,18 +381,15 @@ def recipe_from_dict(data: dict[str, Any]) -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read a YAML recipe, apply ``dotted.key=value`` overrides, build and validate it."""
-    import yaml
+    """Read a YAML recipe, apply ``dotted.key=value`` overrides, build and validate it. A missing or
+    non-UTF-8 file, invalid YAML and a key given twice are errors naming the file and line."""
+    from medusa.io import read_yaml
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: recipe file not found")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise ConfigError(f"{path}: recipe file not found" if not path.exists()
+                          else f"{path}: is a directory, expected a YAML recipe file")
+    data = read_yaml(path, ConfigError) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of keys")
     data = _yaml_number_fix(data)

@@ -97,4 +97,5 @@ def test_module_entry_point_exits_2(capsys):
     from medusa.train import main
 
     assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
-    assert "does-not-exist.yaml: recipe file not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "does-not-exist.yaml: not found" in err and err.count("\n") == 1

@@ -5,26 +5,40 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from medusa.cli import (
+    NEW_TOKENS,
+    NODES,
+    SEED,
+    TEMPERATURE,
+    THREADS,
+    TOP_K,
+    TOP_P,
+    PathKind,
+    add_overwrite,
+    count,
+)
+
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from medusa.data.readers import read_prompts
     from medusa.decoding.dynamic_tree import tree_option
-    from medusa.errors import MedusaError
     from medusa.eval.bench import bench
-    from medusa.eval.report import format_summary, write_report
-    from medusa.modeling.loading import load_for_generation
+    from medusa.eval.report import format_summary, report_paths, write_report
+    from medusa.io import check_output_file
+    from medusa.modeling.loading import check_positions, load_for_generation
 
+    for path in report_paths(args.out, plots=not args.no_plots):
+        check_output_file(path, args.overwrite, inputs=[args.prompts, args.heads, args.tree])
     if args.threads is not None:
-        if args.threads < 1:
-            raise MedusaError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args.prompts)  # before any model loads: a bad file fails fast
-    if args.limit:
+    if args.limit is not None:
         prompts = prompts[: args.limit]
     tree = tree_option(args.tree, args.nodes)
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
+    check_positions(model, tokenizer, prompts, args.max_new_tokens, args.chat)
     assistant, assistant_tok = None, None
     if args.assistant_model:
         from medusa.modeling.base import load_base_model, load_tokenizer
@@ -56,29 +70,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure MEDUSA against HF generate: speedup, tokens/step, overhead",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--heads", required=True,
+    p.add_argument("--heads", required=True, type=PathKind("dir"),
                    help="a MEDUSA heads checkpoint directory (its tree.json is used)")
-    p.add_argument("--base", default=None, help="base model (default: the checkpoint's)")
-    p.add_argument("--prompts", required=True,
+    p.add_argument("--base", default=None, type=PathKind("model"),
+                   help="base model (default: the checkpoint's)")
+    p.add_argument("--prompts", required=True, type=PathKind("file"),
                    help="JSONL with 'prompt' (or MT-bench 'turns': the first turn) per row, or a "
                         "text file, one prompt per line")
-    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens every method writes per prompt")
+    p.add_argument("--limit", type=count(10**9), default=None, help="only the first N prompts (N >= 1)")
+    p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=128,
+                   help="tokens every method writes per prompt")
     p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
                    help="greedy compares with generate(do_sample=False); the others with do_sample=True")
-    p.add_argument("--temperature", type=float, default=None, help="unset: the generation_config's (as HF)")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--tree", default=None,
+    p.add_argument("--temperature", type=TEMPERATURE, default=None,
+                   help="unset: the generation_config's (as HF)")
+    p.add_argument("--top-k", type=TOP_K, default=None)
+    p.add_argument("--top-p", type=TOP_P, default=None, help="in (0, 1]")
+    p.add_argument("--tree", default=None, type=PathKind("tree"),
                    help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
                         "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
                         "the heads' raw probabilities) (default: the checkpoint's tree, else built-in)")
-    p.add_argument("--nodes", type=int, default=None, help="nodes of the dynamic tree (default 32)")
-    p.add_argument("--assistant-model", default=None,
+    p.add_argument("--nodes", type=NODES, default=None, help="nodes of the dynamic tree (default 32)")
+    p.add_argument("--assistant-model", default=None, type=PathKind("model"),
                    help="also measure HF assisted generation with this draft model (speculative decoding)")
     p.add_argument("--prompt-lookup", action="store_true", help="also measure HF prompt-lookup decoding")
-    p.add_argument("--prompt-lookup-num-tokens", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=1, help="runs per method and prompt; the fastest counts")
+    p.add_argument("--prompt-lookup-num-tokens", type=count(1000), default=10)
+    p.add_argument("--repeats", type=count(1000), default=1,
+                   help="runs per method and prompt; the fastest counts")
     p.add_argument("--stop-at-eos", action="store_true",
                    help="stop every method at EOS (default: ignore EOS so all write exactly "
                         "--max-new-tokens)")
@@ -86,13 +104,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="wrap each prompt in the tokenizer's chat template as a user turn (as medusa "
                         "generate --chat)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--compile", action="store_true",
                    help="also compiled MEDUSA (static cache, torch.compile) vs HF static-cache "
                         "compiled generate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench_report.json",
-                   help="report JSON; the markdown table and PNG plots go beside it")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--out", default="bench_report.json", type=PathKind("out_file"),
+                   help="report JSON; the markdown table and PNG plots go beside it (existing ones are "
+                        "replaced only with --overwrite)")
+    add_overwrite(p, "the report or a plot")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench)

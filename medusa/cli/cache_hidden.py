@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from medusa.cli import PathKind
+
 
 def _cmd_cache_hidden(args: argparse.Namespace) -> int:
     from medusa.config import load_recipe
@@ -21,7 +23,8 @@ def _cmd_cache_hidden(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache-hidden",
                        help="write a MEDUSA-1 recipe's backbone hidden states (train.hidden_cache)")
-    p.add_argument("recipe", help="a MEDUSA-1 training recipe (YAML) with train.hidden_cache set")
+    p.add_argument("recipe", type=PathKind("file"),
+                   help="a MEDUSA-1 training recipe (YAML) with train.hidden_cache set")
     p.add_argument("overrides", nargs="*", help="recipe overrides key=value, e.g. train.hidden_cache=cache/")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                    help="storage dtype of the hidden states (default bfloat16)")

@@ -6,37 +6,47 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from medusa.cli import MAX_NODES, Bounded, PathKind, add_overwrite, count
 
-def _nodes(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}") from None
-    return n
+PLOTS = ("calibration_accuracy.png", "tree.png")
+
+
+def _check_before_loading(args: argparse.Namespace) -> None:
+    """Options against the checkpoint's config, and the files this run writes, before any model loads."""
+    from medusa.errors import MedusaError
+    from medusa.io import check_output_file
+    from medusa.modeling.config import TREE_NAME, MedusaConfig
+    from medusa.tree.calibrate import METHODS
+
+    if args.method not in METHODS:
+        raise MedusaError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
+    num_heads = MedusaConfig.load(args.heads).num_heads
+    if args.max_depth is not None and args.max_depth > num_heads:
+        raise MedusaError(f"--max-depth {args.max_depth} must be between 1 and the checkpoint's "
+                          f"{num_heads} heads")
+    depth = args.max_depth or num_heads
+    possible = 1 + sum(args.topk ** d for d in range(1, depth + 1))
+    if args.nodes != "auto" and args.nodes > possible:
+        raise MedusaError(f"--nodes {args.nodes}: a tree of --topk {args.topk} ranks and depth {depth} has"
+                          f" at most {possible} nodes (allowed: 1..{min(possible, MAX_NODES)} or auto)")
+    inputs = [args.data]
+    check_output_file(Path(args.heads) / TREE_NAME, args.overwrite, inputs)
+    if not args.no_plots:
+        for name in PLOTS:
+            check_output_file(Path(args.plots or args.heads) / name, args.overwrite, inputs)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from medusa.data import load_tokenized
-    from medusa.errors import MedusaError
     from medusa.modeling import MedusaModel
     from medusa.modeling.base import load_tokenizer
     from medusa.modeling.config import base_location
-    from medusa.tree.calibrate import METHODS, calibrate, write_tree
+    from medusa.tree.calibrate import calibrate, write_tree
     from medusa.tree.plot import plot_accuracy, plot_tree
 
-    if args.method not in METHODS:
-        raise MedusaError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
-    if args.nodes != "auto" and args.nodes < 1:
-        raise MedusaError(f"--nodes must be >= 1, got {args.nodes}")
-    if args.topk < 1:
-        raise MedusaError(f"--topk must be >= 1, got {args.topk}")
+    _check_before_loading(args)
     model = MedusaModel.from_pretrained(args.heads, base_model=args.base, dtype=args.dtype,
                                         device_map=args.device)
-    if args.max_depth is not None and not 1 <= args.max_depth <= model.num_heads:
-        raise MedusaError(f"--max-depth {args.max_depth} must be between 1 and the checkpoint's "
-                          f"{model.num_heads} heads")
     tokenizer = load_tokenizer(args.tokenizer or base_location(args.heads, model.config, args.base,
                                                                hint="pass --base"))
     data = load_tokenized(args.data, tokenizer, max_length=args.max_length, format=args.format,
@@ -53,10 +63,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if not args.no_plots:
         out = Path(args.plots or args.heads)
         out.mkdir(parents=True, exist_ok=True)
-        plots.append(plot_accuracy(cal["accuracy"], out / "calibration_accuracy.png",
+        plots.append(plot_accuracy(cal["accuracy"], out / PLOTS[0],
                                    title=f"head accuracy by rank ({cal['num_positions']:,} positions)"))
         weights = {tuple(c): cal_w for c, cal_w in _path_weights(tree, cal).items()}
-        plots.append(plot_tree(tree.choices, out / "tree.png", weights=weights,
+        plots.append(plot_tree(tree.choices, out / PLOTS[1], weights=weights,
                                title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} "
                                      f"tokens/step"))
     _print_summary(cal, tree, path, args.data)
@@ -100,26 +110,35 @@ def _path_weights(tree, cal) -> dict:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure head accuracy on held-out data and write tree.json")
-    p.add_argument("--heads", required=True, help="heads checkpoint directory (tree.json is written into it)")
-    p.add_argument("--data", required=True, help="held-out conversations (any format medusa.data reads)")
-    p.add_argument("--nodes", type=_nodes, default=64,
-                   help="tree size including the root, or 'auto': the size (8..64) with the most predicted "
-                        "tokens/s, decoding steps timed on this device")
-    p.add_argument("--max-depth", type=int, default=None, help="deepest tree level (default: all heads)")
-    p.add_argument("--topk", type=int, default=10, help="ranks measured per head")
+    p.add_argument("--heads", required=True, type=PathKind("dir"),
+                   help="heads checkpoint directory (tree.json is written into it; an earlier one is "
+                        "replaced only with --overwrite)")
+    p.add_argument("--data", required=True, type=PathKind("source"),
+                   help="held-out conversations (any format medusa.data reads)")
+    p.add_argument("--nodes", type=Bounded(int, 1, MAX_NODES, also=("auto",)), default=64,
+                   help=f"tree size including the root (1..{MAX_NODES}), or 'auto': the size (8..64) with "
+                        "the most predicted tokens/s, decoding steps timed on this device")
+    p.add_argument("--max-depth", type=count(64), default=None,
+                   help="deepest tree level (default: all heads)")
+    p.add_argument("--topk", type=count(1000), default=10, help="ranks measured per head (1..1000)")
     p.add_argument("--method", default="empirical",
                    help="empirical (measured path frequencies) | conditional | independent")
-    p.add_argument("--base", default=None, help="base model (default: the checkpoint's)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
+    p.add_argument("--base", default=None, type=PathKind("model"),
+                   help="base model (default: the checkpoint's)")
+    p.add_argument("--tokenizer", default=None, type=PathKind("model"),
+                   help="tokenizer (default: the base model's)")
     p.add_argument("--format", default="auto", help="data format (default: detected)")
-    p.add_argument("--chat-template", default=None, help="chat template file or name")
-    p.add_argument("--max-length", type=int, default=2048)
-    p.add_argument("--max-examples", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--chat-template", default=None, type=PathKind("template"),
+                   help="chat template file or name")
+    p.add_argument("--max-length", type=count(1 << 20, lo=2), default=2048)
+    p.add_argument("--max-examples", type=count(10**9), default=None)
+    p.add_argument("--batch-size", type=count(4096), default=8)
     p.add_argument("--skip-invalid", action="store_true", help="skip malformed rows instead of failing")
     p.add_argument("--dtype", default=None, help="base model dtype")
     p.add_argument("--device", default=None, help="device_map for the base model (e.g. cuda)")
-    p.add_argument("--plots", default=None, help="directory for the PNGs (default: the checkpoint)")
+    p.add_argument("--plots", default=None, type=PathKind("out_into"),
+                   help="directory for the PNGs (default: the checkpoint)")
     p.add_argument("--no-plots", action="store_true")
+    add_overwrite(p, "tree.json or a plot")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_calibrate)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from medusa.cli import PathKind, add_overwrite
+
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from medusa.export import export_checkpoint
+    from medusa.io import check_output_dir
 
+    check_output_dir(args.out, args.overwrite, inputs=[args.src, args.tree, args.base])
     summary = export_checkpoint(args.src, args.out, args.format, tree=args.tree, base=args.base,
-                                with_backbone=args.with_backbone)
+                                with_backbone=args.with_backbone, overwrite=args.overwrite)
     note = ", W2 materialised from the base LM head" if summary["materialised_lm_head"] else ""
     if summary["materialised_lm_head"] and summary["lm_head_copies"] == 1:
         note += " once (original_lm_head: one lm_head.weight shared by all heads)"
@@ -34,13 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Formats: vllm, medusa-v1, tensorrt-llm, tgi.")
     # Not argparse `choices`: an unknown format must give a one-line `error:` (exit 2) like other user errors.
     exp.add_argument("--format", required=True, metavar="F", help="vllm | medusa-v1 | tensorrt-llm | tgi")
-    exp.add_argument("--tree", default=None,
+    exp.add_argument("--tree", default=None, type=PathKind("file"),
                      help="tree.json for tensorrt-llm / medusa-v1 (default: the checkpoint's)")
-    exp.add_argument("--base", default=None,
+    exp.add_argument("--base", default=None, type=PathKind("model"),
                      help="the backbone to record, and where shared_lm_head heads find the LM head (default: "
                           "a MEDUSA-2 checkpoint's merged backbone, else the config's base)")
     exp.add_argument("--with-backbone", action="store_true",
                      help="copy a MEDUSA-2 checkpoint's merged backbone into OUT/base_model and record that")
-    exp.add_argument("src", help="a heads checkpoint (this project's format)")
-    exp.add_argument("out", help="output directory (replaced atomically)")
+    exp.add_argument("src", type=PathKind("dir"), help="a heads checkpoint (this project's format)")
+    exp.add_argument("out", type=PathKind("out_dir"), help="output directory (new or empty; see --overwrite)")
+    add_overwrite(exp, "OUT")
     exp.set_defaults(func=_cmd_export)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from medusa.cli import NEW_TOKENS, NODES, SEED, TEMPERATURE, TOP_K, TOP_P, Bounded, PathKind
 from medusa.errors import MedusaError
 
 
@@ -16,11 +17,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt is None and args.prompts is None:
         raise MedusaError("give --prompt TEXT or --prompts FILE")
     from medusa.data.readers import read_prompts
-    from medusa.modeling.loading import encode_prompt, load_for_generation
+    from medusa.modeling.loading import check_positions, encode_prompt, load_for_generation
 
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
+    tree = tree_option(args.tree, args.nodes)  # before the model loads
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
-    tree = tree_option(args.tree, args.nodes)
+    check_positions(model, tokenizer, prompts, args.max_new_tokens, args.chat)
     if args.profile:
         from medusa.eval.profile import format_profile, profile_decoding
 
@@ -57,29 +59,33 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="decode with MEDUSA heads (prints text and tokens/step)")
-    p.add_argument("--heads", required=True, help="a MEDUSA heads checkpoint directory")
-    p.add_argument("--base", default=None, help="base model path or id (default: the checkpoint's)")
+    p.add_argument("--heads", required=True, type=PathKind("dir"), help="a MEDUSA heads checkpoint directory")
+    p.add_argument("--base", default=None, type=PathKind("model"),
+                   help="base model path or id (default: the checkpoint's)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="one prompt")
-    src.add_argument("--prompts", default=None, help="a .txt (one per line) or .jsonl file of prompts")
+    src.add_argument("--prompts", default=None, type=PathKind("file"),
+                     help="a .txt (one per line) or .jsonl file of prompts")
     p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
                    help="greedy and sample are lossless; typical is faster at high temperature but lossy")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=128)
+    p.add_argument("--temperature", type=TEMPERATURE, default=None,
                    help="as HF generate (unset: the model's generation_config, then 1.0)")
-    p.add_argument("--top-k", type=int, default=None,
+    p.add_argument("--top-k", type=TOP_K, default=None,
                    help="as HF generate (unset: generation_config, then 50)")
-    p.add_argument("--top-p", type=float, default=None,
-                   help="as HF generate (unset: generation_config, then 1.0)")
-    p.add_argument("--posterior-threshold", type=float, default=0.09, help="typical acceptance epsilon")
-    p.add_argument("--posterior-alpha", type=float, default=0.3, help="typical acceptance delta")
-    p.add_argument("--tree", default=None,
+    p.add_argument("--top-p", type=TOP_P, default=None,
+                   help="as HF generate, in (0, 1] (unset: generation_config, then 1.0)")
+    p.add_argument("--posterior-threshold", type=Bounded(float, 0.0, 1.0), default=0.09,
+                   help="typical acceptance epsilon, in [0, 1]")
+    p.add_argument("--posterior-alpha", type=Bounded(float, 0.0, 1.0), default=0.3,
+                   help="typical acceptance delta, in [0, 1]")
+    p.add_argument("--tree", default=None, type=PathKind("tree"),
                    help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
                         "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
                         "the heads' raw probabilities) (default: the checkpoint's tree, else built-in)")
-    p.add_argument("--nodes", type=int, default=None, help="nodes of the dynamic tree (default 32)")
+    p.add_argument("--nodes", type=NODES, default=None, help="nodes of the dynamic tree (default 32)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=SEED, default=None)
     p.add_argument("--compile", action="store_true",
                    help="static cache + torch.compile of the step (compiled once per shapes; time "
                         "shown apart)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from medusa.cli import PathKind, add_overwrite, count
 from medusa.modeling.config import HYDRA_PROJECTIONS
 
 
@@ -22,13 +23,15 @@ def _projection(args: argparse.Namespace) -> str:
 
 
 def _cmd_heads_init(args: argparse.Namespace) -> int:
+    from medusa.io import check_output_dir
     from medusa.modeling import MedusaModel
 
     projection = _projection(args)
+    check_output_dir(args.out, args.overwrite, inputs=[args.base])  # before the base model loads
     model = MedusaModel.from_base(args.base, num_heads=args.num_heads, num_layers=args.num_layers,
                                   head_type=args.head_type, heads_dtype=args.dtype, dtype=args.dtype,
                                   hydra_projection=projection)
-    model.save_pretrained(args.out)
+    model.save_pretrained(args.out, overwrite=args.overwrite, inputs=[args.base])
     n = sum(p.numel() for p in model.heads.parameters())
     kind = f" (hydra, projection: {projection})" if args.head_type == "hydra" else ""
     print(f"wrote {args.out}: {args.num_heads} heads x {args.num_layers} layer(s){kind}, {n:,} parameters")
@@ -40,13 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     heads_sub = heads.add_subparsers(dest="heads_command", metavar="ACTION")
     heads_sub.required = True
     init = heads_sub.add_parser("init", help="new heads initialised from the base LM head")
-    init.add_argument("--base", required=True, help="base model: local path or hub id")
-    init.add_argument("--num-heads", type=int, default=5)
-    init.add_argument("--num-layers", type=int, default=1)
+    init.add_argument("--base", required=True, type=PathKind("model"),
+                      help="base model: local path or hub id")
+    init.add_argument("--num-heads", type=count(64), default=5, help="1..64 (default 5)")
+    init.add_argument("--num-layers", type=count(16, lo=0), default=1,
+                      help="ResBlocks per head, 0..16 (default 1)")
     init.add_argument("--head-type", choices=["linear", "shared_lm_head", "hydra"], default="linear")
     init.add_argument("--hydra-projection", choices=list(HYDRA_PROJECTIONS), default=None,
                       help="hydra heads' W2: their own, or the base LM head (default: as the recipe key "
                            "heads.hydra_projection, own); --head-type hydra only")
     init.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the base's)")
-    init.add_argument("--out", required=True, help="output directory")
+    init.add_argument("--out", required=True, type=PathKind("out_dir"),
+                      help="output directory (new or empty; see --overwrite)")
+    add_overwrite(init, "--out")
     init.set_defaults(func=_cmd_heads_init)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from medusa.cli import PathKind
+
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from medusa.modeling.model import summarize
@@ -37,6 +39,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     info = sub.add_parser("info", help="summarise a heads checkpoint")
-    info.add_argument("checkpoint", help="a MEDUSA heads directory")
+    info.add_argument("checkpoint", type=PathKind("dir"), help="a MEDUSA heads directory")
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.set_defaults(func=_cmd_info)

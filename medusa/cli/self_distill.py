@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from medusa.cli import NEW_TOKENS, SEED, TOP_K, TOP_P, Bounded, PathKind, count
+
 
 def _cmd_self_distill(args: argparse.Namespace) -> int:
+    from medusa.io import check_output_file
     from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 
+    # --out is appended to (a re-run resumes), so an existing file is fine; a folder or an input is not
+    check_output_file(args.out, overwrite=True, inputs=[args.prompts, args.model, args.chat_template])
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
     cfg = SelfDistillConfig(
@@ -39,59 +44,70 @@ def _cmd_self_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _openai_options(op: argparse._ArgumentGroup) -> None:
+    op.add_argument("--endpoint", help="server base URL, e.g. http://127.0.0.1:8000/v1")
+    op.add_argument("--served-model", help="model name to request (default: the first in /v1/models)")
+    op.add_argument("--api", choices=["chat", "completions"], help="default: chat, or completions in "
+                                                                   "completion mode")
+    op.add_argument("--api-key", help="default: $OPENAI_API_KEY")
+    op.add_argument("--concurrency", type=count(1024), default=16, help="requests in flight")
+    op.add_argument("--timeout", type=Bounded(float, 0.0, 86400.0, lo_open=True), default=600.0,
+                    help="seconds per request")
+    op.add_argument("--retries", type=count(100, lo=0), default=5)
+    op.add_argument("--retry-backoff", type=Bounded(float, 0.0, 3600.0), default=1.0,
+                    help="first backoff in seconds (doubles)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("self-distill", help="generate training data from the model's own replies",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="local backend: model path or hub id (also the name in the metadata); "
-                                   "openai backend: unused, see --served-model")
-    p.add_argument("--prompts", help=".json/.jsonl/.parquet/.txt file, a datasets directory, "
-                                                    "or a hub dataset id")
-    p.add_argument("--out", required=True, help="output JSONL (appended to; re-running resumes)")
+    p.add_argument("--model", type=PathKind("model"),
+                   help="local backend: model path or hub id (also the name in the metadata); "
+                        "openai backend: unused, see --served-model")
+    p.add_argument("--prompts", type=PathKind("source"),
+                   help=".json/.jsonl/.parquet/.txt file, a datasets directory, or a hub dataset id")
+    p.add_argument("--out", required=True, type=PathKind("out_file"),
+                   help="output JSONL (appended to; re-running resumes)")
     p.add_argument("--mode", choices=["replay", "self-talk", "completion"], default="replay")
     p.add_argument("--backend", choices=["local", "openai"], default="local")
     g = p.add_argument_group("prompts")
     g.add_argument("--format", default="auto",
                    choices=["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text"])
     g.add_argument("--split", default="train", help="dataset split (directories and hub datasets)")
-    g.add_argument("--limit", type=int, help="use only the first N prompts")
-    g.add_argument("--synthesize-prompts", type=int, default=0, metavar="N",
+    g.add_argument("--limit", type=count(10**9), help="use only the first N prompts (N >= 1)")
+    g.add_argument("--synthesize-prompts", type=count(10**7, lo=0), default=0, metavar="N",
                    help="no prompt set needed: the model writes N user requests itself (sampled from "
                         "its chat template's user header, deduplicated; kept in <out>.prompts.jsonl), "
                         "then answers them")
-    g.add_argument("--prompt-sentences", type=int, default=1, help="text documents: first N sentences")
-    g.add_argument("--prompt-chars", type=int, help="text documents: first N characters (word boundary)")
-    g.add_argument("--prompt-tokens", type=int, help="text documents: first N tokens")
-    g.add_argument("--turns", type=int, help="replay: answer at most N user turns; self-talk: N assistant "
-                                             "replies (default 3)")
+    g.add_argument("--prompt-sentences", type=count(1000), default=1,
+                   help="text documents: first N sentences")
+    g.add_argument("--prompt-chars", type=count(10**7),
+                   help="text documents: first N characters (word boundary)")
+    g.add_argument("--prompt-tokens", type=count(10**6), help="text documents: first N tokens")
+    g.add_argument("--turns", type=count(100),
+                   help="replay: answer at most N user turns; self-talk: N assistant replies (default 3)")
     g.add_argument("--user-prompt", help="self-talk: the instruction the model gets when playing the user")
-    g.add_argument("--chat-template", help="a Jinja chat template (file or string) replacing the tokenizer's")
-    g.add_argument("--tokenizer", help="tokenizer for --prompt-tokens (default: --model)")
+    g.add_argument("--chat-template", type=PathKind("template"),
+                   help="a Jinja chat template (file or string) replacing the tokenizer's")
+    g.add_argument("--tokenizer", type=PathKind("model"),
+                   help="tokenizer for --prompt-tokens (default: --model)")
     s = p.add_argument_group("sampling")
-    s.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=None)
-    s.add_argument("--max-new-tokens", type=int, default=512)
-    s.add_argument("--num-samples", "-n", type=int, default=1, help="samples per prompt")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--temperature", type=Bounded(float, 0.0, 100.0), default=0.7, help="0 = greedy")
+    s.add_argument("--top-p", type=TOP_P, default=1.0, help="in (0, 1]")
+    s.add_argument("--top-k", type=TOP_K, default=None)
+    s.add_argument("--max-new-tokens", type=NEW_TOKENS, default=512)
+    s.add_argument("--num-samples", "-n", type=count(1000), default=1, help="samples per prompt")
+    s.add_argument("--seed", type=SEED, default=0)
     s.add_argument("--on-length", choices=["error", "keep"],
                    help="a reply cut at --max-new-tokens: errors file (default in chat modes) or keep "
                         "(default in completion mode)")
     s.add_argument("--retry-errors", action="store_true", help="attempt rows in <out>.errors.jsonl again")
     lo = p.add_argument_group("local backend")
-    lo.add_argument("--batch-size", type=int, default=16)
+    lo.add_argument("--batch-size", type=count(4096), default=16)
     lo.add_argument("--dtype", help="default: bfloat16 on GPU, float32 on CPU")
     lo.add_argument("--device", help="default: cuda if available")
     lo.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes NF4")
-    op = p.add_argument_group("openai backend")
-    op.add_argument("--endpoint", help="server base URL, e.g. http://127.0.0.1:8000/v1")
-    op.add_argument("--served-model", help="model name to request (default: the first in /v1/models)")
-    op.add_argument("--api", choices=["chat", "completions"], help="default: chat, or completions in "
-                                                                   "completion mode")
-    op.add_argument("--api-key", help="default: $OPENAI_API_KEY")
-    op.add_argument("--concurrency", type=int, default=16, help="requests in flight")
-    op.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    op.add_argument("--retries", type=int, default=5)
-    op.add_argument("--retry-backoff", type=float, default=1.0, help="first backoff in seconds (doubles)")
+    _openai_options(p.add_argument_group("openai backend"))
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_self_distill)

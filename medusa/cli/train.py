@@ -10,28 +10,32 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from medusa.cli import run_command, wants_debug
+from medusa.cli import Parser, PathKind, quiet_libraries, run_command, wants_debug
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="a YAML training recipe (see recipes/)")
+    parser.add_argument("recipe", type=PathKind("file"), help="a YAML training recipe (see recipes/)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted overrides, e.g. train.lr=1e-4 heads.num_heads=4")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="output_dir holds an earlier run or other files: train from scratch there "
+                             "anyway, removing only the earlier run's final/, checkpoints, metrics.jsonl and "
+                             "recipe.json (train.resume=auto continues a run instead)")
 
 
-def run(recipe_path: str, overrides: Sequence[str]) -> int:
+def run(recipe_path: str, overrides: Sequence[str], overwrite: bool = False) -> int:
     from medusa.config import load_recipe
     from medusa.training.loop import train
 
     recipe = load_recipe(recipe_path, list(overrides))  # every config error surfaces before a model loads
-    result = train(recipe)
+    result = train(recipe, overwrite=overwrite)
     if result.final_dir is not None:
         print(f"final heads: {result.final_dir}")
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    return run(args.recipe, args.overrides)
+    return run(args.recipe, args.overrides, args.overwrite)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m medusa.train`` / ``accelerate launch -m medusa.train``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = wants_debug(argv)
-    parser = argparse.ArgumentParser(prog="medusa.train", description=__doc__.splitlines()[0])
+    parser = Parser(prog="medusa.train", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    args = parser.parse_args([a for a in argv if a != "--debug"])
-    return run_command(lambda: run(args.recipe, args.overrides), debug)
+
+    def call() -> int:
+        args = parser.parse_args([a for a in argv if a != "--debug"])
+        return run(args.recipe, args.overrides, args.overwrite)
+
+    with quiet_libraries():
+        return run_command(call, debug)

@@ -74,7 +74,9 @@ def load_tokenized(
                 skipped[exc.reason] += 1
                 continue
             message = str(exc)
-            raise DataError(message if message.startswith(where) else f"{where}: {message}") from None
+            message = message if message.startswith(where) else f"{where}: {message}"
+            raise DataError(f"{message} (rows like it are skipped with data.skip_invalid: true, or "
+                            "--skip-invalid)") from None
         pieces = (_windows(ids, labels, max_length) if kind == "text"
                   else [(ids[:max_length], labels[:max_length])])
         for piece_ids, piece_labels in pieces:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.errors import DataError, first_line
+from medusa.io import read_text
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
@@ -50,8 +51,19 @@ class RowError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------ reading
+def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line of ``path``; a line that is not UTF-8 is a :class:`DataError`
+    naming the file and line."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                yield lineno, raw.decode("utf-8").replace("\r\n", "\n")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text ({exc.reason})") from None
+
+
 def _json_array_rows(path: Path, text: str) -> Iterator[tuple[str, Any]]:
-    """Elements of a top-level JSON array, each with the line it starts on."""
+    """Elements of a top-level JSON array, each named by its index and the line it starts on."""
     decoder = json.JSONDecoder()
     n = len(text)
 
@@ -66,6 +78,7 @@ def _json_array_rows(path: Path, text: str) -> Iterator[tuple[str, Any]]:
     i = skip_ws(i + 1)
     if i < n and text[i] == "]":
         return
+    index = 0
     while True:
         line = text.count("\n", 0, i) + 1
         try:
@@ -73,7 +86,8 @@ def _json_array_rows(path: Path, text: str) -> Iterator[tuple[str, Any]]:
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{text.count(chr(10), 0, exc.pos) + 1}: invalid JSON "
                             f"({exc.msg})") from None
-        yield f"{path}:{line}", obj
+        yield f"{path}: row {index} (line {line})", obj
+        index += 1
         i = skip_ws(end)
         if i < n and text[i] == ",":
             i = skip_ws(i + 1)
@@ -97,23 +111,19 @@ def _json_object_rows(path: Path, text: str) -> Iterator[tuple[str, Any]]:
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield where, RowError("invalid_json", f"invalid JSON ({exc.msg})")
+    for lineno, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield where, RowError("invalid_json", f"invalid JSON ({exc.msg})")
 
 
 def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """A .json file: an array of rows, JSON lines saved as .json, or an object holding the rows."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    text = read_text(path, DataError)
     stripped = text.lstrip()
     if stripped.startswith("{") and "\n{" in stripped:
         return _jsonl_rows(path)
@@ -126,15 +136,14 @@ def _text_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """Blank-line separated blocks of a .txt file, each a ``{"text": ...}`` row."""
     block: list[str] = []
     start = 1
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                if not block:
-                    start = lineno
-                block.append(line.rstrip("\n"))
-            elif block:
-                yield f"{path}:{start}", {"text": "\n".join(block)}
-                block = []
+    for lineno, line in _utf8_lines(path):
+        if line.strip():
+            if not block:
+                start = lineno
+            block.append(line.rstrip("\n"))
+        elif block:
+            yield f"{path}:{start}", {"text": "\n".join(block)}
+            block = []
     if block:
         yield f"{path}:{start}", {"text": "\n".join(block)}
 
@@ -180,6 +189,8 @@ def read_rows(source: str | Path, split: str = "train") -> Iterator[tuple[str, A
             yield from _text_rows(path)
         else:
             raise DataError(f"{path}: unsupported file type {suffix!r} (use .json, .jsonl, .parquet or .txt)")
+    elif path.is_dir() and path.suffix.lower() in DATA_SUFFIXES:
+        raise DataError(f"{path}: is a directory, expected a {path.suffix} file")
     elif path.is_dir():
         yield from _dataset_rows(str(path), split)
     elif source.startswith((".", "/", "~")) or path.suffix.lower() in DATA_SUFFIXES:
@@ -323,11 +334,11 @@ def read_prompts(path: str | Path) -> list[str]:
     of a row of any format (``turns[0]`` of MT-bench), or its ``question``."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: not found")
+        raise DataError(f"{path}: is a directory, expected a file" if path.is_dir() else f"{path}: not found")
     if path.suffix.lower() in (".jsonl", ".json"):
         prompts = [_first_prompt(where, row) for where, row in read_rows(path)]
     else:
-        prompts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        prompts = [line for line in read_text(path, DataError).splitlines() if line.strip()]
     if not prompts:
         raise DataError(f"{path}: no prompts")
     return prompts

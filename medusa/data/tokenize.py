@@ -14,6 +14,7 @@ from typing import Any
 
 from medusa.data.readers import RowError
 from medusa.errors import ConfigError
+from medusa.io import read_text
 
 IGNORE_INDEX = -100
 
@@ -44,7 +45,7 @@ def resolve_chat_template(tokenizer: Any, template: str | None) -> str | None:
             path = Path(template).expanduser()
             if not path.is_file():
                 raise ConfigError(f"data.chat_template: {template} does not exist")
-            text = path.read_text()
+            text = read_text(path, ConfigError)
         elif "{%" in template or "{{" in template:
             text = template
         else:

@@ -153,6 +153,14 @@ def plot_report(report: dict[str, Any], stem: str | Path) -> list[Path]:
     return paths
 
 
+def report_paths(out: str | Path, plots: bool = True) -> list[Path]:
+    """The files :func:`write_report` writes for ``out``: the JSON, the markdown table, the PNGs."""
+    out = Path(out)
+    stem = out.with_suffix("")
+    pngs = [stem.with_name(stem.name + s) for s in ("_accept_lengths.png", "_speedup.png")] if plots else []
+    return [out, out.with_suffix(".md"), *pngs]
+
+
 def write_report(report: dict[str, Any], out: str | Path, plots: bool = True) -> list[Path]:
     """Write ``out`` (JSON), ``out`` with ``.md`` (the markdown table) and, with ``plots``, two PNGs."""
     out = Path(out)

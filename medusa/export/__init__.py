@@ -70,7 +70,8 @@ def _check_paths(src: Path, out: Path) -> None:
 
 
 def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str | Path | None = None,
-                      base: str | None = None, with_backbone: bool = False) -> dict[str, Any]:
+                      base: str | None = None, with_backbone: bool = False,
+                      overwrite: bool = False) -> dict[str, Any]:
     """Write the heads of our checkpoint ``src`` in ``format`` to ``out``; returns a summary.
 
     ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm`` / ``medusa-v1``; default: the
@@ -79,6 +80,8 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     the config's base). ``with_backbone``: copy a MEDUSA-2 checkpoint's merged backbone into
     ``out/base_model`` and record that. The summary's ``backbone`` / ``backbone_source`` say which was
     recorded, ``commands`` how each engine loads the export, ``notes`` what the engine needs besides.
+    An existing non-empty ``out`` is refused unless ``overwrite`` (then only the files written are
+    replaced; see :mod:`medusa.io`).
     """
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
@@ -101,7 +104,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     if format == "medusa-v1":
         require_official_layers(heads, str(src / WEIGHTS_NAME))
     choices = _export_choices(format, src, tree, heads)
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, tree, base]) as tmp:
         write_backbone(backbone, tmp)
         if format == "vllm":
             write_vllm(heads, tmp)
@@ -189,7 +192,7 @@ def detect_format(src: Path) -> str:
 
 
 def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
-                      format: str = "auto") -> dict[str, Any]:
+                      format: str = "auto", overwrite: bool = False) -> dict[str, Any]:
     """Official heads (v0.1 ``.pt``, v2 safetensors, medusa-v1 / TGI / TensorRT-LLM) or vLLM heads ->
     our checkpoint at ``out``. The base model is ``base`` or the one the source config names; only its
     config is read (model_type / hidden_size / vocab_size must fit the heads). Heads without a W2 of
@@ -227,7 +230,8 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
         from medusa.tree import MedusaTree
 
         tree = MedusaTree.from_choices(heads.choices, num_heads=heads.num_heads)
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, base],
+                          owns=(CONFIG_NAME, WEIGHTS_NAME, TREE_NAME)) as tmp:
         config.save(tmp)
         save_file(our_tensors(heads), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         if tree is not None:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from medusa.errors import CheckpointError, MedusaError, first_line
+from medusa.io import read_text
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -79,7 +80,7 @@ def load_tokenizer(name_or_path: str, *, chat_template: str | None = None, paddi
         raise error(f"cannot load {what} from {name_or_path!r}: {first_line(exc)}") from None
     if chat_template is not None:
         path = Path(chat_template)
-        tok.chat_template = path.read_text(encoding="utf-8") if path.is_file() else chat_template
+        tok.chat_template = read_text(path, error) if path.is_file() else chat_template
     if padding_side is not None:
         tok.padding_side = padding_side
         if tok.pad_token is None:

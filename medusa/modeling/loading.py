@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.errors import MedusaError
-from medusa.modeling.base import load_tokenizer
+from medusa.modeling.base import load_tokenizer, text_config
 from medusa.modeling.config import MedusaConfig, base_location
 from medusa.modeling.model import MedusaModel
 
@@ -30,3 +30,19 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> Any:
                                             return_tensors="pt", return_dict=True)
         return ids["input_ids"]
     return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+def check_positions(model: MedusaModel, tokenizer: Any, prompts: list[str], max_new_tokens: int,
+                    chat: bool = False) -> None:
+    """A prompt plus ``max_new_tokens`` past the base model's ``max_position_embeddings`` is an error naming
+    the prompt and the allowed ``--max-new-tokens`` (past it the model's output is garbage, silently)."""
+    limit = getattr(text_config(model.base_model), "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return
+    for i, prompt in enumerate(prompts):
+        n = int(encode_prompt(tokenizer, prompt, chat).shape[1])
+        if n + max_new_tokens > limit:
+            allowed = f"1..{limit - n}" if n < limit else "none: the prompt alone fills them"
+            raise MedusaError(f"prompt {i + 1}: {n} tokens + --max-new-tokens {max_new_tokens} exceed the "
+                              f"base model's {limit} positions (max_position_embeddings); allowed "
+                              f"--max-new-tokens for this prompt: {allowed}")

@@ -195,14 +195,18 @@ class MedusaModel(nn.Module):
                                top_p=top_p, **kwargs)
 
     # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, path: str | Path, save_base: bool = False, tokenizer: Any = None) -> None:
+    def save_pretrained(self, path: str | Path, save_base: bool = False, tokenizer: Any = None,
+                        overwrite: bool = False, inputs: Any = ()) -> None:
         """Write ``medusa_config.json`` + ``medusa_heads.safetensors`` (+ ``tree.json``) atomically.
 
         ``save_base=True`` also stores the backbone (e.g. LoRA-merged after MEDUSA-2) under
-        ``base_model/`` so that ``from_pretrained(path)`` needs no other files.
+        ``base_model/`` so that ``from_pretrained(path)`` needs no other files. An existing non-empty
+        ``path`` is refused unless ``overwrite`` (then these names are replaced and a stale ``tree.json``
+        removed; other files are kept); a ``path`` holding one of ``inputs`` is refused (:mod:`medusa.io`).
         """
         state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
-        with atomic_directory(path) as tmp:
+        owns = (CONFIG_NAME, WEIGHTS_NAME, TREE_NAME, BASE_SUBDIR)
+        with atomic_directory(path, overwrite=overwrite, inputs=inputs, owns=owns) as tmp:
             config = MedusaConfig(**self.config.to_dict())
             floats = [v for v in state.values() if v.is_floating_point()]
             if floats:

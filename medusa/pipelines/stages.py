@@ -162,7 +162,7 @@ def train_recipe(recipe_path: str | Path, overrides: Sequence[str], progress: bo
     from medusa.training.loop import train
 
     recipe = load_recipe(recipe_path, list(overrides))
-    result = train(recipe, progress=progress)
+    result = train(recipe, progress=progress, overwrite=True)  # the pipeline's own output_dir
     if result.final_dir is None:
         raise MedusaError(f"{recipe_path}: training stopped before its last step")
     last = {k: v for k, v in (result.eval_metrics or result.last_metrics or {}).items()
@@ -187,7 +187,7 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
     examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples
     tree = calibrate(model, examples, nodes=nodes if nodes == "auto" else int(nodes), data_name=str(data),
                      progress=progress)
-    with atomic_directory(final_dir) as tmp:
+    with atomic_directory(final_dir, overwrite=True) as tmp:  # the stage's own directory
         for item in Path(heads_dir).iterdir():  # everything, MEDUSA-2's merged base_model/ too
             if item.is_dir():
                 shutil.copytree(item, tmp / item.name)
@@ -205,7 +205,7 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
 def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:
     from medusa.export import export_checkpoint
 
-    return export_checkpoint(str(heads_dir), str(out), format)
+    return export_checkpoint(str(heads_dir), str(out), format, overwrite=True)  # the stage's own directory
 
 
 def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str | Path, max_new_tokens: int,

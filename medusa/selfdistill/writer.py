@@ -37,35 +37,62 @@ def row_key(row: dict[str, Any]) -> Key:
     raise KeyError("row has no metadata.source_id / metadata.sample")
 
 
-def _repair_tail(path: Path) -> None:
-    """Cut a partial last line (a write interrupted by a kill) so appends start on a fresh line."""
-    with open(path, "rb+") as fh:
-        data = fh.read()
-        if not data or data.endswith(b"\n"):
-            return
-        cut = data.rfind(b"\n") + 1
-        fh.truncate(cut)
+def _repair_tail(path: Path, data: bytes) -> None:
+    """Cut a partial last line (a write interrupted by a kill: not JSON) so appends start on a fresh line;
+    a complete row that only lacks its newline gets it. Called once every line is known to be ours."""
+    cut = data.rfind(b"\n") + 1
+    if cut == len(data):
+        return
+    try:
+        json.loads(data[cut:])
+    except ValueError:
+        with open(path, "rb+") as fh:
+            fh.truncate(cut)
+        return
+    with open(path, "ab") as fh:
+        fh.write(b"\n")
+
+
+def _partial_row(raw: bytes) -> bool:
+    """The last line is a row cut short by a kill: UTF-8 text starting like a row but not JSON."""
+    try:
+        text = raw.decode("utf-8")
+        json.loads(text)
+    except UnicodeDecodeError:
+        return False
+    except ValueError:
+        return text.startswith("{")
+    return False
 
 
 def read_keys(path: Path, what: str) -> tuple[set[Key], dict[str, Any] | None]:
-    """Keys of the complete rows in ``path`` and the metadata of its first row."""
+    """Keys of the complete rows in ``path`` and the metadata of its first row. A file that is not ours (a
+    line that is not a self-distill row, or not UTF-8) is an error naming it and is left untouched."""
     keys: set[Key] = set()
     first_meta = None
     if not path.exists():
         return keys, None
-    _repair_tail(path)
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                keys.add(row_key(row))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise DataError(f"{path}:{lineno}: not a self-distill {what} row ({exc}); "
-                                "use a different --out or remove the file") from exc
-            if first_meta is None:
-                first_meta = row.get("metadata")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; --out must be a JSONL file path")
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if _partial_row(lines[-1]):
+        lines.pop()  # checked, then cut by _repair_tail
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+            keys.add(row_key(row))
+        except UnicodeDecodeError:
+            raise DataError(f"{path}:{lineno}: not UTF-8 text; use a different --out or remove the "
+                            "file") from None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DataError(f"{path}:{lineno}: not a self-distill {what} row ({exc}); "
+                            "use a different --out or remove the file") from None
+        if first_meta is None:
+            first_meta = row.get("metadata")
+    _repair_tail(path, data)
     return keys, first_meta
 
 
@@ -85,7 +112,7 @@ class ResumableWriter:
             # an errors row whose key was written later (an earlier retry succeeded) is not an error any more
             error_keys -= self.done
         self.failed_before = error_keys
-        self._fh = open(self.out, "a", encoding="utf-8")
+        self._fh = None  # opened at the first row: a run that fails before it leaves no file behind
         self._err = None
         self._last_sync = time.monotonic()
         self._fsync_every_s = fsync_every_s
@@ -107,11 +134,18 @@ class ResumableWriter:
         key = row_key(row)
         if key in self.done:
             raise RuntimeError(f"row {key} written twice")  # a bug in the runner, never a user error
-        self._append(self._fh, row)
+        self._append(self._open_out(), row)
         self.done.add(key)
         self.written += 1
 
+    def _open_out(self) -> Any:
+        """The output, opened (created) once generation has a first outcome, a row or an error row."""
+        if self._fh is None:
+            self._fh = open(self.out, "a", encoding="utf-8")
+        return self._fh
+
     def write_error(self, source_id: str, sample: int, reason: str, **extra: Any) -> None:
+        self._open_out()
         if self._err is None:
             self._err = open(self.errors, "a", encoding="utf-8")
         row = {"source_id": source_id, "sample": sample, "reason": reason,
@@ -129,5 +163,7 @@ class ResumableWriter:
     def __enter__(self) -> ResumableWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:  # a finished run with no row: its (empty) output exists
+            self._open_out()
         self.close()

@@ -164,11 +164,13 @@ def save_merged(
     recipe: dict[str, Any] | None = None,
     base_name_or_path: str | None = None,
     dtype: str | torch.dtype = torch.float32,
+    overwrite: bool = False,
 ) -> MedusaModel:
     """Merge (see :func:`merge_backbone`) and write heads + merged backbone (+ tokenizer, recipe) to
-    ``out_dir`` so that ``MedusaModel.from_pretrained(out_dir)`` loads it with no other files."""
+    ``out_dir`` so that ``MedusaModel.from_pretrained(out_dir)`` loads it with no other files (an existing
+    non-empty ``out_dir``: refused unless ``overwrite``, see ``MedusaModel.save_pretrained``)."""
     merged = merge_backbone(model, base_name_or_path=base_name_or_path, dtype=dtype)
     if recipe is not None:
         merged.config.recipe = recipe
-    merged.save_pretrained(out_dir, save_base=True, tokenizer=tokenizer)
+    merged.save_pretrained(out_dir, save_base=True, tokenizer=tokenizer, overwrite=overwrite)
     return merged

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from medusa.errors import MedusaError
+from medusa.io import read_json
 from medusa.modeling.packaged import weights_fingerprint
 
 FORMAT = "medusa-hidden-cache"
@@ -94,6 +95,16 @@ class CachePlan:
         return (self.directory / _name(i, "json")).is_file()
 
 
+def check_cache_dir(directory: str | Path) -> None:
+    """``train.hidden_cache`` must be a new or empty directory, or a cache (its index) to resume."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise MedusaError(f"train.hidden_cache: {directory} exists and is not a directory")
+    if directory.is_dir() and not (directory / INDEX).is_file() and any(directory.iterdir()):
+        raise MedusaError(f"train.hidden_cache: {directory} is not empty and holds no hidden-state cache "
+                          f"({INDEX}); use a new or empty directory")
+
+
 def open_plan(directory: str | Path, examples: Sequence[dict], base: dict[str, Any], hidden_size: int,
               dtype: str = "bfloat16", shard_bytes: int = SHARD_BYTES) -> CachePlan:
     """The cache's index: read (and checked against this base and these examples) or created."""
@@ -102,8 +113,9 @@ def open_plan(directory: str | Path, examples: Sequence[dict], base: dict[str, A
     directory = Path(directory)
     path = directory / INDEX
     data = data_fingerprint(examples)
+    check_cache_dir(directory)
     if path.is_file():
-        index = json.loads(path.read_text())
+        index = read_json(path, MedusaError)
         check_index(index, path, base, data)
         return CachePlan(directory, index)
     itemsize = np.dtype(DTYPES[dtype][1]).itemsize
@@ -340,6 +352,7 @@ def cache_for_recipe(recipe: Any, dtype: str = "bfloat16", log: Callable[[str], 
 
     if not recipe.train.hidden_cache:
         raise ConfigError("train.hidden_cache: not set (give train.hidden_cache=DIR)")
+    check_cache_dir(recipe.train.hidden_cache)  # before anything loads
     data = S.load_data(recipe, S.load_tokenizer(recipe))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = S.load_backbone(recipe, device)

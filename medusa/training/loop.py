@@ -29,7 +29,15 @@ from medusa.modeling.draft_vocab import build_token_map, coverage
 from medusa.modeling.model import MedusaModel
 from medusa.training import medusa1, medusa2
 from medusa.training import setup as S
-from medusa.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from medusa.training.checkpoint import (
+    METRICS_NAME,
+    check_output_dir,
+    load_checkpoint,
+    remove_run_files,
+    resolve_resume,
+    save_checkpoint,
+    truncate_metrics,
+)
 from medusa.training.hidden_cache import HiddenCache
 from medusa.training.hidden_cache import prepare as prepare_cache
 from medusa.training.losses import STATS_ROWS, summarise_stats
@@ -196,7 +204,7 @@ def _build(recipe: Recipe, progress: bool = True) -> Run:
     accelerator.register_for_checkpointing(scheduler)
     out_dir = Path(recipe.output_dir)
     return Run(recipe, accelerator, data, plan, model, trainable, optimizer, scheduler, state, out_dir,
-               out_dir / "metrics.jsonl", cache)
+               out_dir / METRICS_NAME, cache)
 
 
 def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, list[int]]],
@@ -219,16 +227,21 @@ def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, li
                       f"{coverage(token_map, labels):.2%} of the training labels")
 
 
-def _open_output(run: Run, step: int, resume_from: Path | None) -> None:
-    """recipe.json, trackers, a fresh metrics log (a resumed run appends), the run's summary line."""
+def _open_output(run: Run, step: int, resume_from: Path | None, stale: list[Path]) -> None:
+    """recipe.json, trackers, a fresh metrics log (a resumed run's is cut back to its step, then appended
+    to), the run's summary line. ``stale``: an earlier run's files that ``--overwrite`` removes."""
     accelerator, recipe = run.accelerator, run.recipe
+    accelerator.wait_for_everyone()  # every process has checked output_dir before anything is removed
     if accelerator.is_main_process:
+        remove_run_files(stale)
         run.out_dir.mkdir(parents=True, exist_ok=True)
         (run.out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
     if recipe.report_to != "none":
         accelerator.init_trackers("medusa", config=_flat(recipe.to_dict()))
-    if accelerator.is_main_process and step == 0 and run.metrics_path.exists():
-        run.metrics_path.unlink()
+    if accelerator.is_main_process and step == 0:
+        run.metrics_path.unlink(missing_ok=True)
+    elif accelerator.is_main_process:
+        truncate_metrics(run.metrics_path, step)
     if accelerator.is_main_process:
         train, plan = run.data.train, run.plan
         accelerator.print(f"train: {len(train)} examples ({train.num_label_tokens:,} trained tokens)"
@@ -279,19 +292,31 @@ def _finish(run: Run, step: int) -> tuple[Path | None, dict[str, Any] | None]:
     return final_dir, eval_row
 
 
-def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True) -> TrainResult:
+def _inputs(recipe: Recipe) -> dict[str, str | None]:
+    """The recipe's local inputs, by key: an output_dir holding one of them is refused."""
+    return {"model": recipe.model, "data.train": recipe.data.train, "data.eval": recipe.data.eval,
+            "heads.init_from": recipe.heads.init_from, "data.chat_template": recipe.data.chat_template
+            if (recipe.data.chat_template or "").endswith((".jinja", ".j2")) else None}
+
+
+def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True,
+          overwrite: bool = False) -> TrainResult:
     """Run the recipe. ``stop_at_step`` ends this session after that optimizer step (saving a checkpoint
     there) without writing ``final/``; a later run with ``train.resume: auto`` continues it.
-    ``progress=False``: no progress bar (the main process draws it otherwise)."""
+    ``progress=False``: no progress bar (the main process draws it otherwise). An ``output_dir`` holding
+    an earlier run or other files is refused unless the run resumes or ``overwrite`` (which removes only
+    the earlier run's files: ``final/``, checkpoints, ``metrics.jsonl``, ``recipe.json``)."""
     from tqdm.auto import tqdm
 
     if recipe.method == "medusa2":
         medusa2.check_recipe(recipe)  # before anything loads
     resume_from = resolve_resume(recipe.train.resume, Path(recipe.output_dir))
+    stale = check_output_dir(recipe.output_dir, resume_from is not None, overwrite, _inputs(recipe),
+                             keep=recipe.train.hidden_cache)
     run = _build(recipe, progress)
     plan, t = run.plan, recipe.train
     step = int(load_checkpoint(run.accelerator, resume_from)["global_step"]) if resume_from is not None else 0
-    _open_output(run, step, resume_from)
+    _open_output(run, step, resume_from, stale)
     params = [p for p in run.trainable.parameters() if p.requires_grad]
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
     bar = tqdm(total=plan.total_steps, initial=step, desc="train", dynamic_ncols=True,

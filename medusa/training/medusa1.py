@@ -97,5 +97,5 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
         heads.load_state_dict({k.removeprefix("heads."): v.detach().float().cpu() for k, v in state.items()})
         final = MedusaModel(model.base_model, heads, cfg, tree=None)
         final.config.recipe = recipe.to_dict()
-        final.save_pretrained(path)
+        final.save_pretrained(path, overwrite=True)  # the run's own final/ (output_dir checked at the start)
     accelerator.wait_for_everyone()

@@ -291,6 +291,7 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
         unwrapped = _gathered_module(unwrapped, model, recipe, accelerator.is_main_process)
     if accelerator.is_main_process:
         merged = save_merged(unwrapped.model, str(path), tokenizer=load_tokenizer(recipe),
-                             recipe=recipe.to_dict(), base_name_or_path=recipe.model, dtype=recipe.dtype)
+                             recipe=recipe.to_dict(), base_name_or_path=recipe.model, dtype=recipe.dtype,
+                             overwrite=True)  # final/ is the run's own (output_dir checked at the start)
         model.base_model, model.heads = merged.base_model, merged.heads
     accelerator.wait_for_everyone()

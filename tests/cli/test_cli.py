@@ -70,8 +70,9 @@ def test_user_error_is_one_line_and_exit_2(error, capsys):
     assert run_command(fail, debug=False) == 2
     captured = capsys.readouterr()
     assert captured.err == f"error: {error}\n" and captured.out == ""
-    with pytest.raises(type(error)):
-        run_command(fail, debug=True)
+    assert run_command(fail, debug=True) == 2  # --debug adds the traceback, the status stays 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and err.endswith(f"error: {error}\n")
 
 
 def test_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
@@ -83,8 +84,8 @@ def test_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
 
     assert run_command(fail, debug=False) == 2
     assert capsys.readouterr().err == f"error: {missing}: file not found\n"
-    with pytest.raises(FileNotFoundError):
-        run_command(fail, debug=True)
+    assert run_command(fail, debug=True) == 2
+    assert "FileNotFoundError" in capsys.readouterr().err
 
 
 def test_bugs_are_not_swallowed_and_status_passes_through():
@@ -97,13 +98,16 @@ def test_bugs_are_not_swallowed_and_status_passes_through():
     assert run_command(lambda: None, debug=False) == 0
 
 
-def test_debug_flag_reraises_through_main(tmp_path, capsys):
-    missing = str(tmp_path / "missing.yaml")
-    assert main(["train", missing]) == 2
+def test_debug_flag_adds_the_traceback_and_keeps_exit_2(tmp_path, capsys):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("model: x\nmodel: y\n")
+    assert main(["train", str(recipe)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and missing in err and err.count("\n") == 1
-    with pytest.raises(MedusaError, match="missing.yaml"):
-        main(["--debug", "train", missing])
+    assert err.startswith("error: ") and "bad.yaml:2: duplicate key 'model'" in err and err.count("\n") == 1
+    assert main(["--debug", "train", str(recipe)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "Traceback (most recent call last):" and "ConfigError" in err[-2]
+    assert err[-1].startswith("error: ") and "duplicate key" in err[-1]
 
 
 def test_python_m_medusa_train_missing_recipe(tmp_path):

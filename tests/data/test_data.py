@@ -99,7 +99,8 @@ def test_malformed_row_names_file_and_line(tok, tmp_path):
         load_tokenized(src, tok, 256, chat_template="chatml")
     arr = tmp_path / "arr.json"
     arr.write_text('[\n  {"prompt": "a", "completion": " b c d e"},\n  {"prompt": "a"}\n]\n')
-    with pytest.raises(DataError, match=r"arr\.json:3: missing key 'completion'"):
+    with pytest.raises(DataError, match=r"arr\.json: row 1 \(line 3\): missing key 'completion' \(rows like "
+                                         r"it are skipped with data.skip_invalid: true"):
         load_tokenized(str(arr), tok, 256, format="prompt_completion")
 
 

@@ -98,6 +98,6 @@ def test_read_rows_json_shapes_and_missing(tmp_path):
     assert [row for _, row in read_rows(obj)] == [{"prompt": "x"}, {"prompt": "y"}]
     arr = tmp_path / "a.json"
     arr.write_text('[\n  {"prompt": "x"},\n  {"prompt": "y"}\n]\n')
-    assert [where.rsplit(":", 1)[1] for where, _ in read_rows(arr)] == ["2", "3"]
+    assert [where.rsplit(":", 1)[1] for where, _ in read_rows(arr)] == [" row 0 (line 2)", " row 1 (line 3)"]
     with pytest.raises(DataError, match="file not found"):
         list(read_rows(tmp_path / "missing.jsonl"))

@@ -128,7 +128,8 @@ def test_cli_bench_bad_prompts_file_is_one_line_error(tmp_path, capsys):
 
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"nope": 1}\n')
-    rc = main(["bench", "--heads", str(tmp_path / "missing"), "--prompts", str(bad)])
+    # --heads: a directory but no checkpoint: the prompts are read first, before any model loads
+    rc = main(["bench", "--heads", str(tmp_path), "--prompts", str(bad), "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error:") and f"{bad}:2" in err and "\n" not in err
 

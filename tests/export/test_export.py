@@ -244,7 +244,7 @@ def test_out_never_half_written(tmp_path, base_dir, monkeypatch):
 
     monkeypatch.setattr(export_mod, "write_v1", failing)
     with pytest.raises(OSError):
-        export_checkpoint(ck, tmp_path / "out", "medusa-v1")
+        export_checkpoint(ck, tmp_path / "out", "medusa-v1", overwrite=True)
     assert {p: (tmp_path / "out" / p).read_bytes() for p in os.listdir(tmp_path / "out")} == before
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".out.")]
 

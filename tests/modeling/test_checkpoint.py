@@ -80,7 +80,7 @@ def test_save_is_atomic_on_failure(tmp_path):
     with torch.no_grad():
         model.heads.lm_heads[0].weight.add_(1)
     with pytest.raises(RuntimeError):
-        model.save_pretrained(tmp_path / "ck")
+        model.save_pretrained(tmp_path / "ck", overwrite=True)
     assert (tmp_path / "ck" / "medusa_heads.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
 

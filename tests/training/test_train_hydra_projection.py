@@ -30,7 +30,8 @@ def test_medusa_train_hydra_shared_lm_head_with_a_draft_vocab(tmp_path, monkeypa
     frozen = record_frozen(monkeypatch, heads_only)
     results = []
     train = loop.train
-    monkeypatch.setattr(loop, "train", lambda recipe: results.append(train(recipe)) or results[-1])
+    monkeypatch.setattr(loop, "train", lambda recipe, **kw: results.append(train(recipe, **kw))
+                        or results[-1])
     out = tmp_path / "run"
     code = cli_main(["train", str(TINY), f"output_dir={out}", "data.max_length=64", "train.logging_steps=5",
                      "data.eval_split=0.02", "train.eval_steps=0", "train.max_steps=30", "train.lr=5e-3",

@@ -231,8 +231,13 @@ def test_cli_calibrate_writes_tree_and_plots(stories_checkpoint, tmp_path, capsy
 
 def test_cli_calibrate_auto_nodes(stories_checkpoint, tmp_path, capsys):
     path, data = stories_checkpoint
+    if (path / "tree.json").exists():  # an earlier calibration is replaced only with --overwrite
+        before = (path / "tree.json").read_bytes()
+        assert main(["calibrate", "--heads", str(path), "--data", str(data), "--no-plots", "--quiet"]) == 2
+        assert "tree.json: exists; pass --overwrite" in capsys.readouterr().err
+        assert (path / "tree.json").read_bytes() == before
     assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "auto", "--no-plots",
-                 "--quiet"]) == 0
+                 "--quiet", "--overwrite"]) == 0
     cal = MedusaTree.from_json(path / "tree.json").calibration
     auto = cal["auto"]
     assert auto["chosen"] in auto["sizes"] and len(auto["step_time_s"]) == len(auto["sizes"])
@@ -254,7 +259,7 @@ def test_pipeline_and_cli_auto_share_the_chooser(stories_checkpoint, tmp_path, m
     summary = calibrate_stage(path, tmp_path / "final", data, nodes="auto", progress=False)
     assert summary["auto"]["chosen"] == 24 and summary["auto"]["sizes"] == list(AUTO_SIZES)
     assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "auto", "--no-plots",
-                 "--quiet"]) == 0
+                 "--quiet", "--overwrite"]) == 0
     cli = MedusaTree.from_json(path / "tree.json")
     assert cli.calibration["auto"]["chosen"] == 24
     assert MedusaTree.from_json(tmp_path / "final" / "tree.json") == cli

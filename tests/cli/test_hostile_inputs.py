@@ -1,0 +1,449 @@
+"""The hostile-input matrix, generated from the command line itself: for every command, every path argument
+(its :class:`~medusa.cli.PathKind` says what it must be) gets the cases missing / wrong kind / non-empty /
+the folder holding the inputs / non-UTF-8 content / unreadable, and every numeric option (a
+:class:`~medusa.cli.Bounded`) 0, negative, absurdly large, nan and its bounds' neighbours; the training
+recipe's path keys and numeric keys get the same treatment through ``key=value`` overrides.
+
+Each case asserts exit status 2, exactly one line on stderr, starting ``error:`` and naming the culprit,
+nothing on stdout, no traceback, and that every file and folder present before the call is byte-identical
+(same mode too) after it, with nothing added. Calls are in-process (a few load stories260K: the error comes
+after the model); the unreadable cases run as another user when the suite runs as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import shutil
+import tempfile
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from medusa.cli import Bounded, PathKind, build_parser, main
+from medusa.config import Recipe
+
+from tiny_models import STORIES, require_shared
+
+BAD_BYTES = b"model: \xff\xfe\xc3\x28 not UTF-8\n"
+NOBODY = 65534
+
+# A valid command line per command: "@name" is <workspace>/name; ("dest", "@name") is a positional.
+BASELINES: dict[str, list] = {
+    "info": ["info", ("checkpoint", "@heads")],
+    "heads init": ["heads", "init", "--base", "@model", "--out", "@new_heads"],
+    "self-distill": ["self-distill", "--model", "@model", "--prompts", "@prompts.jsonl", "--out",
+                     "@distill.jsonl", "--mode", "completion", "--max-new-tokens", "4", "--no-progress"],
+    "train": ["train", ("recipe", "@recipe.yaml")],
+    "cache-hidden": ["cache-hidden", ("recipe", "@recipe.yaml")],
+    "calibrate": ["calibrate", "--heads", "@heads", "--data", "@data.jsonl", "--quiet"],
+    "export": ["export", "--format", "tensorrt-llm", ("src", "@heads"), ("out", "@exported")],
+    "import": ["import", ("src", "@v1"), ("out", "@imported")],
+    "generate": ["generate", "--heads", "@heads", "--prompts", "@prompts.txt", "--max-new-tokens", "4"],
+    "bench": ["bench", "--heads", "@heads", "--prompts", "@prompts.txt", "--max-new-tokens", "4",
+              "--out", "@report.json", "--quiet", "--no-plots"],
+    "demo": ["demo", "--model", "@model", "--out", "@demo", "--no-progress"],
+}
+# Recipe keys that name paths, with the PathKind they would have on a command line.
+RECIPE_PATHS = {"model": "model", "data.train": "source", "data.eval": "source", "heads.init_from": "dir",
+                "data.chat_template": "template", "output_dir": "out_dir", "train.resume": "dir",
+                "train.hidden_cache": "cache_dir"}
+# Numeric recipe keys for which 0 is a meaningful value (the rest must refuse it).
+RECIPE_ZERO_OK = {"heads.num_layers", "heads.draft_vocab", "heads.teacher_loss", "data.eval_split",
+                  "train.warmup_ratio", "train.weight_decay", "train.max_grad_norm", "train.seed",
+                  "train.save_steps", "train.eval_steps", "lora.dropout", "medusa2.lambda0"}
+
+
+# ----------------------------------------------------------------------------------------- the workspace
+@pytest.fixture(scope="module")
+def pristine() -> Iterator[Path]:
+    """stories260K, a heads checkpoint on it (and its medusa-v1 export), prompts, data, a tree, a recipe;
+    under a world-traversable temp dir (the unreadable cases run as another user when we are root)."""
+    require_shared(STORIES)
+    from medusa.export import export_checkpoint
+    from medusa.modeling import MedusaModel
+    from medusa.tree import MedusaTree
+
+    root = Path(tempfile.mkdtemp(prefix="medusa-hostile-"))
+    os.chmod(root, 0o755)
+    ws = root / "pristine"
+    shutil.copytree(STORIES, ws / "model")
+    os.chmod(ws / "model", 0o755)  # the shared copy may be read-only; its copies here are written into
+    MedusaModel.from_base(str(ws / "model"), num_heads=2, num_layers=1).save_pretrained(ws / "heads")
+    export_checkpoint(ws / "heads", ws / "v1", "medusa-v1")
+    stories = ["Once upon a time there was a little girl named Lily.", "Tom had a big red ball."]
+    (ws / "prompts.txt").write_text("\n".join(stories) + "\n")
+    (ws / "prompts.jsonl").write_text("".join(json.dumps({"prompt": s}) + "\n" for s in stories))
+    (ws / "data.jsonl").write_text("".join(json.dumps({"prompt": s[:12], "completion": s[12:]}) + "\n"
+                                           for s in stories))
+    MedusaTree.from_choices([[0], [0, 0], [1]]).to_json(ws / "tree.json")
+    (ws / "template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (ws / "recipe.yaml").write_text(
+        f"model: {ws / 'model'}\ndtype: float32\nheads: {{num_heads: 2}}\n"
+        f"data: {{train: {ws / 'data.jsonl'}, format: prompt_completion, max_length: 64}}\n"
+        f"train: {{max_steps: 1, batch_size: 2, logging_steps: 1}}\noutput_dir: {ws / 'run'}\n")
+    yield ws
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _workspace(pristine: Path) -> Path:
+    """A fresh copy of the workspace (files hard-linked: a write in place shows in the snapshot, a
+    rename or delete too) at the same depth, so that the recipe's absolute paths point into the copy."""
+    case = Path(tempfile.mkdtemp(prefix="case-", dir=pristine.parent))
+    os.chmod(case, 0o755)
+    ws = case / "ws"
+    shutil.copytree(pristine, ws, copy_function=os.link)
+    recipe = (ws / "recipe.yaml").read_text().replace(str(pristine), str(ws))
+    (ws / "recipe.yaml").unlink()
+    (ws / "recipe.yaml").write_text(recipe)
+    return ws
+
+
+def _snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        content = None
+        if p.is_file():
+            try:
+                content = p.read_bytes()
+            except PermissionError:
+                content = b"<unreadable>"
+        out[p.relative_to(root).as_posix()] = (content, p.lstat().st_mode)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- hostile values
+def _copy(src: Path, dst: Path) -> Path:
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        shutil.copy(src, dst)
+    return dst
+
+
+def _suffix(kind: str, dest: str) -> str:
+    return {"template": ".jinja", "tree": ".json", "source": ".jsonl"}.get(
+        kind, ".yaml" if dest == "recipe" else ".txt")
+
+
+def _missing(ws: Path, kind: str, dest: str) -> Path | None:
+    if kind in PathKind.OUTPUTS or kind == "cache_dir":
+        return None  # an output that does not exist yet is the normal case
+    return ws / f"missing{'' if kind in ('dir', 'model') else _suffix(kind, dest)}"
+
+
+def _wrong_kind(ws: Path, kind: str, dest: str) -> Path | None:
+    if kind == "path":
+        return None  # a file or a directory: both are right
+    if kind in ("dir", "model", "out_dir", "out_into", "cache_dir"):
+        path = ws / "a_file.txt"
+        path.write_text("not a directory\n")
+        return path
+    path = ws / f"a_dir{_suffix(kind, dest)}"
+    path.mkdir()
+    (path / "inside.txt").write_text("x\n")
+    return path
+
+
+def _non_empty(ws: Path, kind: str, dest: str) -> Path | None:
+    if kind in ("out_dir", "cache_dir"):
+        path = ws / "full"
+        path.mkdir()
+        (path / "keep.txt").write_text("the user's\n")
+        return path
+    if kind == "out_into":  # a folder receiving named files: one of them is already there
+        path = ws / "plots"
+        path.mkdir()
+        (path / "tree.png").write_bytes(b"the user's plot")
+        return path
+    if kind == "out_file":
+        path = ws / "existing.jsonl"
+        path.write_text('{"the": "user\'s"}\n')
+        return path
+    return None
+
+
+def _own_folder(ws: Path, kind: str, dest: str) -> Path | None:
+    if kind == "out_dir":
+        return ws  # the folder that holds every input
+    if kind == "out_file":
+        return ws / "prompts.txt" if (ws / "prompts.txt").exists() else None  # the input itself
+    return None
+
+
+def _non_utf8(ws: Path, kind: str, dest: str) -> Path | None:
+    if kind in ("file", "tree", "template", "source", "out_file"):
+        path = ws / f"not_utf8{_suffix(kind, dest) if kind != 'out_file' else '.jsonl'}"
+        path.write_bytes(BAD_BYTES)
+        return path
+    if kind in ("dir", "path"):  # a checkpoint whose config is not UTF-8
+        path = _copy(ws / "heads", ws / "not_utf8_heads")
+        (path / "medusa_config.json").write_bytes(BAD_BYTES)
+        return path
+    if kind == "model":
+        path = _copy(ws / "model", ws / "not_utf8_model")
+        (path / "config.json").write_bytes(BAD_BYTES)
+        return path
+    return None
+
+
+def _unreadable(ws: Path, kind: str, dest: str) -> Path | None:
+    if kind in PathKind.OUTPUTS or kind == "cache_dir":
+        return None
+    if kind in ("dir", "model", "path"):
+        path = _copy(ws / ("model" if kind == "model" else "heads"), ws / "locked")
+    else:
+        path = _copy(ws / {"tree": "tree.json", "source": "data.jsonl"}.get(
+            kind, "recipe.yaml" if dest == "recipe" else "prompts.txt"), ws / f"locked{_suffix(kind, dest)}")
+    os.chmod(path, 0)
+    return path
+
+
+CASES: dict[str, Callable[[Path, str, str], Path | None]] = {
+    "missing": _missing, "wrong_kind": _wrong_kind, "non_empty": _non_empty, "own_folder": _own_folder,
+    "non_utf8": _non_utf8, "unreadable": _unreadable}
+
+
+# ----------------------------------------------------------------------------------------- the generator
+def _leaf_parsers(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return {prefix.strip(): parser}
+    out = {}
+    for action in subs:
+        for name, sub in action.choices.items():
+            out.update(_leaf_parsers(sub, f"{prefix} {name}"))
+    return out
+
+
+LEAVES = _leaf_parsers(build_parser())
+
+
+@dataclasses.dataclass
+class Case:
+    command: str
+    target: str  # the option, positional or recipe key under attack
+    kind: str  # a PathKind kind, "cache_dir", or "number"
+    name: str  # the case class (missing, non_utf8, ...) or the numeric value
+    overwrite: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.command}:{self.target}:{self.name}" + (":overwrite" if self.overwrite else "")
+
+
+def _applies(name: str, kind: str) -> bool:
+    """Whether case class ``name`` means anything for a ``kind`` path (its creator returns a path)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = Path(tmp)
+        for item in ("heads", "model"):
+            (ws / item).mkdir()
+        for item in ("prompts.txt", "data.jsonl", "tree.json", "recipe.yaml"):
+            (ws / item).write_text("x\n")
+        path = CASES[name](ws, kind, "x")
+        if path is not None and path.exists():
+            os.chmod(path, 0o755)
+        return path is not None
+
+
+def _path_cases(command: str, target: str, kind: str, can_overwrite: bool) -> list[Case]:
+    cases = [Case(command, target, kind, name) for name in CASES if _applies(name, kind)]
+    # --overwrite never lets a command write into the folder that holds its input
+    if can_overwrite and _applies("own_folder", kind):
+        cases.append(Case(command, target, kind, "own_folder", overwrite=True))
+    return cases
+
+
+def _numbers(kind: Bounded) -> list[str]:
+    huge = str(10**30) if kind.kind is int else "1e30"
+    values = ["-1", huge]
+    if kind.lo > 0 or kind.lo_open:
+        values.append("0")
+    if kind.kind is int:
+        values += [str(kind.hi + 1)] + ([str(kind.lo - 1)] if kind.lo > 0 else [])
+    else:
+        values += ["nan", "inf"]
+    return list(dict.fromkeys(values))
+
+
+def _recipe_numeric_keys() -> dict[str, type]:
+    out = {}
+    for section in dataclasses.fields(Recipe):
+        tp = typing.get_type_hints(Recipe)[section.name]
+        if dataclasses.is_dataclass(tp):
+            for f in dataclasses.fields(tp):
+                hint = typing.get_type_hints(tp)[f.name]
+                if hint in (int, float):
+                    out[f"{section.name}.{f.name}"] = hint
+    return out
+
+
+def generate() -> list[Case]:
+    cases = []
+    for command, parser in LEAVES.items():
+        can_overwrite = any("--overwrite" in a.option_strings for a in parser._actions)
+        for action in parser._actions:
+            target = action.option_strings[0] if action.option_strings else action.dest
+            if isinstance(action.type, PathKind):
+                cases += _path_cases(command, target, action.type.kind, can_overwrite)
+            elif isinstance(action.type, Bounded):
+                cases += [Case(command, target, "number", v) for v in _numbers(action.type)]
+    for key, kind in RECIPE_PATHS.items():
+        cases += _path_cases("train", key, kind, can_overwrite=True)
+    for key, tp in _recipe_numeric_keys().items():
+        values = ["-2" if key == "train.max_steps" else "-1", str(10**30) if tp is int else "1e30"]
+        values += [] if key in RECIPE_ZERO_OK else ["0"]
+        cases += [Case("train", key, "number", v) for v in values]
+    return cases
+
+
+def _argv(case: Case, ws: Path, value: str) -> list[str]:
+    """The command's baseline with ``case.target`` set to ``value`` (appended when the baseline lacks it)."""
+    argv, found = [], False
+    tokens = BASELINES[case.command]
+    for i, tok in enumerate(tokens):
+        if isinstance(tok, tuple):
+            dest, tok = tok
+            if dest == case.target:
+                tok, found = value, True
+        elif i and tokens[i - 1] == case.target:
+            tok, found = value, True
+        argv.append(str(ws / tok[1:]) if isinstance(tok, str) and tok.startswith("@") else tok)
+    if "." in case.target or case.target in RECIPE_PATHS:  # a recipe key
+        argv.append(f"{case.target}={value}")
+    elif not found:
+        argv += [case.target, value]
+    return argv + (["--overwrite"] if case.overwrite else [])
+
+
+def _call(argv: list[str], as_other_user: bool) -> tuple[int, str, str]:
+    if not as_other_user:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+        return code, out.getvalue(), err.getvalue()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, run the command, report, exit without pytest's teardown
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = main(argv)
+                except BaseException as exc:  # reported to the parent as a failure
+                    code, err = 99, io.StringIO(f"Traceback: {type(exc).__name__}: {exc}\n")
+            os.write(write_end, json.dumps([code, out.getvalue(), err.getvalue()]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        data = fh.read()
+    os.waitpid(pid, 0)
+    return tuple(json.loads(data))
+
+
+ALL_CASES = generate()
+
+
+def test_every_command_has_a_baseline_and_every_number_is_bounded():
+    assert set(LEAVES) == set(BASELINES)
+    for command, parser in LEAVES.items():
+        for action in parser._actions:
+            assert action.type not in (int, float), f"{command} {action.option_strings}: unbounded number"
+            if isinstance(action.type, Bounded):
+                assert action.type.lo >= 0 and action.type.hi < 1e30, (command, action.option_strings)
+    assert len(ALL_CASES) > 300
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
+def test_hostile_input(case: Case, pristine: Path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ws = _workspace(pristine)
+    try:
+        if case.kind == "number":
+            value, needle = case.name, case.target
+        else:
+            path = CASES[case.name](ws, case.kind, case.target)
+            assert path is not None
+            value, needle = str(path), str(path)
+        as_other_user = case.name == "unreadable" and os.geteuid() == 0
+        argv = _argv(case, ws, value)
+        before = _snapshot(ws.parent)
+        code, out, err = _call(argv, as_other_user)
+        assert code == 2, (argv, out, err)
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (argv, err)
+        assert needle in lines[0], (needle, lines[0])
+        assert out == "" and "Traceback" not in err
+        after = _snapshot(ws.parent)
+        assert after == before, sorted(set(after.items()) ^ set(before.items()), key=str)[:4]
+    finally:
+        for p in ws.glob("locked*"):  # hard links elsewhere keep their modes: only what the case locked
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        shutil.rmtree(ws.parent)
+
+
+# ------------------------------------------------------------------------------------- the issue's classes
+def _json_array_bad_row(ws: Path) -> list[str]:
+    rows = [{"prompt": "Once upon", "completion": " a time"}, {"prompt": 5, "completion": "x"}]
+    (ws / "rows.json").write_text(json.dumps(rows))  # one line: the row index is what names the culprit
+    return ["train", str(ws / "recipe.yaml"), f"data.train={ws / 'rows.json'}", "data.format=auto"]
+
+
+def _alpaca_empty_output(ws: Path) -> list[str]:
+    rows = [{"instruction": "Say hi.", "input": "", "output": "Hi."},
+            {"instruction": "Say no.", "output": ""}]
+    (ws / "alpaca.json").write_text(json.dumps(rows))
+    return ["train", str(ws / "recipe.yaml"), f"data.train={ws / 'alpaca.json'}", "data.format=alpaca",
+            "data.chat_template=chatml"]
+
+
+def _duplicate_key(ws: Path) -> list[str]:
+    recipe = ws / "recipe.yaml"
+    recipe.write_text(recipe.read_text() + "dtype: bfloat16\n")
+    return ["train", str(recipe)]
+
+
+ISSUE_CASES = {
+    "prompt_past_positions": (lambda ws: ["generate", "--heads", str(ws / "heads"), "--prompt", "Once upon a",
+                                          "--max-new-tokens", "600"],
+                              "exceed the base model's 512 positions (max_position_embeddings); allowed "
+                              "--max-new-tokens for this prompt: 1.."),
+    "nodes_past_the_possible_tree": (lambda ws: ["calibrate", "--heads", str(ws / "heads"), "--data",
+                                                 str(ws / "data.jsonl"), "--topk", "2", "--nodes", "100"],
+                                     "--nodes 100: a tree of --topk 2 ranks and depth 2 has at most 7 nodes"),
+    "json_array_bad_row_index": (_json_array_bad_row, "rows.json: row 1 (line 1)"),
+    "alpaca_empty_output_hints_skip_invalid": (_alpaca_empty_output, "data.skip_invalid: true"),
+    "duplicate_yaml_key": (_duplicate_key, "recipe.yaml:7: duplicate key 'dtype' (first given on line 2)"),
+    "export_into_the_source_folder": (lambda ws: ["export", "--format", "vllm", str(ws / "heads"), str(ws),
+                                                  "--overwrite"], "holds the input"),
+    "bench_limit_0": (lambda ws: ["bench", "--heads", str(ws / "heads"), "--prompts", str(ws / "prompts.txt"),
+                                  "--limit", "0"], "argument --limit: 0 is out of range (must be >= 1"),
+}
+
+
+@pytest.mark.parametrize("name", ISSUE_CASES)
+def test_issue_case(name: str, pristine: Path):
+    """The classes the issue reported, by example: one ``error:`` line naming the culprit, files untouched."""
+    build, needle = ISSUE_CASES[name]
+    ws = _workspace(pristine)
+    try:
+        argv = build(ws)
+        before = _snapshot(ws.parent)
+        code, out, err = _call(argv, as_other_user=False)
+        assert code == 2 and out == "" and "Traceback" not in err, (argv, out, err)
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (needle, err)
+        assert _snapshot(ws.parent) == before
+    finally:
+        shutil.rmtree(ws.parent)

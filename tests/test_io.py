@@ -1,0 +1,141 @@
+"""medusa.io: the output-path policy (never delete or replace what the command did not create), umask modes,
+and readers whose failures name the file and line."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from medusa.errors import ConfigError, MedusaError
+from medusa.io import (
+    atomic_directory,
+    atomic_write_text,
+    check_output_dir,
+    check_output_file,
+    read_json,
+    read_text,
+    read_yaml,
+)
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_new_directory_and_files_get_the_umask_mode(tmp_path, umask_022):
+    with atomic_directory(tmp_path / "out") as tmp:
+        (tmp / "a.json").write_text("{}")
+        (tmp / "sub").mkdir()
+    assert _mode(tmp_path / "out") == 0o755 and _mode(tmp_path / "out" / "a.json") == 0o644
+    atomic_write_text(tmp_path / "t.json", "{}")
+    assert _mode(tmp_path / "t.json") == 0o644
+    os.umask(0o077)
+    with atomic_directory(tmp_path / "private") as tmp:
+        (tmp / "a.json").write_text("{}")
+    assert _mode(tmp_path / "private") == 0o700 and _mode(tmp_path / "private" / "a.json") == 0o600
+
+
+def test_non_empty_output_is_refused_and_left_alone(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's")
+    with pytest.raises(MedusaError, match="out: exists and is not empty; pass --overwrite"):
+        with atomic_directory(out) as tmp:
+            (tmp / "a.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp dir left behind
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+def test_overwrite_replaces_only_what_is_written_and_owned(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("the user's")
+    (out / "a.json").write_text("old")
+    (out / "tree.json").write_text("stale tree")
+    (out / "base_model").mkdir()
+    (out / "base_model" / "old.bin").write_text("old")
+    with atomic_directory(out, overwrite=True, owns=("a.json", "tree.json", "base_model")) as tmp:
+        (tmp / "a.json").write_text("new")
+        (tmp / "base_model").mkdir()
+        (tmp / "base_model" / "new.bin").write_text("new")
+    assert (out / "mine.txt").read_text() == "the user's"
+    assert (out / "a.json").read_text() == "new" and not (out / "tree.json").exists()
+    assert [p.name for p in (out / "base_model").iterdir()] == ["new.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_empty_directory_is_filled_and_a_failed_body_changes_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    with atomic_directory(out) as tmp:
+        (tmp / "a.json").write_text("{}")
+    assert [p.name for p in out.iterdir()] == ["a.json"]
+    with pytest.raises(RuntimeError):
+        with atomic_directory(tmp_path / "new") as tmp:
+            (tmp / "half").write_text("x")
+            raise RuntimeError("interrupted")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_output_holding_an_input_is_refused_even_with_overwrite(tmp_path):
+    src = tmp_path / "proj" / "heads"
+    src.mkdir(parents=True)
+    (src / "w.bin").write_text("weights")
+    for overwrite in (False, True):
+        with pytest.raises(MedusaError, match="holds the input"):
+            check_output_dir(tmp_path / "proj", overwrite=overwrite, inputs=[src])
+        with pytest.raises(MedusaError, match="holds the input"):
+            check_output_dir(src, overwrite=overwrite, inputs=[src])
+        with pytest.raises(MedusaError, match="is the input"):
+            check_output_file(src / "w.bin", overwrite=overwrite, inputs=[src / "w.bin"])
+    assert (src / "w.bin").read_text() == "weights"
+
+
+def test_wrong_kinds_are_named(tmp_path):
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    with pytest.raises(MedusaError, match="f.txt: exists and is not a directory"):
+        check_output_dir(a_file)
+    with pytest.raises(MedusaError, match="f.txt is a file, not a directory"):
+        check_output_dir(a_file / "sub")
+    with pytest.raises(MedusaError, match="is a directory; give a file path"):
+        check_output_file(tmp_path)
+    with pytest.raises(MedusaError, match="f.txt: exists; pass --overwrite"):
+        check_output_file(a_file)
+    check_output_file(a_file, overwrite=True)
+    with pytest.raises(MedusaError, match="is a directory"):
+        atomic_write_text(tmp_path, "x")
+
+
+def test_readers_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"a":\n "\xff"}')
+    with pytest.raises(MedusaError, match=r"bad.json:2: not UTF-8 text"):
+        read_text(bad)
+    with pytest.raises(MedusaError, match="bad.json:2: not UTF-8"):
+        read_json(bad)
+    with pytest.raises(MedusaError, match="is a directory"):
+        read_text(tmp_path)
+    with pytest.raises(MedusaError, match="nope.json: not found"):
+        read_json(tmp_path / "nope.json")
+
+
+def test_yaml_duplicate_keys_are_errors(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("train:\n  lr: 1\n  epochs: 2\n  lr: 3\n")
+    with pytest.raises(ConfigError, match=r"r.yaml:4: duplicate key 'lr' \(first given on line 2\)"):
+        read_yaml(path, ConfigError)
+    path.write_text("a: {b: 1}\nc: [1, {d: 2}]\n")
+    assert read_yaml(path) == {"a": {"b": 1}, "c": [1, {"d": 2}]}
+    path.write_text("a: [1\n")
+    with pytest.raises(MedusaError, match="r.yaml:2: invalid YAML"):
+        read_yaml(path)
