@@ -32,12 +32,12 @@ from typing import Any
 
 from medusa.errors import DataError, MedusaError
 from medusa.pipelines import stages as S
+from medusa.pipelines.chat_data import MT_BENCH, reply_stats, spec_bench  # noqa: F401  (re-exported)
 from medusa.pipelines.head_types import HeadTypePlan, run_head_types
 from medusa.pipelines.ship import ship_heads
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recorded as the shipped heads' base_model_name_or_path
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
-MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 TARGETS = {"medusa1_tokens_per_step": 2.3, "hydra_tokens_per_step": 3.0, "medusa2_tokens_per_step": 2.8,
            "greedy_exact_match": 1.0, "best_speedup": 1.5}
 
@@ -73,31 +73,6 @@ class Settings:
     progress: bool = True
 
 
-def spec_bench(shared: str | Path, per_category: int | None) -> list[dict[str, Any]]:
-    """Spec-Bench public rows ``{"id", "category", "prompt"}`` (the first turn), MT-bench's eight
-    categories grouped as ``mt_bench``; the first ``per_category`` of each category."""
-    path = Path(shared) / "data" / "spec_bench_public.jsonl"
-    if not path.is_file():
-        raise DataError(f"{path}: not found (give --shared DIR)")
-    rows: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            category = "mt_bench" if row["category"] in MT_BENCH else row["category"]
-            prompt = row["turns"][0]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            raise DataError(f"{path}:{lineno}: not a Spec-Bench row ({type(exc).__name__})") from None
-        if per_category is not None and seen.get(category, 0) >= per_category:
-            continue
-        seen[category] = seen.get(category, 0) + 1
-        rows.append({"id": f"{category}-{row.get('question_id', lineno)}", "category": category,
-                     "prompt": prompt})
-    return rows
-
-
 def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
     """Replay-mode self-distillation (greedy, the model's chat template) of train and calibration prompts."""
     shared = Path(s.shared) / "data"
@@ -131,20 +106,6 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
             "train_completion_tokens": sum(p["completion_tokens"] for p in parts),
             "train_replies": reply_stats(train),
             "calib_rows": calib["written"] + calib["already_done"], "parts": [*parts, calib]}
-
-
-def reply_stats(paths: Sequence[Path]) -> dict[str, Any]:
-    """Rows, reply tokens and the share of replies cut at the token budget (kept: only their EOS is missing)
-    over the self-distilled files, resumed rows included."""
-    total = cut = tokens = 0
-    for path in paths:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                meta = json.loads(line).get("metadata", {})
-                total += 1
-                cut += "length" in meta.get("finish_reasons", [])
-                tokens += int(meta.get("completion_tokens", 0))
-    return {"rows": total, "reply_tokens": tokens, "truncated_share": round(cut / max(total, 1), 4)}
 
 
 def given_data(s: Settings, data: Path) -> dict[str, Any]:
