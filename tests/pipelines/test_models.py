@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from medusa.errors import MedusaError
-from medusa.pipelines import chat_model, models
+from medusa.modeling import packaged_models as models
+from medusa.pipelines import chat_model
 
 
 def test_registry_pins_both_models():
