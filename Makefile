@@ -41,11 +41,13 @@ bench-chat: $(STAMP)
 	$(BIN)/python -m medusa.pipelines.smollm2 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat --threads 1
 
 # Reproduce the shipped heads end to end (resumable; delete out/heads/smollm2 to start over): self-distil
-# every Alpaca prompt, hidden cache, MEDUSA-1 + Hydra heads, calibrate, copy into SHIP_TO (must not exist).
+# every Alpaca prompt + 600 requests the model writes itself, hidden cache, MEDUSA-1 (2 epochs) + Hydra (1 epoch)
+# heads, calibrate, copy into SHIP_TO (must not exist). ~100 minutes on one thread of this 2-core CPU.
 SHIP_TO ?= out/heads/shipped
 heads-chat: $(STAMP)
 	$(BIN)/python -m medusa.pipelines.chat_model
-	$(BIN)/python -m medusa.pipelines.smollm2 --out out/heads/smollm2 --ship $(SHIP_TO)
+	$(BIN)/python -m medusa.pipelines.smollm2 --out out/heads/smollm2 --synthesize 600 --hydra-set train.epochs=1 \
+		--threads 1 --ship $(SHIP_TO)
 
 # MEDUSA-1 and Hydra draft-vocabulary heads on Gemma-3-270m (262k vocabulary, sliding window 512), text prompts;
 # resumable (out/bench/gemma3). Gemma Terms of Use: the model is fetched at run time, never committed.

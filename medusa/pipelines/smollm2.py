@@ -55,6 +55,7 @@ class Settings:
     distill_batch: int = 64
     recipe: str = str(RECIPES / "smollm2_medusa1.yaml")
     recipe_overrides: tuple[str, ...] = ()
+    hydra_overrides: tuple[str, ...] = ()  # after recipe_overrides, for the Hydra heads only (--hydra-set)
     hydra: bool = True  # Hydra heads and dynamic-tree rows beside MEDUSA-1 (--no-hydra: off)
     medusa2: bool = False
     medusa2_recipe: str = str(RECIPES / "smollm2_medusa2.yaml")
@@ -211,7 +212,8 @@ def _train_hydra_and_ship(s: Settings, out: Path, model: str, hydra_overrides_: 
                                "train": trained, "calibrate": calibrated}
     if s.hydra:
         plan = HeadTypePlan(recipe=s.recipe, overrides=tuple(hydra_overrides_),
-                            user_overrides=tuple(s.recipe_overrides), calib_data=out / "data" / "calib.jsonl",
+                            user_overrides=(*s.recipe_overrides, *s.hydra_overrides),
+                            calib_data=out / "data" / "calib.jsonl",
                             medusa1_final=finals["medusa1"], hydra_final=out / "hydra" / "final", reports={})
         hydra_trained = S.run_stage(out, "hydra_train", lambda: S.train_recipe(
             s.recipe, hydra_overrides(plan), progress=s.progress), log)
@@ -350,6 +352,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                         help="also train on N user requests the model writes itself (Magpie)")
     parser.add_argument("--shipped", default=None, metavar="DIR",
                         help="benchmark the head sets shipped in DIR (medusa1/, hydra/); no training")
+    parser.add_argument("--hydra-set", action="append", default=[], metavar="key=value",
+                        help="recipe override for the Hydra heads only (repeatable), e.g. train.epochs=1")
     parser.add_argument("--ship", default=None, metavar="DIR",
                         help="after training, copy the calibrated MEDUSA-1 and Hydra heads into DIR")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -361,6 +365,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                  calib_prompts=args.calib_prompts, train_data=args.train_data, calib_data=args.calib_data,
                  threads=args.threads, medusa2=args.medusa2, hydra=not args.no_hydra,
                  synthesize=args.synthesize, shipped=args.shipped, ship=args.ship,
+                 hydra_overrides=tuple(args.hydra_set),
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
     if args.all_prompts:
         s.sharegpt_prompts, s.alpaca_prompts, s.per_category = None, 5000 - s.calib_prompts, None
