@@ -84,7 +84,8 @@ def test_build_resumes_after_a_kill_and_equals_a_full_build(tmp_path, monkeypatc
     (tmp_path / "c" / "shard-00002.hidden.tmp").write_bytes(b"half a shard")  # what a kill mid-write leaves
     written = []
     real = HC.write_shard
-    monkeypatch.setattr(HC, "write_shard", lambda plan, i, *a, **k: (written.append(i), real(plan, i, *a, **k)))
+    monkeypatch.setattr(HC, "write_shard",
+                        lambda plan, i, *a, **k: (written.append(i), real(plan, i, *a, **k)))
     cache = HC.prepare(tmp_path / "c", base, examples, **kw)
     assert written == list(range(2, n_shards))
     monkeypatch.setattr(HC, "write_shard", real)
