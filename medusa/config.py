@@ -27,7 +27,7 @@ HYDRA_PROJECTIONS = ("own", "shared_lm_head")
 FORMATS = ("auto", "sharegpt", "messages", "alpaca", "prompt_completion", "text")
 SCHEDULERS = ("cosine", "linear", "constant")
 REPORT_TO = ("none", "wandb", "tensorboard")
-MIXED_PRECISION = ("no", "bf16", "fp16")
+MIXED_PRECISION = ("no", "bf16", "fp16", "auto")  # auto: bf16 where the device computes it natively
 STEPS_MAX = 10**9
 
 
@@ -70,7 +70,7 @@ class TrainConfig:
     eval_steps: int = 0  # 0: evaluate only at the end (when there is eval data)
     logging_steps: int = 10
     resume: str | None = None  # null | auto | a checkpoint-<step> directory
-    mixed_precision: str | None = None  # null: whatever `accelerate launch` was given
+    mixed_precision: str | None = None  # null: whatever `accelerate launch` was given; auto: bf16 if native
     loss_chunk_size: int = 1024  # positions per head per chunk in the head loss
     hidden_cache: str | None = None  # MEDUSA-1: a directory of cached backbone hidden states (built once)
 

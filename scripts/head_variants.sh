@@ -39,7 +39,7 @@ train() {  # name data cache [overrides...]
   local name=$1 data=$2 cache=$3; shift 3
   if [ ! -d "$OUT/$name/final" ]; then
     $MEDUSA train $RECIPE model="$MODEL" data.train="$data" data.eval="$OUT/data/eval.jsonl" \
-      train.epochs=$EPOCHS train.mixed_precision=${MIXED:-no} train.hidden_cache="$OUT/$cache" \
+      train.epochs=$EPOCHS train.mixed_precision=${MIXED:-null} train.hidden_cache="$OUT/$cache" \
       train.save_steps=100000 output_dir="$OUT/$name" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "it/s"
   fi
   if [ ! -f "$OUT/$name/final/tree.json" ]; then

@@ -359,7 +359,7 @@ def cache_for_recipe(recipe: Any, dtype: str = "bfloat16", log: Callable[[str], 
     base.eval()
     cache = prepare(recipe.train.hidden_cache, base, data.train.examples, data.pad_token_id,
                     recipe.train.batch_size, dtype=dtype, log=log,
-                    bf16_compute=recipe.train.mixed_precision == "bf16")
+                    bf16_compute=S.mixed_precision(recipe) == "bf16")
     assert cache is not None
     return cache
 

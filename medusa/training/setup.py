@@ -15,19 +15,29 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.data import TokenizedData, load_tokenized
 from medusa.errors import ConfigError
-from medusa.modeling.base import load_base_model
+from medusa.modeling.base import load_base_model, native_bf16
 from medusa.modeling.base import load_tokenizer as _load_tokenizer
 from medusa.modeling.quantization import bnb_config, keep_plain_4bit_layout
 
 
 # ----------------------------------------------------------------------------------------- accelerator
+def mixed_precision(recipe: Recipe) -> str | None:
+    """The recipe's ``train.mixed_precision`` with ``auto`` resolved: ``bf16`` where the training device
+    (CUDA when available, else the CPU) computes bfloat16 natively (:func:`native_bf16`: Ampere+, or AVX-512
+    BF16 / AMX), else ``no`` (emulated bf16 runs several times slower than float32 on such CPUs)."""
+    value = recipe.train.mixed_precision
+    if value != "auto":
+        return value
+    return "bf16" if native_bf16("cuda" if torch.cuda.is_available() else "cpu") else "no"
+
+
 def make_accelerator(recipe: Recipe) -> Any:
     from accelerate import Accelerator
 
     kwargs: dict[str, Any] = {"gradient_accumulation_steps": recipe.train.grad_accum,
                               "project_dir": recipe.output_dir}
     if recipe.train.mixed_precision is not None:
-        kwargs["mixed_precision"] = recipe.train.mixed_precision
+        kwargs["mixed_precision"] = mixed_precision(recipe)
     if recipe.report_to != "none":
         kwargs["log_with"] = recipe.report_to
     accelerator = Accelerator(**kwargs)
