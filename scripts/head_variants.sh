@@ -34,6 +34,27 @@ distill() {  # prompts -> the model's own greedy replies (resumes an interrupted
 distill "$OUT/data/prompts_train.jsonl" "$OUT/data/self.jsonl"
 distill "$OUT/data/prompts_eval.jsonl" "$OUT/data/eval.jsonl"
 
+# Human answers at the self-distilled replies' token budget: Alpaca rows (never the held-out ones) until their
+# answers hold as many tokens as the model's own replies to the N prompts.
+$PY - "$SHARED/data/alpaca_5000.json" "$OUT/data" "$MODEL" <<'PYEOF'
+import json, sys
+from transformers import AutoTokenizer
+rows = json.load(open(sys.argv[1], encoding="utf-8"))[:-100]
+out, tok = sys.argv[2], AutoTokenizer.from_pretrained(sys.argv[3])
+budget = sum(len(tok(m["content"]).input_ids) for line in open(f"{out}/self.jsonl", encoding="utf-8")
+             for m in json.loads(line)["messages"] if m["role"] == "assistant")
+used, picked = 0, []
+for r in rows:
+    if used >= budget:
+        break
+    picked.append(r)
+    used += len(tok(r["output"]).input_ids)
+with open(f"{out}/human_budget.jsonl", "w", encoding="utf-8") as f:
+    for r in picked:
+        f.write(json.dumps(r) + "\n")
+print(f"human answers at the self-distilled budget: {len(picked)} rows, {used} answer tokens (budget {budget})")
+PYEOF
+
 RECIPE=medusa/pipelines/recipes/smollm2_medusa1.yaml
 train() {  # name data cache [overrides...]
   local name=$1 data=$2 cache=$3; shift 3
@@ -50,17 +71,27 @@ train shared_self   "$OUT/data/self.jsonl"             cache_self
 train linear_self   "$OUT/data/self.jsonl"             cache_self heads.head_type=linear
 train hydra_self    "$OUT/data/self.jsonl"             cache_self heads.head_type=hydra
 train shared_human  "$OUT/data/prompts_train.jsonl"    cache_human
+train shared_human_budget "$OUT/data/human_budget.jsonl" cache_human_budget
+# teacher_loss needs the full vocabulary (the KL to the base distribution): hard labels vs KL, both full-vocabulary
+# (one epoch each: a full-vocabulary step costs ~9 s here against ~1 s with the draft vocabulary)
+train full_hard     "$OUT/data/self.jsonl"             cache_self heads.draft_vocab=0 train.epochs=1
+train full_teacher  "$OUT/data/self.jsonl"             cache_self heads.draft_vocab=0 heads.teacher_loss=1.0 train.epochs=1
 
 $PY - "$OUT" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-print("| heads (4, draft vocabulary 8,192) | training data | trained tokens | held-out top-1, heads 1-4 | predicted tokens/step (16 nodes) | head parameters |")
+print("| heads (4; draft vocabulary 8,192 unless noted) | training data | trained tokens | held-out top-1, heads 1-4 | predicted tokens/step (16 nodes) | head parameters |")
 print("|---|---|---:|---|---:|---:|")
 for name, what, data in (("shared_self", "MEDUSA-1, shared LM head", "self-distilled"),
                          ("linear_self", "MEDUSA-1, linear (own draft projection)", "self-distilled"),
                          ("hydra_self", "Hydra, shared LM head", "self-distilled"),
-                         ("shared_human", "MEDUSA-1, shared LM head", "human (Alpaca answers)")):
+                         ("shared_human", "MEDUSA-1, shared LM head", "human (Alpaca answers), same prompts"),
+                         ("shared_human_budget", "MEDUSA-1, shared LM head",
+                          "human (Alpaca answers), same token budget"),
+                         ("full_hard", "MEDUSA-1, shared LM head, full vocabulary, hard labels, 1 epoch", "self-distilled"),
+                         ("full_teacher", "MEDUSA-1, shared LM head, full vocabulary, `teacher_loss: 1.0`, 1 epoch",
+                          "self-distilled")):
     d = out / name
     if not (d / "final" / "tree.json").exists():
         continue
