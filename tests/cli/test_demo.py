@@ -1,0 +1,22 @@
+"""``medusa demo``: a failing stage is one ``error:`` line (exit 2) and leaves no marker; an --out that is
+neither new, empty nor a demo directory is refused before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_demo_stage_failure_is_one_line_error_without_marker(tmp_path, capsys):
+    from medusa.cli import main
+    from medusa.pipelines.stages import StageError, marker_path, run_stage
+
+    def broken() -> dict:
+        raise RuntimeError("disk on fire\nsecond line")
+
+    with pytest.raises(StageError, match=r"^stage 'train' failed: RuntimeError: disk on fire \(re-run"):
+        run_stage(tmp_path, "train", broken, log=lambda _: None)
+    assert not marker_path(tmp_path, "train").exists()
+
+    rc = main(["demo", "--model", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error:") and "nothing" in err and "\n" not in err
