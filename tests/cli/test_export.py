@@ -39,3 +39,15 @@ def test_cli_errors_exit_2(tmp_path, base_dir, capsys):
     assert code == 2 and err[0].startswith("error:") and "deeper" in err[0]
     assert not (tmp_path / "o").exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".o.")]
+
+
+def test_cli_export_prints_the_layout_backbone_and_commands(tmp_path, base_dir, capsys):
+    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1, head_type="shared_lm_head")
+    capsys.readouterr()
+    assert main(["export", "--format", "vllm", str(ck), str(tmp_path / "v")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"wrote {tmp_path / 'v'} (vllm): 2 heads x 1 layer(s), W2 materialised from the base "
+                        "LM head once (original_lm_head: one lm_head.weight shared by all heads)")
+    assert lines[1] == (f"backbone: {base_dir.resolve()} (the base model the checkpoint was trained on (its "
+                        f"base_model_name_or_path); tokenizer: {base_dir.resolve()})")
+    assert lines[2] == "load it with:" and lines[3].startswith(f"  vllm serve {base_dir.resolve()} ")

@@ -1,10 +1,19 @@
-"""Per-category figures (Spec-Bench style) are the same aggregate applied to each category's rows."""
+"""medusa.eval.report: per-category figures (Spec-Bench style) are the same aggregate applied to each
+category's rows; the files written, the markdown table and the terminal summary."""
 
+import json
 from collections import Counter
 
 import pytest
 
-from medusa.eval.report import aggregate, category_table, summarize
+from medusa.eval.report import (
+    aggregate,
+    category_table,
+    format_summary,
+    report_paths,
+    summarize,
+    write_report,
+)
 
 
 def _row(category, steps, tps, new, base_s, md_s, exact, lookup_s):
@@ -35,3 +44,36 @@ def test_no_categories_without_labels():
     row = _row("x", 4, 2.0, 9, 1.0, 0.5, True, 0.8)
     del row["category"]
     assert "categories" not in summarize([row], Counter({2: 4}), {})
+
+
+def test_report_paths_are_what_write_report_writes(tmp_path):
+    out = tmp_path / "bench" / "run.json"
+    folder = tmp_path / "bench"
+    assert report_paths(out) == [out, folder / "run.md", folder / "run_accept_lengths.png",
+                                 folder / "run_speedup.png"]
+    assert report_paths(out, plots=False) == [out, tmp_path / "bench" / "run.md"]
+    rows = [_row("qa", 10, 2.0, 21, 1.0, 0.5, True, 0.9)]
+    for r in rows:
+        r.update(prompt_tokens=5, baseline_tokens_per_s=21.0, medusa_tokens_per_s=42.0)
+    config = {"base_model": "m", "num_heads": 3, "tree_nodes": 8, "max_new_tokens": 21,
+              "acceptance": "greedy", "dtype": "float32", "hardware": "cpu", "torch_threads": 1,
+              "date": "2026-11-24"}
+    report = summarize(rows, Counter({2: 10}), config)
+    assert write_report(report, out, plots=False) == report_paths(out, plots=False)
+    assert json.loads(out.read_text())["config"] == config
+    table = out.with_suffix(".md").read_text()
+    assert "| MEDUSA | 42.0 | 2.00x | 2.00 | 2.00 | 1.00 |" in table
+    assert "| 0 | 5 | 21 | 21.0 | 42.0 |" in table
+
+
+def test_format_summary_lines():
+    rows = [_row("qa", 10, 2.0, 21, 1.0, 0.5, True, 0.9), _row("qa", 5, 3.0, 16, 2.0, 0.5, True, 1.0)]
+    report = summarize(rows, Counter({2: 15}), {})
+    lines = format_summary(report).splitlines()
+    assert lines[0] == f"HF generate          {37 / 3.0:8.1f} tokens/s"
+    assert lines[2] == "speedup (median)         3.00x   (range 2.00-4.00)"
+    assert lines[5] == "greedy exact match       1.00" and lines[-1].startswith("HF prompt lookup")
+    assert lines[-1] == f"HF prompt lookup     {37 / 1.9:8.1f} tokens/s, {(1 / 0.9 + 2.0) / 2:.2f}x"
+    report["greedy_exact_match"] = None
+    del report["prompt_lookup"]
+    assert not any(line.startswith(("greedy", "HF prompt")) for line in format_summary(report).splitlines())
