@@ -13,7 +13,7 @@ import pytest
 import torch
 from export_helpers import checkpoint as _checkpoint
 from export_helpers import heads_tensors as _ours
-from export_helpers import save_tiny_base
+from export_helpers import perturb, save_tiny_base
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -169,10 +169,7 @@ def _shared_checkpoint(tmp_path, base_dir, num_layers):
 
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     model = MedusaModel.from_base(base, num_heads=3, num_layers=num_layers, head_type="shared_lm_head")
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for p in model.heads.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
+    perturb(model, seed=7, scale=0.2)
     path = tmp_path / f"shared-{num_layers}"
     model.save_pretrained(path)
     return path, model

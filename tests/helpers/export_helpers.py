@@ -22,12 +22,12 @@ def save_tiny_base(path: Path) -> Path:
     return path
 
 
-def perturb(model, seed=1):
+def perturb(model, seed=1, scale=0.1):
     """Heads moved off their initialisation (in place): W1 / b no longer zero, W2 no longer the LM head."""
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in model.heads.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+            p.add_(torch.randn_like(p) * scale)
     return model
 
 
@@ -54,12 +54,8 @@ def draft_checkpoint(tmp_path, base_dir, head_type="linear", num_heads=3, num_la
 
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     tm = torch.randperm(base.config.vocab_size, generator=torch.Generator().manual_seed(3))[:DRAFT_N]
-    model = MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers, head_type=head_type,
-                                  token_map=tm)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.heads.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+    model = perturb(MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers,
+                                          head_type=head_type, token_map=tm), seed=1)
     path = tmp_path / f"ck-{head_type}"
     model.save_pretrained(path)
     return path, model, tm
