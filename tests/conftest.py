@@ -31,3 +31,12 @@ def tiny_recipe_env(monkeypatch):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def stories_medusa():
+    """stories260K with 4 heads fitted on its own greedy outputs (shared with the decoding tests): their
+    tree paths are accepted, so the greedy checks cover accepted runs, not only the root."""
+    from fit_heads import fitted_stories_heads
+
+    return fitted_stories_heads(num_heads=4, num_layers=1)

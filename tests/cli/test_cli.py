@@ -108,12 +108,3 @@ def test_debug_flag_adds_the_traceback_and_keeps_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "Traceback (most recent call last):" and "ConfigError" in err[-2]
     assert err[-1].startswith("error: ") and "duplicate key" in err[-1]
-
-
-def test_python_m_medusa_train_missing_recipe(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "medusa.train", "missing.yaml"], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.yaml" in lines[0], proc.stderr

@@ -1,5 +1,5 @@
-"""medusa bench: report keys, exact greedy equality with HF generate, EOS handled alike, files, CLI; and a
-reduced stories260K benchmark pipeline end to end with stage reuse."""
+"""medusa.eval.bench: report keys, exact greedy equality with HF generate, EOS handled alike, the report
+files. (The command: tests/cli/test_bench.py; the stories260K pipeline: tests/integration.)"""
 
 from __future__ import annotations
 
@@ -8,26 +8,14 @@ import os
 import statistics
 
 import pytest
-import torch
+from pipeline_helpers import REPORT_KEYS
 
-from tiny_models import SHARED, STORIES, require_shared, stories_tokenizer
+from tiny_models import stories_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-REPORT_KEYS = {"baseline_tokens_per_s", "medusa_tokens_per_s", "speedup", "tokens_per_step", "overhead",
-               "greedy_exact_match", "rows", "config", "accept_length_histogram", "medusa_step_ms",
-               "plain_step_ms"}
 PROMPTS = ["Once upon a time, there was a little dog.", "Tom and Sue went to the park.",
            "The sun was hot and the bird sang."]
-
-
-@pytest.fixture(scope="module")
-def stories_medusa():
-    """stories260K with 4 heads fitted on its own greedy outputs (shared with the decoding tests): their
-    tree paths are accepted, so the greedy checks cover accepted runs, not only the root."""
-    from fit_heads import fitted_stories_heads
-
-    return fitted_stories_heads(num_heads=4, num_layers=1)
 
 
 def test_bench_greedy_matches_hf_generate_and_writes_files(stories_medusa, tmp_path):
@@ -101,67 +89,3 @@ def test_bench_sampling_has_no_exact_match(stories_medusa):
     assert report["greedy_exact_match"] is None
     assert report["rows"][0]["new_tokens"] == 8
     assert report["config"]["acceptance"] == "typical"
-
-
-def test_cli_bench_mtbench_prompts_and_assistant(stories_medusa, tmp_path, capsys):
-    from medusa.cli import main
-
-    heads = tmp_path / "heads"
-    stories_medusa.save_pretrained(heads)
-    prompts = tmp_path / "q.jsonl"
-    prompts.write_text("\n".join(json.dumps({"question_id": i, "turns": [p, "and then?"]})
-                                 for i, p in enumerate(PROMPTS[1:])) + "\n")
-    out = tmp_path / "bench" / "report.json"
-    rc = main(["bench", "--heads", str(heads), "--prompts", str(prompts), "--max-new-tokens", "10",
-               "--assistant-model", str(STORIES), "--threads", "1", "--quiet", "--out", str(out)])
-    assert rc == 0
-    report = json.loads(out.read_text())
-    assert report["prompts"] == 2 and report["greedy_exact_match"] == 1.0
-    assert report["assisted"]["greedy_exact_match"] == 1.0  # the base drafting for itself: same tokens
-    assert report["rows"][0]["prompt"] == PROMPTS[1]
-    assert max(int(k) for k in report["accept_length_histogram"]) >= 3
-    assert "speedup (median)" in capsys.readouterr().out
-
-
-def test_cli_bench_bad_prompts_file_is_one_line_error(tmp_path, capsys):
-    from medusa.cli import main
-
-    bad = tmp_path / "p.jsonl"
-    bad.write_text('{"prompt": "fine"}\n{"nope": 1}\n')
-    # --heads: a directory but no checkpoint: the prompts are read first, before any model loads
-    rc = main(["bench", "--heads", str(tmp_path), "--prompts", str(bad), "--out", str(tmp_path / "r.json")])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.startswith("error:") and f"{bad}:2" in err and "\n" not in err
-
-
-def test_stories260k_pipeline_reduced_end_to_end_and_reuse(tmp_path):
-    """The `make bench` pipeline on tiny budgets: every stage runs, the report lands where documented, and a
-    re-run reuses every stage (outputs untouched)."""
-    require_shared(SHARED)
-    from medusa.pipelines.stories260k import Settings, run
-
-    torch.manual_seed(0)
-    s = Settings(out=str(tmp_path / "b"), shared=str(SHARED), train_stories=16, max_sentences=1,
-                 distill_tokens=32, samples=0, calib_stories=6, bench_prompts=2, max_new_tokens=16, repeats=1,
-                 nodes="8", progress=False,
-                 recipe_overrides=("train.epochs=1", "train.batch_size=4", "train.save_steps=0",
-                                   "data.eval_split=0", "heads.num_heads=3", "heads.num_layers=1"))
-    logs: list[str] = []
-    summary = run(s, log=logs.append)
-    out = tmp_path / "b"
-    report = json.loads((out / "report.json").read_text())
-    assert REPORT_KEYS <= set(report) and report["greedy_exact_match"] == 1.0
-    assert (out / "final" / "tree.json").is_file() and (out / "final" / "medusa_heads.safetensors").is_file()
-    assert summary["calibrate"]["nodes"] == 8
-    # measured, reported; exactness is not a target to miss
-    assert set(summary["missed"]) <= {"tokens_per_step", "speedup"}
-    prompts = [json.loads(line)["prompt"]
-               for line in (out / "data" / "prompts_bench.jsonl").read_text().splitlines()]
-    train = (out / "data" / "prompts_train.jsonl").read_text()
-    assert prompts and not any(json.dumps(p) in train for p in prompts)  # held-out prompts never distilled
-    mtime = (out / "final" / "tree.json").stat().st_mtime_ns
-    logs.clear()
-    again = run(s, log=logs.append)
-    assert all("reusing" in line for line in logs), logs
-    assert (out / "final" / "tree.json").stat().st_mtime_ns == mtime
-    assert again["bench"]["speedup"] == summary["bench"]["speedup"]

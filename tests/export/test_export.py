@@ -1,106 +1,29 @@
+"""medusa.export: export_checkpoint / import_checkpoint across formats — the tree written, bit-exact round
+trips, the summary's layout and W2 copies, refusals (Hydra heads, draft vocabularies outside vLLM, ...),
+notes, and an output never half-written."""
+
 import json
 import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from export_helpers import DRAFT_N as N
+from export_helpers import checkpoint as _checkpoint
+from export_helpers import draft_checkpoint as _draft_checkpoint
+from export_helpers import heads_tensors as _ours
+from export_helpers import save_tiny_base
+from safetensors.torch import load_file
 
 from medusa import MedusaModel, MedusaTree
-from medusa.cli import main
-from medusa.export import export_checkpoint, import_checkpoint
+from medusa.errors import CheckpointError, MedusaError
+from medusa.export import EXPORT_FORMATS, export_checkpoint, import_checkpoint
 
 from tiny_models import tiny_model
 
 
-def _perturb(model, seed=1):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.heads.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return model
-
-
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("base") / "llama"
-    tiny_model("llama").save_pretrained(path)
-    # tokenizer files TGI export must copy (their content is not read by anything here)
-    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
-    (path / "special_tokens_map.json").write_text(json.dumps({"eos_token": "</s>"}))
-    return path
-
-
-def _checkpoint(tmp_path, base_dir, num_heads=3, num_layers=2, head_type="linear", dtype=None, tree=None):
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(base_dir)
-    model = _perturb(MedusaModel.from_base(base, num_heads=num_heads, num_layers=num_layers,
-                                           head_type=head_type, heads_dtype=dtype))
-    model.tree = tree
-    path = tmp_path / f"ck-{head_type}-{num_heads}x{num_layers}"
-    model.save_pretrained(path)
-    return path, model
-
-
-def _ours(path):
-    return load_file(str(path / "medusa_heads.safetensors"))
-
-
-def test_vllm_keys_config_and_values(tmp_path, base_dir):
-    ck, _ = _checkpoint(tmp_path, base_dir)
-    export_checkpoint(ck, tmp_path / "v", "vllm")
-    assert sorted(os.listdir(tmp_path / "v")) == ["config.json", "model.safetensors"]
-    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
-    assert cfg["model_type"] == "medusa" and cfg["architectures"] == ["MedusaModel"]
-    assert (cfg["num_heads"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"],
-            cfg["truncated_vocab_size"], cfg["medusa_fc_bias"], cfg["original_lm_head"]) == (3, 2, 32, 96, 96,
-                                                                                          True, False)
-    # vLLM's MedusaConfig.from_pretrained renames every key holding "num" + "heads" / "layers": only ours may
-    renamed = {k for k in cfg if "num" in k and ("heads" in k or "layers" in k)}
-    assert renamed == {"num_heads", "num_hidden_layers"}
-    tensors = load_file(str(tmp_path / "v" / "model.safetensors"))
-    expected = {f"blocks.{k}.layers.{l}.{w}" for k in range(3) for l in range(2) for w in ("weight", "bias")}
-    expected |= {f"lm_heads.{k}.weight" for k in range(3)}
-    assert set(tensors) == expected
-    src = _ours(ck)
-    for k in range(3):
-        assert torch.equal(tensors[f"lm_heads.{k}.weight"], src[f"lm_heads.{k}.weight"])
-        for l in range(2):
-            assert torch.equal(tensors[f"blocks.{k}.layers.{l}.weight"], src[f"blocks.{k}.{l}.linear.weight"])
-            assert torch.equal(tensors[f"blocks.{k}.layers.{l}.bias"], src[f"blocks.{k}.{l}.linear.bias"])
-
-
-@pytest.mark.parametrize("fmt", ["medusa-v1", "tgi", "tensorrt-llm"])
-def test_medusa_v1_family_keys_config_and_values(tmp_path, base_dir, fmt):
-    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
-    summary = export_checkpoint(ck, tmp_path / fmt, fmt)
-    out = tmp_path / fmt
-    tensors = load_file(str(out / "medusa_lm_head.safetensors"))
-    assert set(tensors) == {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight",
-                            "1.0.linear.weight", "1.0.linear.bias", "1.1.weight"}
-    src = _ours(ck)
-    for h in range(2):
-        assert torch.equal(tensors[f"{h}.0.linear.weight"], src[f"blocks.{h}.0.linear.weight"])
-        assert torch.equal(tensors[f"{h}.0.linear.bias"], src[f"blocks.{h}.0.linear.bias"])
-        assert torch.equal(tensors[f"{h}.1.weight"], src[f"lm_heads.{h}.weight"])
-    cfg = json.loads((out / "config.json").read_text())
-    assert cfg["medusa_num_heads"] == 2 and cfg["medusa_num_layers"] == 1
-    assert cfg["base_model_name_or_path"] == str(base_dir.resolve())
-    assert "architectures" not in cfg  # TGI picks MedusaHeadV1 only without it
-    if fmt == "tgi":
-        assert summary["tokenizer_files"] == ["tokenizer_config.json", "special_tokens_map.json"]
-        for name in summary["tokenizer_files"]:
-            assert (out / name).read_bytes() == (base_dir / name).read_bytes()
-    else:
-        assert summary["tokenizer_files"] == [] and not (out / "tokenizer_config.json").exists()
-    if fmt in ("tensorrt-llm", "medusa-v1"):  # official medusa_generate / TensorRT-LLM run.py need the tree
-        choices = json.loads(cfg["medusa_choices"])
-        assert choices == json.loads((out / "medusa_choices.txt").read_text())
-        assert max(len(c) for c in choices) <= 2
-        assert cfg.get("max_draft_len") == (len(choices) if fmt == "tensorrt-llm" else None)
-        assert cfg.get("num_medusa_heads") == (2 if fmt == "tensorrt-llm" else None)
-    else:
-        assert "medusa_choices" not in cfg
+    return save_tiny_base(tmp_path_factory.mktemp("base") / "llama")
 
 
 def test_tensorrt_llm_uses_calibrated_tree(tmp_path, base_dir):
@@ -133,26 +56,6 @@ def test_round_trip_bit_exact(tmp_path, base_dir, fmt):
         assert back.tree is not None and len(back.tree) == 64
 
 
-def test_shared_lm_head_is_written_once_for_vllm(tmp_path, base_dir):
-    ck, model = _checkpoint(tmp_path, base_dir, num_heads=3, num_layers=2, head_type="shared_lm_head")
-    summary = export_checkpoint(ck, tmp_path / "v", "vllm")
-    assert (summary["layout"], summary["materialised_lm_head"], summary["lm_head_copies"]) == (
-        "vllm-original-lm-head", True, 1)
-    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
-    assert cfg["original_lm_head"] is True and cfg["truncated_vocab_size"] == cfg["vocab_size"] == 96
-    tensors = load_file(str(tmp_path / "v" / "model.safetensors"))
-    blocks = {f"blocks.{k}.layers.{l}.{p}" for k in range(3) for l in range(2) for p in ("weight", "bias")}
-    assert set(tensors) == blocks | {"lm_head.weight"}  # ONE LM head, vLLM's shared lm_head parameter
-    assert torch.equal(tensors["lm_head.weight"], model.base_model.get_output_embeddings().weight)
-    # and importing gives linear heads that compute what the shared ones did
-    import_checkpoint(tmp_path / "v", tmp_path / "back")
-    back = MedusaModel.from_pretrained(tmp_path / "back", base_model=model.base_model)
-    assert back.config.head_type == "linear"
-    hidden = torch.randn(1, 4, 32)
-    with torch.no_grad():
-        assert torch.equal(back.heads(hidden), model.heads(hidden))
-
-
 def test_linear_vllm_export_and_per_head_formats_keep_one_w2_per_head(tmp_path, base_dir):
     ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
     summary = export_checkpoint(ck, tmp_path / "v", "vllm")
@@ -166,69 +69,6 @@ def test_linear_vllm_export_and_per_head_formats_keep_one_w2_per_head(tmp_path, 
     tensors = load_file(str(tmp_path / "v1" / "medusa_lm_head.safetensors"))
     lm = model.base_model.get_output_embeddings().weight
     assert all(torch.equal(tensors[f"{k}.2.weight"], lm) for k in range(2))
-
-
-def test_import_official_v01_pt_and_v2_prefixed(tmp_path, base_dir):
-    torch.manual_seed(0)
-    state = {}
-    for h in range(4):
-        state[f"{h}.0.linear.weight"] = torch.randn(32, 32, dtype=torch.float16)
-        state[f"{h}.0.linear.bias"] = torch.randn(32, dtype=torch.float16)
-        state[f"{h}.1.weight"] = torch.randn(96, 32, dtype=torch.float16)
-    v01 = tmp_path / "v01"
-    v01.mkdir()
-    torch.save(state, v01 / "medusa_lm_head.pt")
-    # the official vicuna-7b-v1.3 config says 2 heads but ships 4: counts come from the tensors
-    (v01 / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
-                                                 "base_model_name_or_path": str(base_dir)}))
-    summary = import_checkpoint(v01, tmp_path / "ours1")
-    assert summary["num_heads"] == 4 and summary["format"] == "medusa-v1"
-    ours = _ours(tmp_path / "ours1")
-    for h in range(4):
-        assert torch.equal(ours[f"blocks.{h}.0.linear.weight"], state[f"{h}.0.linear.weight"])
-        assert torch.equal(ours[f"lm_heads.{h}.weight"], state[f"{h}.1.weight"])
-    v2 = tmp_path / "v2"
-    v2.mkdir()
-    save_file({f"medusa_head.{k}": v for k, v in state.items()}, str(v2 / "medusa_lm_head.safetensors"))
-    import_checkpoint(v2, tmp_path / "ours2", base=str(base_dir))
-    assert all(torch.equal(a, b) for a, b in zip(_ours(tmp_path / "ours1").values(),
-                                                 _ours(tmp_path / "ours2").values()))
-    model = MedusaModel.from_pretrained(tmp_path / "ours2")
-    assert model.num_heads == 4 and model.heads.blocks[0][0].linear.weight.dtype == torch.float16
-
-
-def _err(capsys, argv):
-    capsys.readouterr()  # drop what the fixtures printed (weight-loading progress bars)
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    return code, err
-
-
-def test_cli_errors_exit_2(tmp_path, base_dir, capsys):
-    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
-    code, err = _err(capsys, ["export", "--format", "onnx", str(ck), str(tmp_path / "o")])
-    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and "onnx" in err[0]
-    (tmp_path / "junk").mkdir()
-    (tmp_path / "junk" / "notes.txt").write_text("hi")
-    code, err = _err(capsys, ["export", "--format", "vllm", str(tmp_path / "junk"), str(tmp_path / "o")])
-    assert code == 2 and err[0].startswith("error:") and "medusa_config.json" in err[0]
-    code, err = _err(capsys, ["import", str(tmp_path / "junk"), str(tmp_path / "o")])
-    assert code == 2 and err[0].startswith("error:") and "not a MEDUSA checkpoint" in err[0]
-    deep = tmp_path / "deep.json"
-    MedusaTree.from_choices([[0], [0, 0], [0, 0, 0]]).to_json(deep)
-    code, err = _err(capsys, ["export", "--format", "tensorrt-llm", "--tree", str(deep), str(ck),
-                              str(tmp_path / "o")])
-    assert code == 2 and err[0].startswith("error:") and "deeper" in err[0]
-    assert not (tmp_path / "o").exists()
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".o.")]
-
-
-def test_cli_export_import(tmp_path, base_dir, capsys):
-    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
-    assert main(["export", "--format", "medusa-v1", str(ck), str(tmp_path / "v1")]) == 0
-    assert main(["import", str(tmp_path / "v1"), str(tmp_path / "back")]) == 0
-    assert "wrote" in capsys.readouterr().out
-    assert _ours(ck).keys() == _ours(tmp_path / "back").keys()
 
 
 def test_out_never_half_written(tmp_path, base_dir, monkeypatch):
@@ -249,18 +89,29 @@ def test_out_never_half_written(tmp_path, base_dir, monkeypatch):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".out.")]
 
 
-@pytest.mark.parametrize("name", ["lm_head.weight", "lm_heads.0.weight"])
-def test_import_vllm_original_lm_head(tmp_path, base_dir, name):
-    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
-    export_checkpoint(ck, tmp_path / "v", "vllm")
-    tensors = load_file(str(tmp_path / "v" / "model.safetensors"))
-    shared = torch.randn(96, 32)
-    for k in range(2):
-        del tensors[f"lm_heads.{k}.weight"]
-    tensors[name] = shared
-    save_file(tensors, str(tmp_path / "v" / "model.safetensors"))
-    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
-    (tmp_path / "v" / "config.json").write_text(json.dumps({**cfg, "original_lm_head": True}))
-    import_checkpoint(tmp_path / "v", tmp_path / "back")
-    back = _ours(tmp_path / "back")
-    assert all(torch.equal(back[f"lm_heads.{k}.weight"], shared) for k in range(2))
+@pytest.mark.parametrize("fmt", ["medusa-v1", "tensorrt-llm", "tgi"])
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_formats_without_a_draft_vocab_refuse_it(tmp_path, base_dir, fmt, head_type):
+    src, _, _ = _draft_checkpoint(tmp_path, base_dir, head_type, num_layers=1)
+    with pytest.raises(MedusaError, match=f"--format {fmt} cannot express a draft vocabulary "
+                                          rf"\(heads.draft_vocab: {N}\)"):
+        export_checkpoint(src, tmp_path / "out", fmt, base=str(base_dir))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("format", EXPORT_FORMATS)
+def test_export_refuses_hydra_heads(tmp_path, format):
+    model = MedusaModel.from_base(tiny_model("llama"), num_heads=2, head_type="hydra")
+    model.save_pretrained(tmp_path / "ck")
+    with pytest.raises(CheckpointError) as err:
+        export_checkpoint(tmp_path / "ck", tmp_path / "out", format)
+    message = str(err.value)
+    assert "'hydra'" in message and format in message and "linear or shared_lm_head" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_medusa_v1_names_the_backbones_official_medusa_serves(tmp_path):
+    model = MedusaModel.from_base(tiny_model("qwen2"), num_heads=2, num_layers=1)
+    model.save_pretrained(tmp_path / "ck")
+    summary = export_checkpoint(tmp_path / "ck", tmp_path / "v1", "medusa-v1")
+    assert "official MEDUSA serves llama and mistral backbones only (this one is qwen2)" in summary["notes"]

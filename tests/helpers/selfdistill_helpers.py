@@ -46,6 +46,32 @@ def save_chat_model(path: Path, template: str | None = CHAT_TEMPLATE) -> Path:
     return path
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The JSON rows of a JSONL file."""
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def write_prompts(tmp_path: Path, rows: list) -> None:
+    """``tmp_path/prompts.jsonl`` with ``rows``."""
+    import json
+
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def local_config(tmp_path: Path, **kw):
+    """A local-backend run over ``tmp_path/prompts.jsonl`` into ``tmp_path/out.jsonl`` (6 sampled tokens a
+    reply, truncated replies kept, batch 4); ``kw`` overrides any field."""
+    from medusa.selfdistill import Sampling, SelfDistillConfig
+
+    base = dict(model="tiny-chat", prompts=str(tmp_path / "prompts.jsonl"), out=str(tmp_path / "out.jsonl"),
+                sampling=Sampling(temperature=0.8, max_new_tokens=6, seed=1), on_length="keep",
+                batch_size=4, progress=False)
+    base.update(kw)
+    return SelfDistillConfig(**base)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

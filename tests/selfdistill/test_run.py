@@ -1,4 +1,5 @@
-"""The local backend: completion mode on stories260K, replay / self-talk on a tiny chat model, resume."""
+"""self_distill (medusa.selfdistill.run) with the local backend: completion mode on stories260K, replay /
+self-talk on a tiny chat model, truncated replies to the errors file, resume after an interruption."""
 
 from __future__ import annotations
 
@@ -6,34 +7,19 @@ import json
 
 import pytest
 import torch
-from selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, run_cli, tiny_chat_model
+from selfdistill_helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_chat_model
+from selfdistill_helpers import local_config as _cfg
+from selfdistill_helpers import read_rows as _rows
+from selfdistill_helpers import write_prompts as _write_prompts
 
 from medusa.errors import MedusaError
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
-from medusa.selfdistill.backends.base import Result
-from medusa.selfdistill.backends.local import LocalBackend
-from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip, self_talk_job
-from medusa.selfdistill.prompts import Prompt, load_prompts
+from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, _flip
+from medusa.selfdistill.prompts import load_prompts
 
-from tiny_models import SHARED, STORIES, require_module, require_shared, stories_model, stories_tokenizer
+from tiny_models import SHARED, STORIES, require_shared, stories_model, stories_tokenizer
 
 TINYSTORIES = SHARED / "data" / "tinystories_sample.txt"
-
-
-def _rows(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _cfg(tmp_path, **kw):
-    base = dict(model="tiny-chat", prompts=str(tmp_path / "prompts.jsonl"), out=str(tmp_path / "out.jsonl"),
-                sampling=Sampling(temperature=0.8, max_new_tokens=6, seed=1), on_length="keep",
-                batch_size=4, progress=False)
-    base.update(kw)
-    return SelfDistillConfig(**base)
-
-
-def _write_prompts(tmp_path, rows):
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_completion_mode_on_stories260k_batched_equals_unbatched(tmp_path):
@@ -115,34 +101,6 @@ def test_self_talk_alternates_roles_for_n_turns(tmp_path):
                                                 {"role": "user", "content": "a1"}]
 
 
-def _drive(job, replies):
-    """Run a mode's coroutine on scripted replies (``Result``s, one per request); its Outcome."""
-    request = next(job)
-    try:
-        for reply in replies:
-            assert request.messages is not None
-            request = job.send(reply)
-    except StopIteration as stop:
-        return stop.value
-    raise AssertionError("the job asked for more replies than scripted")
-
-
-@pytest.mark.parametrize("on_length", ["keep", "error"])
-def test_self_talk_user_turns_follow_on_length(on_length):
-    prompt = Prompt(id="p", messages=[{"role": "user", "content": "Hi"}], text="Hi")
-    whole, cut = Result("an answer", "stop"), Result("a cut question", "length")
-    out = _drive(self_talk_job(prompt, 0, on_length, turns=3), [whole, cut, whole, cut, whole])
-    if on_length == "keep":
-        assert out.ended == "turns" and out.error is None
-        assert [m["content"] for m in out.row["messages"]] == ["Hi", "an answer", "a cut question",
-                                                               "an answer", "a cut question", "an answer"]
-    else:  # the conversation ends after the last complete assistant reply, saying why
-        assert out.error is None and out.ended.startswith("user turn: truncated")
-        assert [m["content"] for m in out.row["messages"]] == ["Hi", "an answer"]
-    empty = _drive(self_talk_job(prompt, 0, on_length, turns=3), [whole, Result("  ", "stop")])
-    assert empty.ended == "user turn: empty reply" and len(empty.row["messages"]) == 2
-
-
 def test_length_truncated_chat_replies_go_to_the_errors_file(tmp_path):
     _write_prompts(tmp_path, [{"prompt": f"q{i}"} for i in range(3)])
     with pytest.raises(MedusaError, match="first 3 rows all failed"):
@@ -188,28 +146,6 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path, monkeypatch):
     assert [r["messages"] for r in _rows(tmp_path / "out.jsonl")[:6]] == [r["messages"] for r in first]
 
 
-def test_cli_errors_exit_2_and_keep_written_rows(tmp_path):
-    require_shared(STORIES)
-    out = tmp_path / "out.jsonl"
-    out.write_text("")
-    _write_prompts(tmp_path, [{"prompt": "hi"}])
-    r = run_cli(["self-distill", "--model", str(STORIES), "--prompts", str(tmp_path / "prompts.jsonl"),
-                 "--out", str(out), "--mode", "replay", "--no-progress"], tmp_path)
-    assert r.returncode == 2 and "error:" in r.stderr and "no chat template" in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr
-    (tmp_path / "bad.jsonl").write_text('{"prompt": "fine"}\n{"turns": "not a list"}\n')
-    args = ["self-distill", "--model", str(STORIES), "--prompts", str(tmp_path / "bad.jsonl"),
-            "--out", str(out), "--mode", "completion", "--max-new-tokens", "4", "--no-progress"]
-    r = run_cli(args, tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "wrote 1 rows" in r.stdout and "1 invalid prompts" in r.stdout
-    (err,) = _rows(tmp_path / "out.errors.jsonl")
-    assert err["location"].endswith("bad.jsonl:2") and "'turns' must be a list" in err["reason"]
-    r = run_cli(args, tmp_path)  # the same command again: nothing new, nothing duplicated
-    assert r.returncode == 0 and "wrote 0 rows" in r.stdout and "1 already there" in r.stdout
-    assert len(_rows(out)) == 1 and len(_rows(tmp_path / "out.errors.jsonl")) == 1
-
-
 def test_chat_template_option_on_a_completion_model(tmp_path):
     require_shared(STORIES)
     _write_prompts(tmp_path, [{"prompt": "Tell me a story."}])
@@ -219,36 +155,3 @@ def test_chat_template_option_on_a_completion_model(tmp_path):
     assert s["written"] == 1
     (row,) = _rows(tmp_path / "out.jsonl")
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
-
-
-def test_output_is_training_data_for_load_tokenized(tmp_path):
-    """Both output shapes load with ``medusa.data.load_tokenized`` (format auto-detected)."""
-    from medusa.data import IGNORE_INDEX, load_tokenized
-    _write_prompts(tmp_path, [{"turns": ["Hi there", "And then?"]}, {"prompt": "Tell a story."}])
-    tok = chat_tokenizer()
-    self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=tok)
-    self_distill(_cfg(tmp_path, mode="completion", out=str(tmp_path / "c.jsonl")), model=tiny_chat_model(),
-                 tokenizer=tok)
-    for name, n in (("out.jsonl", 2), ("c.jsonl", 2)):
-        data = load_tokenized(str(tmp_path / name), tok, max_length=256)
-        assert len(data.examples) == n and not data.skipped
-        assert all(any(x != IGNORE_INDEX for x in ex["labels"]) for ex in data.examples)
-
-
-def test_local_backend_in_4bit(tmp_path):
-    """bitsandbytes NF4 on CPU (its CPU kernels need layer widths that are multiples of 64)."""
-    from medusa.selfdistill.backends import Request
-
-    from tiny_models import tiny_model
-
-    require_module("bitsandbytes")
-    path = tmp_path / "m"
-    tiny_model("llama", vocab_size=512, hidden_size=64, layers=1, intermediate_size=128).save_pretrained(path)
-    chat_tokenizer().save_pretrained(path)
-    backend = LocalBackend(str(path), load_in_4bit=True, batch_size=2)
-    assert type(backend.model.model.layers[0].mlp.down_proj).__name__ == "Linear4bit"
-    got = dict(backend.generate([Request(prompt="Once"),
-                                 Request(messages=[{"role": "user", "content": "hi"}])],
-                                Sampling(max_new_tokens=3)))
-    assert sorted(got) == [0, 1] and all(r.completion_tokens == 3 and r.finish_reason == "length"
-                                         for r in got.values())

@@ -1,4 +1,6 @@
-"""Official MEDUSA v2 heads (ResBlocks only, logits through the base LM head): import and TGI export.
+"""The official MEDUSA layouts (medusa.export.medusa_v1): version 1 (medusa-v1 / TensorRT-LLM / TGI
+MedusaHeadV1) keys, config and values, official v0.1 ``.pt`` and prefixed imports; version 2 heads (ResBlocks
+only, logits through the base LM head): import and TGI export.
 
 The official module is re-implemented here independently of medusa.modeling (FasterDecoding/Medusa
 train_legacy.py since "Creating medusa2"): ``ResBlock = x + SiLU(Linear(x))``, a head is
@@ -9,6 +11,9 @@ import json
 
 import pytest
 import torch
+from export_helpers import checkpoint as _checkpoint
+from export_helpers import heads_tensors as _ours
+from export_helpers import perturb, save_tiny_base
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -17,7 +22,10 @@ from medusa.cli import main
 from medusa.errors import CheckpointError
 from medusa.export import export_checkpoint, import_checkpoint
 
-from tiny_models import tiny_model
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    return save_tiny_base(tmp_path_factory.mktemp("base") / "llama")
 
 
 class OfficialResBlock(nn.Module):
@@ -51,13 +59,6 @@ def write_official_v2(path, heads, num_layers, base_dir, pt=False):
     (path / "config.json").write_text(json.dumps({
         "base_model_name_or_path": str(base_dir), "medusa_num_heads": len(heads),
         "medusa_num_layers": num_layers, "transformers_version": "4.39.0", "version": "2"}))
-    return path
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("base") / "llama"
-    tiny_model("llama").save_pretrained(path)
     return path
 
 
@@ -168,10 +169,7 @@ def _shared_checkpoint(tmp_path, base_dir, num_layers):
 
     base = AutoModelForCausalLM.from_pretrained(base_dir)
     model = MedusaModel.from_base(base, num_heads=3, num_layers=num_layers, head_type="shared_lm_head")
-    torch.manual_seed(7)
-    with torch.no_grad():
-        for p in model.heads.parameters():
-            p.add_(torch.randn_like(p) * 0.2)
+    perturb(model, seed=7, scale=0.2)
     path = tmp_path / f"shared-{num_layers}"
     model.save_pretrained(path)
     return path, model
@@ -222,3 +220,65 @@ def test_tgi_export_of_deeper_shared_heads_falls_back_to_v1(tmp_path, base_dir, 
     with torch.no_grad():
         for k in range(3):
             assert torch.equal(back.heads.head_logits(k, hidden), model.heads.head_logits(k, hidden))
+
+
+@pytest.mark.parametrize("fmt", ["medusa-v1", "tgi", "tensorrt-llm"])
+def test_medusa_v1_family_keys_config_and_values(tmp_path, base_dir, fmt):
+    ck, _ = _checkpoint(tmp_path, base_dir, num_heads=2, num_layers=1)
+    summary = export_checkpoint(ck, tmp_path / fmt, fmt)
+    out = tmp_path / fmt
+    tensors = load_file(str(out / "medusa_lm_head.safetensors"))
+    assert set(tensors) == {"0.0.linear.weight", "0.0.linear.bias", "0.1.weight",
+                            "1.0.linear.weight", "1.0.linear.bias", "1.1.weight"}
+    src = _ours(ck)
+    for h in range(2):
+        assert torch.equal(tensors[f"{h}.0.linear.weight"], src[f"blocks.{h}.0.linear.weight"])
+        assert torch.equal(tensors[f"{h}.0.linear.bias"], src[f"blocks.{h}.0.linear.bias"])
+        assert torch.equal(tensors[f"{h}.1.weight"], src[f"lm_heads.{h}.weight"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["medusa_num_heads"] == 2 and cfg["medusa_num_layers"] == 1
+    assert cfg["base_model_name_or_path"] == str(base_dir.resolve())
+    assert "architectures" not in cfg  # TGI picks MedusaHeadV1 only without it
+    if fmt == "tgi":
+        assert summary["tokenizer_files"] == ["tokenizer_config.json", "special_tokens_map.json"]
+        for name in summary["tokenizer_files"]:
+            assert (out / name).read_bytes() == (base_dir / name).read_bytes()
+    else:
+        assert summary["tokenizer_files"] == [] and not (out / "tokenizer_config.json").exists()
+    if fmt in ("tensorrt-llm", "medusa-v1"):  # official medusa_generate / TensorRT-LLM run.py need the tree
+        choices = json.loads(cfg["medusa_choices"])
+        assert choices == json.loads((out / "medusa_choices.txt").read_text())
+        assert max(len(c) for c in choices) <= 2
+        assert cfg.get("max_draft_len") == (len(choices) if fmt == "tensorrt-llm" else None)
+        assert cfg.get("num_medusa_heads") == (2 if fmt == "tensorrt-llm" else None)
+    else:
+        assert "medusa_choices" not in cfg
+
+
+def test_import_official_v01_pt_and_v2_prefixed(tmp_path, base_dir):
+    torch.manual_seed(0)
+    state = {}
+    for h in range(4):
+        state[f"{h}.0.linear.weight"] = torch.randn(32, 32, dtype=torch.float16)
+        state[f"{h}.0.linear.bias"] = torch.randn(32, dtype=torch.float16)
+        state[f"{h}.1.weight"] = torch.randn(96, 32, dtype=torch.float16)
+    v01 = tmp_path / "v01"
+    v01.mkdir()
+    torch.save(state, v01 / "medusa_lm_head.pt")
+    # the official vicuna-7b-v1.3 config says 2 heads but ships 4: counts come from the tensors
+    (v01 / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                                 "base_model_name_or_path": str(base_dir)}))
+    summary = import_checkpoint(v01, tmp_path / "ours1")
+    assert summary["num_heads"] == 4 and summary["format"] == "medusa-v1"
+    ours = _ours(tmp_path / "ours1")
+    for h in range(4):
+        assert torch.equal(ours[f"blocks.{h}.0.linear.weight"], state[f"{h}.0.linear.weight"])
+        assert torch.equal(ours[f"lm_heads.{h}.weight"], state[f"{h}.1.weight"])
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    save_file({f"medusa_head.{k}": v for k, v in state.items()}, str(v2 / "medusa_lm_head.safetensors"))
+    import_checkpoint(v2, tmp_path / "ours2", base=str(base_dir))
+    assert all(torch.equal(a, b) for a, b in zip(_ours(tmp_path / "ours1").values(),
+                                                 _ours(tmp_path / "ours2").values()))
+    model = MedusaModel.from_pretrained(tmp_path / "ours2")
+    assert model.num_heads == 4 and model.heads.blocks[0][0].linear.weight.dtype == torch.float16

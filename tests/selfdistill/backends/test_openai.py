@@ -1,4 +1,5 @@
-"""The ``openai`` backend against a real ``transformers serve`` on a loopback port."""
+"""The ``openai`` backend against a real ``transformers serve`` on a loopback port; its endpoint and option
+checks."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import time
 import pytest
 from selfdistill_helpers import ROOT, cli_env, free_port, save_chat_model, transformers_server
 
-from medusa.errors import MedusaError
+from medusa.errors import ConfigError, MedusaError
 from medusa.selfdistill import EndpointUnreachable, Sampling, SelfDistillConfig, self_distill
+from medusa.selfdistill.backends.openai import OpenAIBackend, normalize_endpoint
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -114,3 +116,24 @@ def test_server_rejections_become_error_rows(server, tmp_path):
         self_distill(_cfg(tmp_path, url, "no-such-model", mode="replay"))
     errors = _rows(tmp_path / "out.errors.jsonl")
     assert len(errors) == 3 and all("reply to user turn 1" in e["reason"] for e in errors)
+
+
+@pytest.mark.parametrize("given, endpoint", [
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000/v1"), ("http://host:8000/", "http://host:8000/v1"),
+    ("https://api.example.com/v1/", "https://api.example.com/v1"),
+    ("http://host/openai/v2", "http://host/openai/v2")])
+def test_endpoint_gets_v1_unless_it_has_a_path(given, endpoint):
+    assert normalize_endpoint(given) == endpoint
+
+
+def test_bad_endpoint_and_options_are_config_errors():
+    for bad in ("127.0.0.1:8000", "ftp://host/v1", "http://"):
+        with pytest.raises(ConfigError, match="is not an http"):
+            normalize_endpoint(bad)
+    with pytest.raises(ConfigError, match="--api must be chat or completions, got 'embeddings'"):
+        OpenAIBackend("http://127.0.0.1:9", model="m", api="embeddings")
+    with pytest.raises(ConfigError, match="--concurrency must be >= 1, got 0"):
+        OpenAIBackend("http://127.0.0.1:9", model="m", concurrency=0)
+    backend = OpenAIBackend("http://127.0.0.1:9", model="m", api="completions")  # named: no request made
+    assert (backend.endpoint, backend.model_name) == ("http://127.0.0.1:9/v1", "m")
+    assert backend.api == "completions"

@@ -184,13 +184,6 @@ def test_medusa_v1_with_more_heads_than_official_builds(tmp_path, base_dir):
         export_checkpoint(ck, tmp_path / "v1b", "medusa-v1", tree=deep)
 
 
-def test_medusa_v1_names_the_backbones_official_medusa_serves(tmp_path):
-    model = MedusaModel.from_base(tiny_model("qwen2"), num_heads=2, num_layers=1)
-    model.save_pretrained(tmp_path / "ck")
-    summary = export_checkpoint(tmp_path / "ck", tmp_path / "v1", "medusa-v1")
-    assert "official MEDUSA serves llama and mistral backbones only (this one is qwen2)" in summary["notes"]
-
-
 def test_with_backbone_writes_the_merged_backbone_beside_the_heads(tmp_path, base_dir, checkpoints):
     ck, model = checkpoints["m2-shared-2L"]
     summary = export_checkpoint(ck, tmp_path / "tgi", "tgi", with_backbone=True)

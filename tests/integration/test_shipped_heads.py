@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_chat_model import smollm2_dir
+from real_models import smollm2_dir
 
 from medusa import MedusaModel
 from medusa.errors import CheckpointError

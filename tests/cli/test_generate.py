@@ -1,0 +1,49 @@
+"""``medusa generate`` (medusa/cli/generate.py) on stories260K with untrained heads: the text is HF greedy's,
+the statistics line is on stdout or, with --quiet-stats, on stderr; no prompt is a user error before any
+model loads. (Fitted heads, --prompts files, --stream and the user errors: tests/decoding/test_stories.py.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from medusa import MedusaModel
+from medusa.cli import main
+
+from tiny_models import STORIES, require_shared, stories_tokenizer
+
+PROMPT = "Once upon a time, there was a little dog."
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    require_shared(STORIES)
+    path = tmp_path_factory.mktemp("gen") / "heads"
+    MedusaModel.from_base(str(STORIES), num_heads=2, num_layers=1).save_pretrained(path)
+    return path
+
+
+def test_text_on_stdout_statistics_on_stderr_with_quiet_stats(heads, capsys):
+    model = MedusaModel.from_pretrained(heads)
+    tok = stories_tokenizer()
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    expected = tok.decode(model.base_model.generate(ids, max_new_tokens=8, do_sample=False)[0],
+                          skip_special_tokens=True)
+    capsys.readouterr()
+    assert main(["generate", "--heads", str(heads), "--prompt", PROMPT, "--max-new-tokens", "8",
+                 "--quiet-stats"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [expected]
+    stats = re.fullmatch(r"\[8 tokens, (\d+) steps, ([0-9.]+) tokens/step, \d+ tokens/s\]\n", captured.err)
+    assert stats and 1 <= int(stats.group(1)) <= 8 and float(stats.group(2)) >= 1.0, captured.err
+    assert main(["generate", "--heads", str(heads), "--prompt", PROMPT, "--max-new-tokens", "8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == expected and lines[1].startswith("[8 tokens, ")
+
+
+def test_no_prompt_is_a_user_error(tmp_path, capsys):
+    # --heads names a directory that is no checkpoint: the missing prompt is reported before it is read
+    assert main(["generate", "--heads", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: give --prompt TEXT or --prompts FILE"]

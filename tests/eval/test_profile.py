@@ -1,0 +1,41 @@
+"""``medusa generate --profile`` (medusa.eval.profile): the printed profile with the overhead floor and the
+op counts, on fitted heads; the text layout from fixed figures."""
+
+import re
+
+from medusa.eval.profile import format_profile
+
+from fit_heads import fitted_stories_heads, stories_prompts
+
+
+def test_generate_profile_cli_prints_the_floor_and_the_ops(tmp_path, capsys):
+    from medusa.cli import main
+
+    fitted_stories_heads(4, 1).save_pretrained(tmp_path / "heads")
+    code = main(["generate", "--heads", str(tmp_path / "heads"), "--prompt", stories_prompts(1)[0],
+                 "--max-new-tokens", "16", "--profile"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "overhead floor" in out and "per MEDUSA step vs" in out and "identical to HF      True" in out
+    tokens_per_step = float(re.search(r"^tokens/step +([0-9.]+)$", out, re.M).group(1))
+    assert tokens_per_step > 1.5  # identical with tree paths accepted, not by the root alone
+
+
+def test_format_profile_lays_out_the_figures():
+    s = {"tree_nodes": None, "prompts": 2, "max_new_tokens": 16, "tokens_per_step": 2.5,
+         "medusa_step_ms": 3.0, "plain_step_ms": 2.0, "overhead": 1.5, "medusa_tokens_per_s": 700.4,
+         "hf_tokens_per_s": 500.0, "speedup_vs_hf_generate": 1.4008, "all_identical_to_hf": True}
+    lines = format_profile(s).splitlines()
+    assert lines == ["tree default nodes, 2 prompts x 16 tokens", "tokens/step          2.50",
+                     "MEDUSA step          3.00 ms", "plain decode step    2.00 ms",
+                     "overhead             1.50",
+                     "MEDUSA tokens/s      700", "HF generate tokens/s 500", "speedup              1.40x",
+                     "identical to HF      True"]
+    s.update(tree_nodes=16, verify_forward_ms=2.4, plain_forward_ms=1.6, overhead_floor=1.5,
+             medusa_ops_per_step=120, hf_ops_per_token=80,
+             added_ops={"aten::topk": 1.0, "aten::gather": 2.0, "aten::add": -0.5})
+    text = format_profile(s)
+    assert text.startswith("tree 16 nodes, 2 prompts x 16 tokens\n")
+    assert text.splitlines()[-2:] == [
+        "verify forward alone 2.40 ms vs 1-token forward 1.60 ms: overhead floor 1.50",
+        "compute ops          120 per MEDUSA step vs 80 per HF token (added: topk +1, gather +2, add -0.5)"]

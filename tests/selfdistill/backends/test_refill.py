@@ -1,0 +1,60 @@
+"""The refill generator (finished rows take the next prompt): equal to one prompt at a time, seeded."""
+
+from __future__ import annotations
+
+import torch
+
+import medusa.selfdistill.backends.refill as R
+
+from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer
+
+TEXTS = ["Once upon a time", "Lily had a red ball. She", "The dog",
+         "Tom and his mom went to the park. They saw",
+         "One day, a little bird", "Sam", "The sun was hot and the children wanted to play in the water. So",
+         "A big cat sat on the mat and"]
+
+
+def _lone_generate(model, prompt, max_new, eos):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
+                         pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_refill_equals_one_prompt_at_a_time_greedy_float32(monkeypatch):
+    require_shared(STORIES)
+    tok, model = stories_tokenizer(), stories_model().float().eval()
+    prompts = sorted((tok(t)["input_ids"] for t in TEXTS), key=len)  # shortest first: later rows need room
+    period = tok(".", add_special_tokens=False)["input_ids"][-1]  # an "EOS" that ends rows at different steps
+    monkeypatch.setattr(R, "COMPACT_EVERY", 4)  # compact often: shifts are exercised too
+    admitted, shifts = [], []
+    real_admit, real_shift = R.RefillLoop.admit, R.RefillLoop.shift_all
+    monkeypatch.setattr(R.RefillLoop, "admit",
+                        lambda self, t: (admitted.append(len(t)), real_admit(self, t))[1])
+    monkeypatch.setattr(R.RefillLoop, "shift_all",
+                        lambda self, d: (shifts.append(d), real_shift(self, d))[1])
+    got = {i: (tokens, reason) for i, tokens, reason in R.generate_refill(
+        model, prompts, max_new_tokens=12, batch_size=3, pad_id=0, eos_ids=[period])}
+    assert sorted(got) == list(range(len(prompts)))
+    for i, prompt in enumerate(prompts):
+        ref = _lone_generate(model, prompt, 12, period)
+        tokens, reason = got[i]
+        assert tokens == ref, i
+        assert reason == ("stop" if ref[-1] == period else "length")
+    reasons = [r for _, r in got.values()]
+    assert "stop" in reasons and "length" in reasons  # rows ended at different steps...
+    assert len(admitted) > 2 and admitted[0] == 3  # ...and freed slots took the next prompts
+    assert any(d < 0 for d in shifts) and any(d > 0 for d in shifts[1:])  # compaction and making room
+
+
+def test_refill_sampling_is_seeded_and_top_k_1_is_greedy():
+    require_shared(STORIES)
+    tok, model = stories_tokenizer(), stories_model().float().eval()
+    prompts = [tok(t)["input_ids"] for t in TEXTS[:4]]
+    kw = dict(max_new_tokens=10, batch_size=2, pad_id=0, eos_ids=[2])
+
+    def run(**more):
+        return sorted(R.generate_refill(model, prompts, **kw, **more))
+
+    assert run(temperature=1.0, seed=3) == run(temperature=1.0, seed=3)
+    assert run(temperature=1.0, seed=3) != run(temperature=1.0, seed=4)
+    assert run(temperature=0.7, top_k=1, seed=5) == run()
