@@ -1,8 +1,8 @@
 """``torch.compile`` of the decode step's device functions (:mod:`medusa.decoding.step`).
 
 The step is the one eager step function; compiled decoding hands it :class:`medusa.decoding.step.StepFns`
-whose ``propose`` (heads + candidate tree), ``verify`` (tree mask columns + the base forward) and, on the
-static cache, the compaction are wrapped by ``torch.compile`` with ``dynamic=False``: one graph per
+whose ``propose_verify`` (heads + candidate tree, tree mask columns, the base forward) and, on the static
+cache, the compaction are wrapped by ``torch.compile`` with ``dynamic=False``: one graph per
 (proposer, batch size, tree size, cache-length bucket). Nothing in them depends on the step (the cache
 length is a device tensor), so decoding never recompiles from step to step. Greedy acceptance without
 logits processors is compiled too. On CUDA ``mode="reduce-overhead"`` (CUDA graphs); inductor elsewhere.
@@ -18,7 +18,7 @@ import torch
 
 from medusa.decoding.acceptance import greedy_accept
 from medusa.decoding.static_cache import Compact, compact
-from medusa.decoding.step import StepFns, propose, verify
+from medusa.decoding.step import StepFns, propose_verify, verify
 
 
 def compile_mode(device: torch.device) -> str | None:
@@ -40,7 +40,7 @@ def step_functions(model: Any, compile: bool, greedy: bool = False) -> StepFns:
     acceptance too, for runs without logits processors)."""
     if not compile:
         return StepFns()
-    fns = StepFns(_compiled(model, "propose", propose), _compiled(model, "verify", verify), compiled=True)
+    fns = StepFns(_compiled(model, "propose_verify", propose_verify), compiled=True)
     if greedy:
         fns = dataclasses.replace(fns, accept=_compiled(model, "greedy", greedy_accept))
     return fns
@@ -51,4 +51,10 @@ def compact_function(model: Any, compile: bool) -> Compact:
     return _compiled(model, "compact", compact) if compile else compact
 
 
-__all__ = ["compact_function", "compile_mode", "step_functions"]
+def verify_function(model: Any, compile: bool) -> Any:
+    """The verification forward alone (:func:`medusa.decoding.step.verify`), or compiled: what
+    ``medusa.pipelines.gpu`` times."""
+    return _compiled(model, "verify", verify) if compile else verify
+
+
+__all__ = ["compact_function", "compile_mode", "step_functions", "verify_function"]

@@ -243,7 +243,7 @@ def _timed_decode(model: Any, run: _Run, input_ids: torch.Tensor, mask2d: torch.
 
 
 def _path(model: Any, run: _Run, shape: torch.Size, compile: bool, cache_implementation: str | None
-          ) -> tuple[Callable[..., tuple[TreeCache, Any]], StepFns]:
+          ) -> tuple[Callable[..., tuple[TreeCache, torch.Tensor, torch.Tensor]], StepFns]:
     """(the cache's prefill, the step's functions) of the eager path (default: ``DynamicCache``) or the
     static / compiled one (``StaticCache``, fixed shapes)."""
     b, p = shape
@@ -263,17 +263,17 @@ def _path(model: Any, run: _Run, shape: torch.Size, compile: bool, cache_impleme
 
 def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: DecodeTree | DynamicTree,
             choose_root: Callable[[torch.Tensor], torch.Tensor] | None = None,
-            new_cache: Callable[..., tuple[TreeCache, Any]] | None = None) -> DecodeState:
+            new_cache: Callable[..., tuple[TreeCache, torch.Tensor, torch.Tensor]] | None = None
+            ) -> DecodeState:
     """Run the prompt (left-padded ``[B, P]``) into a fresh cache (``new_cache``: default a ``DynamicCache``)
     like HF generate does; pick the root with ``choose_root`` (last logits ``[B, V]`` -> ``[B]``; default
     argmax); keep the last hidden state for the proposer (chosen here, once, for the model's heads)."""
     if new_cache is None:
         new_cache = functools.partial(dynamic_prefill, num_nodes=dt.num_nodes, capacity=0, dtype=dt.dtype)
-    cache, out = new_cache(model, input_ids, mask2d)
-    last = out.logits[:, -1]  # [B, V]
+    cache, last, hidden = new_cache(model, input_ids, mask2d)  # last logits [B, V], hidden [B, d]
     root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
     proposer = choose_proposer(model.heads, dt)
-    return DecodeState(proposer, cache, mask2d.sum(-1), root, out.hidden_states[:, -1])
+    return DecodeState(proposer, cache, mask2d.sum(-1), root, hidden)
 
 
 def _decode_loop(model: Any, state: DecodeState, run: _Run, first: list[int], streamer: Any,

@@ -144,14 +144,14 @@ class DynamicKV:
 
 
 def dynamic_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, num_nodes: int, capacity: int,
-                    dtype: torch.dtype) -> tuple[DynamicKV, Any]:
+                    dtype: torch.dtype) -> tuple[DynamicKV, torch.Tensor, torch.Tensor]:
     """Run the left-padded prompt ``[B, P]`` into a fresh ``DynamicCache`` as HF generate does; returns the
-    cache (a ``dtype`` mask buffer of at least ``capacity`` columns) and the model's output, whose logits /
-    hidden states are those of the last position."""
+    cache (a ``dtype`` mask buffer of at least ``capacity`` columns), the last position's logits ``[B, V]``
+    and hidden state ``[B, d]``."""
     p = input_ids.shape[1]
     hf = new_cache()
     last_position = torch.tensor([p - 1], device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=prompt_position_ids(mask2d),
                 past_key_values=hf, use_cache=True, positions=last_position, compute_heads=False)
     mask = tree_mask_buffer(mask2d, num_nodes, max(capacity, p + 2 * num_nodes), dtype)  # [B, 1, N, capacity]
-    return DynamicKV(hf, mask, p), out
+    return DynamicKV(hf, mask, p), out.logits[:, -1], out.hidden_states[:, -1]

@@ -93,9 +93,10 @@ class StaticKV:
 
 
 def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, num_nodes: int, capacity: int,
-                   dtype: torch.dtype, compact_fn: Compact) -> tuple[StaticKV, Any]:
+                   dtype: torch.dtype, compact_fn: Compact) -> tuple[StaticKV, torch.Tensor, torch.Tensor]:
     """Run the left-padded prompt ``[B, P]`` into a fresh ``StaticCache`` of ``capacity`` columns (eager: the
-    prompt length varies); returns the cache and the model's output at the last position."""
+    prompt length varies); returns the cache, the last position's logits ``[B, V]`` and hidden state
+    ``[B, d]`` (contiguous, as every later step's: compiled functions specialise on strides)."""
     b, p = input_ids.shape
     device = input_ids.device
     hf = new_static_cache(model, capacity)
@@ -111,7 +112,8 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, nu
     past = torch.tensor(p, dtype=torch.long, device=device)
     for t in (mask, past):  # mutated inside the compiled step: fixed addresses (CUDA graphs need them)
         torch._dynamo.mark_static_address(t)
-    return StaticKV(hf, mask, past, torch.arange(num_nodes, device=device), compact_fn, p), out
+    kv = StaticKV(hf, mask, past, torch.arange(num_nodes, device=device), compact_fn, p)
+    return kv, out.logits[:, -1], out.hidden_states[:, -1].contiguous()
 
 
 def compact(cache: Any, mask: torch.Tensor, past: torch.Tensor, path: torch.Tensor, keep: torch.Tensor,

@@ -4,6 +4,7 @@
 state (root [B], hidden [B, d], n_valid [B], cache)
   -> proposer.propose(root, hidden)            Proposal(tokens [B, N], tree: mask, depths, parents)
   -> verify: cache.write_tree(mask); forward over the N nodes at n_valid + depths -> logits [B, N, V]
+     (propose + verify: one function, one compiled graph)
   -> accept(logits, tokens, tree)              path [B, D+1], n_acc [B], next root [B]
   -> one host copy (StepResult) ; cache.compact(path, keep) ; state advances
 ```
@@ -73,9 +74,16 @@ def verify(model: Any, cache: TreeCache, tokens: torch.Tensor, positions: torch.
     return out.logits, out.hidden_states
 
 
-def propose(proposer: Proposer, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
-    """``proposer.propose`` as a free function (what :class:`StepFns` wraps)."""
-    return proposer.propose(root, hidden)
+def propose_verify(model: Any, proposer: Proposer, cache: TreeCache, root: torch.Tensor, hidden: torch.Tensor,
+                   n_valid: torch.Tensor) -> tuple[Proposal, torch.Tensor, torch.Tensor]:
+    """Propose from ``root [B]`` / ``hidden [B, d]`` and verify the proposal at positions ``n_valid [B]`` +
+    node depths: (proposal, logits ``[B, N, V]``, hidden states ``[B, N, d]``). One function, so compiled
+    decoding compiles drafting and verification into one graph."""
+    proposal = proposer.propose(root, hidden)
+    tokens, tree = proposal.tokens, proposal.tree
+    positions = n_valid.view(tokens.shape[0], 1) + tree.depths  # [B, N] (depths [N] or [B, N])
+    logits, hidden_states = verify(model, cache, tokens, positions, tree.float_mask)
+    return proposal, logits, hidden_states
 
 
 @dataclass
@@ -83,8 +91,7 @@ class StepFns:
     """The step's device functions: the plain ones, or their ``torch.compile`` wrappers (same signatures).
     ``accept``: replaces the run's acceptance (compiled greedy acceptance without logits processors)."""
 
-    propose: Callable[[Proposer, torch.Tensor, torch.Tensor], Proposal] = propose
-    verify: Callable[..., tuple[torch.Tensor, torch.Tensor]] = verify
+    propose_verify: Callable[..., tuple[Proposal, torch.Tensor, torch.Tensor]] = propose_verify
     accept: Accept | None = None
     compiled: bool = False
 
@@ -106,11 +113,10 @@ def step(model: Any, state: DecodeState, accept: Accept, fns: StepFns | None = N
     graphs = fns.compiled and state.root.device.type == "cuda"
     if graphs:  # CUDA graphs: outputs of the previous replay may be overwritten from here on
         torch.compiler.cudagraph_mark_step_begin()
-    proposal = fns.propose(state.proposer, state.root, state.hidden)
+    proposal, logits, hidden = fns.propose_verify(model, state.proposer, state.cache, state.root,
+                                                  state.hidden, state.n_valid)
     tokens, tree = proposal.tokens, proposal.tree
     b = tokens.shape[0]
-    positions = state.n_valid.view(b, 1) + tree.depths  # [B, N] (depths [N] or [B, N])
-    logits, hidden = fns.verify(model, state.cache, tokens, positions, tree.float_mask)
     path, n_acc, nxt = (fns.accept or accept)(logits, tokens, tree)  # logits [B, N, V]
     state.hidden = last_hidden(hidden, path, n_acc)  # [B, d]
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
@@ -128,11 +134,10 @@ def warm_up(model: Any, state: DecodeState, fns: StepFns, accept: Accept) -> Non
     verify idempotent (the real call rewrites the same cache columns), acceptance pure, and compaction runs
     on clones with the KV restored (``cache.dry_compact``). The time counts as compile time."""
     t0 = time.perf_counter()
-    proposal = fns.propose(state.proposer, state.root, state.hidden)
+    proposal, logits, _ = fns.propose_verify(model, state.proposer, state.cache, state.root, state.hidden,
+                                             state.n_valid)
     tokens, tree = proposal.tokens, proposal.tree
     b = tokens.shape[0]
-    positions = state.n_valid.view(b, 1) + tree.depths
-    logits, _ = fns.verify(model, state.cache, tokens, positions, tree.float_mask)
     if fns.accept is not None:
         fns.accept(logits, tokens, tree)
     path = torch.arange(tree.depth + 1, device=tokens.device).expand(b, -1).contiguous()  # [B, D+1]
@@ -143,5 +148,5 @@ def warm_up(model: Any, state: DecodeState, fns: StepFns, accept: Accept) -> Non
     state.warm = True
 
 
-__all__ = ["Accept", "DecodeState", "StepFns", "StepResult", "last_hidden", "propose", "step", "verify",
-           "warm_up"]
+__all__ = ["Accept", "DecodeState", "StepFns", "StepResult", "last_hidden", "propose_verify", "step",
+           "verify", "warm_up"]

@@ -63,7 +63,7 @@ def _tree(nodes: int) -> Any:
 def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int) -> float:
     """Median seconds of one verify forward of a ``nodes``-node tree after a ``prompt``-token prefill."""
     from medusa.decoding.candidates import decode_tree
-    from medusa.decoding.compiled import compact_function, step_functions
+    from medusa.decoding.compiled import compact_function, verify_function
     from medusa.decoding.generate import prefill
     from medusa.decoding.static_cache import cache_bucket, static_prefill
     from medusa.eval.timing import sync
@@ -71,7 +71,7 @@ def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int)
     device = model.device
     dt = decode_tree(_tree(nodes), device, next(model.parameters()).dtype)
     ids = torch.randint(3, model.base_model.config.vocab_size, (1, prompt), device=device)
-    fns = step_functions(model, compile)
+    verify = verify_function(model, compile)
     with torch.no_grad():
         new_cache = functools.partial(static_prefill, num_nodes=dt.num_nodes,
                                       capacity=cache_bucket(prompt + 2 * nodes + 8), dtype=dt.dtype,
@@ -84,7 +84,7 @@ def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int)
             if compile and device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             t0 = time.perf_counter()
-            fns.verify(model, state.cache, tokens, pos, dt.float_mask)
+            verify(model, state.cache, tokens, pos, dt.float_mask)
             sync(device)
             times.append(time.perf_counter() - t0)
     return sorted(times[2:])[len(times[2:]) // 2]
