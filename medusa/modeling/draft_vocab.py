@@ -11,6 +11,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 import torch
+from torch import nn
 
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import ConfigError
@@ -117,46 +118,13 @@ def choose_draft_vocab(rows: Sequence[dict[str, Any]], coverage_target: float,
             return r["draft_vocab"]
     return max(allowed, key=lambda r: (r["held_out_coverage"], -r["draft_vocab"]))["draft_vocab"]
 
+
 # ----------------------------------------------------------------------------------------- heads' side
-# Free functions of a ``token_map`` for the heads classes that hold one (MedusaHeads, HydraHeads; a ``cache``
-# dict is the module's own ``__dict__``: a cached tensor is rebuilt whenever the map or the weight changes).
-def target_to_draft_map(token_map: torch.Tensor, vocab_size: int, cache: dict[str, Any]) -> torch.Tensor:
-    """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (cached)."""
-    key = (token_map.data_ptr(), token_map._version, token_map.device)
-    cached = cache.get("_t2d_cache")
-    if cached is None or cached[0] != key:
-        t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=token_map.device)  # [V]
-        t2d[token_map] = torch.arange(token_map.shape[0], device=token_map.device)
-        cached = (key, t2d)
-        cache["_t2d_cache"] = cached
-    return cached[1]
-
-
 def scatter_to_target(logits: torch.Tensor, token_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocabulary (as vLLM does)."""
     full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))  # [..., V]
     full[..., token_map] = logits
     return full
-
-
-def shared_rows(lm_head: torch.nn.Module, token_map: torch.Tensor, cache: dict[str, Any]
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The base LM head's ``token_map`` rows: ``(W [N, d], bias [N] or None)``. With autograd on they are
-    gathered inside the graph (MEDUSA-2 may train the LM head); without, cached until a weight changes."""
-    weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-    if not weight.is_floating_point():
-        raise ValueError("a draft vocabulary on heads that share the base LM head needs a floating-point "
-                         f"base LM head, got {weight.dtype}")
-    tm = token_map.to(weight.device)
-    if torch.is_grad_enabled():
-        return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)
-    key = (weight.data_ptr(), weight._version, token_map.data_ptr(), token_map._version)
-    cached = cache.get("_rows_cache")
-    if cached is None or cached[0] != key:
-        rows = weight.detach().index_select(0, tm)  # [N, d]
-        cached = (key, rows, None if bias is None else bias.detach().index_select(0, tm))
-        cache["_rows_cache"] = cached
-    return cached[1], cached[2]
 
 
 def draft_vocab_summary(heads: Any, tokens: torch.Tensor) -> dict[str, Any]:
@@ -184,49 +152,111 @@ def check_token_map(token_map: torch.Tensor, draft_vocab: int, vocab_size: int,
         raise ValueError(f"{source}: ids are not distinct")
 
 
-def set_token_map(heads: Any, token_map: torch.Tensor) -> None:
-    """Set a heads module's draft vocabulary ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
-    if heads.token_map is None:
-        raise ValueError("these heads have the full vocabulary (draft_vocab=0)")
-    check_token_map(token_map, heads.draft_vocab, heads.vocab_size)
-    with torch.no_grad():
-        heads.token_map.copy_(token_map.to(heads.token_map.device, torch.long))
+class DraftVocab:
+    """The draft vocabulary of one heads module (MedusaHeads and HydraHeads each compose one as
+    ``heads.vocab``): its size N (0: the full vocabulary of V target ids), the mapping between draft and
+    target ids, and the tensors derived from ``token_map``, cached in named attributes and rebuilt whenever
+    the map (or the base LM head's weight) changes: each cache is keyed on the tensors' ``data_ptr`` and
+    ``_version``.
 
+    ``token_map [N]`` (draft id -> target id) itself stays a buffer of the heads module and is passed to the
+    methods: it is the checkpoint's tensor ``token_map``, which ``nn.Module`` must own to save, load and move
+    it (``heads.to(device)`` replaces the buffer tensor, so a reference held here would go stale).
+    """
 
-def restrict_vocab(heads: Any, token_map: torch.Tensor, device: torch.device) -> None:
-    """A full-vocabulary heads module -> the draft vocabulary ``token_map [N]``, in place: its blocks are
-    kept and an own W2 (``heads.lm_heads``) keeps its ``token_map`` rows (``[V, d] -> [N, d]``, new
-    parameters); ``device``: where the heads live."""
-    if heads.draft_vocab:
-        raise ValueError(f"the heads already have a draft vocabulary of {heads.draft_vocab} tokens")
-    n = int(token_map.shape[0])
-    check_token_map(token_map, n, heads.vocab_size)
-    tm = token_map.to(device=device, dtype=torch.long)
-    if heads.lm_heads is not None:
-        new = torch.nn.ModuleList(torch.nn.Linear(heads.hidden_size, n, bias=False)
-                                  for _ in range(heads.num_heads))
-        new.to(device=device, dtype=heads.lm_heads[0].weight.dtype)
+    def __init__(self, vocab_size: int, size: int = 0) -> None:
+        if not 0 <= size <= vocab_size:
+            raise ValueError(f"draft_vocab must be in [0, vocab_size={vocab_size}], got {size}")
+        self.vocab_size, self.size = vocab_size, size
+        self._t2d: tuple[tuple[Any, ...], torch.Tensor] | None = None  # (key, [V] int64)
+        self._rows: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor | None] | None = None  # (key, W, b)
+
+    def placeholder(self) -> torch.Tensor | None:
+        """A new heads module's ``token_map``: ``arange(N)`` until set or loaded (None: full vocabulary)."""
+        return torch.arange(self.size, dtype=torch.long) if self.size else None
+
+    def set_map(self, buffer: torch.Tensor | None, token_map: torch.Tensor) -> None:
+        """Copy ``token_map [N]`` (distinct target ids in ``[0, V)``) into the heads' ``buffer``."""
+        if buffer is None:
+            raise ValueError("these heads have the full vocabulary (draft_vocab=0)")
+        check_token_map(token_map, self.size, self.vocab_size)
         with torch.no_grad():
-            for head, old in zip(new, heads.lm_heads):
-                head.weight.copy_(old.weight.index_select(0, tm))
-        heads.lm_heads = new
-    del heads.token_map
-    heads.register_buffer("token_map", tm.clone())
-    heads.draft_vocab = n
+            buffer.copy_(token_map.to(buffer.device, torch.long))
+
+    def restrict(self, token_map: torch.Tensor, lm_heads: nn.ModuleList | None, hidden_size: int,
+                 device: torch.device) -> tuple[nn.ModuleList | None, torch.Tensor]:
+        """Full vocabulary -> the draft vocabulary ``token_map [N]``: sets the size and returns the heads'
+        new own W2s (each keeps its ``token_map`` rows, ``[V, d] -> [N, d]``, new parameters; None for
+        heads that share the LM head) and the new ``token_map`` buffer on ``device``."""
+        if self.size:
+            raise ValueError(f"the heads already have a draft vocabulary of {self.size} tokens")
+        n = int(token_map.shape[0])
+        check_token_map(token_map, n, self.vocab_size)
+        tm = token_map.to(device=device, dtype=torch.long)
+        if lm_heads is not None:
+            new = nn.ModuleList(nn.Linear(hidden_size, n, bias=False) for _ in range(len(lm_heads)))
+            new.to(device=device, dtype=lm_heads[0].weight.dtype)
+            with torch.no_grad():
+                for head, old in zip(new, lm_heads):
+                    head.weight.copy_(old.weight.index_select(0, tm))
+            lm_heads = new
+        self.size = n
+        return lm_heads, tm.clone()
+
+    def init_heads(self, lm_heads: nn.ModuleList | None, token_map: torch.Tensor | None,
+                   weight: torch.Tensor) -> None:
+        """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
+        every own W2 of ``lm_heads`` (no-op for heads that share the LM head: None)."""
+        if lm_heads is None:
+            return
+        if token_map is not None:
+            weight = weight.index_select(0, token_map.to(weight.device))  # [N, d]
+        with torch.no_grad():
+            for head in lm_heads:
+                head.weight.copy_(weight.to(head.weight.dtype))
+
+    def target_to_draft(self, token_map: torch.Tensor | None) -> torch.Tensor | None:
+        """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full;
+        cached)."""
+        if token_map is None:
+            return None
+        key = (token_map.data_ptr(), token_map._version, token_map.device)
+        if self._t2d is None or self._t2d[0] != key:
+            t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=token_map.device)  # [V]
+            t2d[token_map] = torch.arange(token_map.shape[0], device=token_map.device)
+            self._t2d = (key, t2d)
+        return self._t2d[1]
+
+    @staticmethod
+    def to_target(token_map: torch.Tensor | None, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (any shape) -> target ids (identity with the full vocabulary)."""
+        return draft_ids if token_map is None else token_map[draft_ids]
+
+    def to_target_logits(self, token_map: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocab (identity when full)."""
+        if token_map is None:
+            return logits
+        return scatter_to_target(logits, token_map, self.vocab_size)
+
+    def shared_rows(self, lm_head: nn.Module, token_map: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The base LM head's ``token_map`` rows: ``(W [N, d], bias [N] or None)``. With autograd on they
+        are gathered inside the graph (MEDUSA-2 may train the LM head); without, cached until a weight
+        changes."""
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        if not weight.is_floating_point():
+            raise ValueError("a draft vocabulary on heads that share the base LM head needs a floating-point "
+                             f"base LM head, got {weight.dtype}")
+        tm = token_map.to(weight.device)
+        if torch.is_grad_enabled():
+            return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)
+        key = (weight.data_ptr(), weight._version, token_map.data_ptr(), token_map._version)
+        if self._rows is None or self._rows[0] != key:
+            rows = weight.detach().index_select(0, tm)  # [N, d]
+            self._rows = (key, rows, None if bias is None else bias.detach().index_select(0, tm))
+        return self._rows[1], self._rows[2]
 
 
-def init_from_lm_head(heads: Any, weight: torch.Tensor) -> None:
-    """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into every
-    own W2 of ``heads`` (no-op for heads that share the LM head)."""
-    if heads.lm_heads is None:
-        return
-    if heads.token_map is not None:
-        weight = weight.index_select(0, heads.token_map.to(weight.device))  # [N, d]
-    with torch.no_grad():
-        for head in heads.lm_heads:
-            head.weight.copy_(weight.to(head.weight.dtype))
-
-
-__all__ = ["build_token_map", "candidate_rows", "chain_bound", "check_token_map", "choose_draft_vocab",
-           "coverage", "draft_vocab_summary", "init_from_lm_head", "label_counts", "most_frequent",
-           "restrict_vocab", "scatter_to_target", "set_token_map", "shared_rows", "target_to_draft_map"]
+__all__ = ["DraftVocab", "build_token_map", "candidate_rows", "chain_bound", "check_token_map",
+           "choose_draft_vocab", "coverage", "draft_vocab_summary", "label_counts", "most_frequent",
+           "scatter_to_target"]

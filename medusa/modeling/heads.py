@@ -12,21 +12,32 @@ the decoding candidates, verification and output are those of full-vocabulary he
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa.modeling.draft_vocab import (
-    init_from_lm_head,
-    restrict_vocab,
-    scatter_to_target,
-    set_token_map,
-    shared_rows,
-    target_to_draft_map,
-)
+from medusa.modeling.base import lm_head_of
+from medusa.modeling.draft_vocab import DraftVocab
 
 MEDUSA_HEAD_TYPES = ("linear", "shared_lm_head")
 HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra",)  # hydra: medusa.modeling.hydra.HydraHeads
+
+
+class BaseRef:
+    """A module of the base model (its LM head, its input embeddings) that heads read but do not own.
+
+    ``nn.Module.__setattr__`` registers every module attribute as a submodule: its parameters would then
+    be the heads' (in ``parameters()``, ``state_dict()``, moved by ``heads.to()``). The heads hold such a
+    module in a ``BaseRef`` instead, a plain object nn.Module does not look into, so the module stays out
+    of the heads' state_dict and parameters.
+    """
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: nn.Module | None = None) -> None:
+        self.module = module
 
 
 class ResBlock(nn.Module):
@@ -73,7 +84,7 @@ class MedusaHeads(nn.Module):
         if not 0 <= draft_vocab <= vocab_size:
             raise ValueError(f"draft_vocab must be in [0, vocab_size={vocab_size}], got {draft_vocab}")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
-        self.draft_vocab = draft_vocab
+        self.vocab = DraftVocab(vocab_size, draft_vocab)  # draft vocabulary logic and caches
         out_size = draft_vocab or vocab_size
         self.num_heads, self.num_layers, self.head_type = num_heads, num_layers, head_type
         # A fresh ResBlock per (head, layer): never `[ResBlock(d)] * n`, which would share weights.
@@ -88,48 +99,73 @@ class MedusaHeads(nn.Module):
             if shared_lm_head is None:
                 raise ValueError("head_type='shared_lm_head' needs the base model's LM head")
             self.lm_heads = None
-        if draft_vocab:  # token_map [N]: draft id -> target id (a placeholder until set or loaded)
-            self.register_buffer("token_map", torch.arange(draft_vocab, dtype=torch.long))
+        token_map = self.vocab.placeholder()  # token_map [N]: draft id -> target id (until set or loaded)
+        if token_map is not None:
+            self.register_buffer("token_map", token_map)
         else:
             self.token_map = None
-        # Held outside the module tree: the base LM head belongs to the base model, not to the heads.
-        self._shared = [shared_lm_head]
+        self._shared = BaseRef(shared_lm_head)  # the base model's LM head, outside the module tree
+        # (key, w1t [L, K, d, d], b1 [L, K, 1, d]): the ResBlocks stacked for no-grad decoding, rebuilt
+        # whenever a weight changes (:meth:`_stacked_blocks`)
+        self._stacked: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def draft_vocab(self) -> int:
+        """N, the draft vocabulary's size (0: the full vocabulary)."""
+        return self.vocab.size
 
     @property
     def shared_lm_head(self) -> nn.Module | None:
-        return self._shared[0]
+        return self._shared.module
 
     def set_shared_lm_head(self, lm_head: nn.Module | None) -> None:
-        self._shared[0] = lm_head
+        self._shared.module = lm_head
+
+    def bind_base(self, base_model: nn.Module) -> None:
+        """Read ``base_model`` from now on: its LM head, for heads without their own W2 (e.g. after
+        merging LoRA adapters into a new base)."""
+        if self.lm_heads is None:
+            self._shared.module = lm_head_of(base_model)
+
+    def teacher_inputs(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
+        """The heads' training input at ``hidden [B, T, d]``: the hidden state itself (MEDUSA heads read
+        no token; ``input_ids`` is ignored)."""
+        return hidden
+
+    def hidden_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``hidden [B, T, d] -> [K, B, T, V]``: the heads' logits from the base hidden state alone (what
+        ``MedusaModel.forward`` returns as ``head_logits``)."""
+        return self(hidden)
 
     def init_from_lm_head(self, weight: torch.Tensor) -> None:
         """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
         every head's W2 (no-op for shared heads)."""
-        init_from_lm_head(self, weight)
+        self.vocab.init_heads(self.lm_heads, self.token_map, weight)
 
     def set_token_map(self, token_map: torch.Tensor) -> None:
         """Set the draft vocabulary's ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
-        set_token_map(self, token_map)
+        self.vocab.set_map(self.token_map, token_map)
 
     def restrict_vocab(self, token_map: torch.Tensor) -> None:
         """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the ResBlocks are kept and a
         ``linear`` head's W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
         ref = next(iter(self.parameters()), None)
-        restrict_vocab(self, token_map, ref.device if ref is not None else token_map.device)
+        device = ref.device if ref is not None else token_map.device
+        self.lm_heads, tm = self.vocab.restrict(token_map, self.lm_heads, self.hidden_size, device)
+        del self.token_map
+        self.register_buffer("token_map", tm)
 
     def target_to_draft(self) -> torch.Tensor | None:
         """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
-        if self.token_map is None:
-            return None
-        return target_to_draft_map(self.token_map, self.vocab_size, self.__dict__)
+        return self.vocab.target_to_draft(self.token_map)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids (any shape) -> target ids (identity with the full vocabulary)."""
-        return draft_ids if self.token_map is None else self.token_map[draft_ids]
+        return self.vocab.to_target(self.token_map, draft_ids)
 
     def _shared_rows(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The base LM head's ``token_map`` rows: ``(W [N, d], bias [N] or None)``."""
-        return shared_rows(self.shared_lm_head, self.token_map, self.__dict__)
+        return self.vocab.shared_rows(self.shared_lm_head, self.token_map)
 
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""
@@ -155,9 +191,7 @@ class MedusaHeads(nn.Module):
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocab (identity when full)."""
-        if self.token_map is None:
-            return logits
-        return scatter_to_target(logits, self.token_map, self.vocab_size)
+        return self.vocab.to_target_logits(self.token_map, logits)
 
     @torch.no_grad()
     def topk(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
@@ -169,6 +203,15 @@ class MedusaHeads(nn.Module):
         if self.token_map is None or k > self.draft_vocab:
             return self(hidden).topk(k, dim=-1).indices
         return self.token_map[self.draft_logits(hidden).topk(k, dim=-1).indices]
+
+    @torch.no_grad()
+    def head_topk(self, k: int, hidden: torch.Tensor, n: int) -> torch.Tensor:
+        """Head k's top-``n`` TARGET ids: ``hidden [..., d] -> [..., n]`` (with a draft vocabulary the top-n
+        of the N draft logits mapped back; n > N falls back to the -inf-filled target logits)."""
+        logits = self.head_logits(k, hidden)  # [..., N]
+        if self.token_map is None or n > self.draft_vocab:
+            return self.to_target_logits(logits).topk(n, dim=-1).indices
+        return self.token_map[logits.topk(n, dim=-1).indices]
 
     def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``hidden_states [..., d] -> [K, ..., N]``: every head's logits over its own vocabulary.
@@ -190,14 +233,14 @@ class MedusaHeads(nn.Module):
         """``(w1t [L, K, d, d], b1 [L, K, 1, d])``: the ResBlocks stacked for ``baddbmm``, cached."""
         params = [(blk.linear.weight, blk.linear.bias) for layers in self.blocks for blk in layers]
         key = tuple((w.data_ptr(), w._version, b.data_ptr(), b._version) for w, b in params)
-        cached = self.__dict__.get("_stacked_cache")
+        cached = self._stacked
         if cached is None or cached[0] != key:
             k, n = self.num_heads, self.num_layers
             w1t = torch.stack([w.detach().t() for w, _ in params]).view(k, n, self.hidden_size,
                                                                         self.hidden_size)
             b1 = torch.stack([b.detach() for _, b in params]).view(k, n, 1, self.hidden_size)
             cached = (key, w1t.transpose(0, 1).contiguous(), b1.transpose(0, 1).contiguous())
-            self.__dict__["_stacked_cache"] = cached
+            self._stacked = cached
         return cached[1], cached[2]
 
     def _forward_batched(self, hidden_states: torch.Tensor) -> torch.Tensor:

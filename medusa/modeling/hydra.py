@@ -28,16 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.modeling.base import lm_head_of, unwrap
 from medusa.modeling.config import HYDRA_PROJECTIONS
-from medusa.modeling.draft_vocab import (
-    init_from_lm_head,
-    restrict_vocab,
-    scatter_to_target,
-    set_token_map,
-    shared_rows,
-    target_to_draft_map,
-)
-from medusa.modeling.heads import ResBlock
+from medusa.modeling.draft_vocab import DraftVocab
+from medusa.modeling.heads import BaseRef, ResBlock
 
 
 class ConditionedResBlock(nn.Module):
@@ -87,7 +81,8 @@ class HydraHeads(nn.Module):
             raise ValueError(f"draft_vocab must be in [0, vocab_size={vocab_size}], got {draft_vocab}")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_heads, self.num_layers = num_heads, num_layers
-        self.projection, self.draft_vocab = projection, draft_vocab
+        self.projection = projection
+        self.vocab = DraftVocab(vocab_size, draft_vocab)  # draft vocabulary logic and caches
         self.blocks = nn.ModuleList(
             nn.Sequential(ConditionedResBlock(hidden_size * (k + 2), hidden_size),
                           *[ResBlock(hidden_size) for _ in range(num_layers - 1)])
@@ -97,57 +92,74 @@ class HydraHeads(nn.Module):
         if projection == "own":
             self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, draft_vocab or vocab_size, bias=False)
                                           for _ in range(num_heads))
-        if draft_vocab:  # token_map [N]: draft id -> target id (a placeholder until set or loaded)
-            self.register_buffer("token_map", torch.arange(draft_vocab, dtype=torch.long))
+        token_map = self.vocab.placeholder()  # token_map [N]: draft id -> target id (until set or loaded)
+        if token_map is not None:
+            self.register_buffer("token_map", token_map)
         else:
             self.token_map = None
-        # Held outside the module tree: the embedding and the LM head belong to the base model.
-        self._embedding = [embedding]
-        self._shared = [shared_lm_head if projection == "shared_lm_head" else None]
+        # Held outside the module tree (BaseRef): the embedding and the LM head belong to the base model.
+        self._embedding = BaseRef(embedding)
+        self._shared = BaseRef(shared_lm_head if projection == "shared_lm_head" else None)
+
+    @property
+    def draft_vocab(self) -> int:
+        """N, the draft vocabulary's size (0: the full vocabulary)."""
+        return self.vocab.size
 
     @property
     def shared_lm_head(self) -> nn.Module | None:
         """The base LM head the heads apply (None: own projections), as MedusaHeads' attribute."""
-        return self._shared[0]
+        return self._shared.module
 
     def set_shared_lm_head(self, lm_head: nn.Module | None) -> None:
         if self.projection == "shared_lm_head":
-            self._shared[0] = lm_head
+            self._shared.module = lm_head
+
+    def bind_base(self, base_model: nn.Module) -> None:
+        """Read ``base_model`` from now on: its input embeddings and, with ``projection="shared_lm_head"``,
+        its LM head (e.g. after merging LoRA adapters into a new base)."""
+        if self.lm_heads is None:
+            self.set_shared_lm_head(lm_head_of(base_model))
+        self.set_embedding(unwrap(base_model).get_input_embeddings())
+
+    def hidden_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """None: Hydra heads also read the draft tokens, which the base hidden state alone does not give
+        (decoding builds their input per tree node, training with :meth:`teacher_inputs`)."""
+        return None
 
     # ------------------------------------------------------------------ draft vocabulary
     def set_token_map(self, token_map: torch.Tensor) -> None:
         """Set the draft vocabulary's ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
-        set_token_map(self, token_map)
+        self.vocab.set_map(self.token_map, token_map)
 
     def restrict_vocab(self, token_map: torch.Tensor) -> None:
         """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the blocks are kept and an own
         W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
-        restrict_vocab(self, token_map, self.blocks[0][0].linear.weight.device)
+        device = self.blocks[0][0].linear.weight.device
+        self.lm_heads, tm = self.vocab.restrict(token_map, self.lm_heads, self.hidden_size, device)
+        del self.token_map
+        self.register_buffer("token_map", tm)
 
     def target_to_draft(self) -> torch.Tensor | None:
         """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
-        if self.token_map is None:
-            return None
-        return target_to_draft_map(self.token_map, self.vocab_size, self.__dict__)
+        return self.vocab.target_to_draft(self.token_map)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids (any shape) -> target ids (identity with the full vocabulary)."""
-        return draft_ids if self.token_map is None else self.token_map[draft_ids]
+        return self.vocab.to_target(self.token_map, draft_ids)
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocab (identity when full)."""
-        if self.token_map is None:
-            return logits
-        return scatter_to_target(logits, self.token_map, self.vocab_size)
+        return self.vocab.to_target_logits(self.token_map, logits)
 
     @property
     def embedding(self) -> nn.Module:
-        if self._embedding[0] is None:
+        if self._embedding.module is None:
             raise ValueError("hydra heads need the base model's input embeddings (set_embedding)")
-        return self._embedding[0]
+        return self._embedding.module
 
     def set_embedding(self, embedding: nn.Module) -> None:
-        self._embedding[0] = embedding
+        self._embedding.module = embedding
 
     @property
     def input_width(self) -> int:
@@ -157,7 +169,7 @@ class HydraHeads(nn.Module):
     def init_from_lm_head(self, weight: torch.Tensor) -> None:
         """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
         every own W2 (no-op for a shared projection)."""
-        init_from_lm_head(self, weight)
+        self.vocab.init_heads(self.lm_heads, self.token_map, weight)
 
     def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""
@@ -167,7 +179,7 @@ class HydraHeads(nn.Module):
         proj = self.shared_lm_head
         if self.token_map is None:
             return proj(x.to(proj.weight.dtype) if proj.weight.is_floating_point() else x)
-        weight, bias = shared_rows(proj, self.token_map, self.__dict__)
+        weight, bias = self.vocab.shared_rows(proj, self.token_map)
         return F.linear(x.to(weight.dtype), weight, bias)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -204,7 +216,7 @@ class HydraHeads(nn.Module):
         """``wide [B, T, d * (K+1)] -> logits [K, B, T, V]`` over TARGET ids (-inf outside a draft vocab)."""
         return self.to_target_logits(self.draft_logits(wide))
 
-    def teacher_inputs(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    def teacher_inputs(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         """Teacher forcing: ``[h_t, e(x_{t+1}), ..., e(x_{t+K})]`` from the sequence's own tokens.
 
         ``hidden [B, T, d]``, ``input_ids [B, T]`` -> ``[B, T, d * (K+1)]``; embeddings past the end are

