@@ -39,7 +39,6 @@ def memorise_heads(model: MedusaModel, sequences: list[torch.Tensor], steps: int
     the sequences' own tokens.
     """
     from medusa.modeling.base import decoder_of
-    from medusa.modeling.hydra import needs_tokens
 
     torch.manual_seed(seed)
     feats: list[list[torch.Tensor]] = [[] for _ in range(model.num_heads)]
@@ -47,8 +46,7 @@ def memorise_heads(model: MedusaModel, sequences: list[torch.Tensor], steps: int
     with torch.no_grad():
         for seq in sequences:
             hidden = decoder_of(model.base_model)(input_ids=seq.view(1, -1)).last_hidden_state  # [1, T, d]
-            if needs_tokens(model.heads):
-                hidden = model.heads.teacher_inputs(hidden, seq.view(1, -1))  # [1, T, d * (K+1)]
+            hidden = model.heads.teacher_inputs(hidden, seq.view(1, -1))  # Hydra: [1, T, d * (K+1)]
             hidden = hidden[0]
             for k in range(model.num_heads):
                 shift = k + 2

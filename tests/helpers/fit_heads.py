@@ -98,13 +98,11 @@ def fit_heads(model, sequences: torch.Tensor, steps: int = 800, lr: float = 1e-2
     """Fit ``model.heads`` on ``sequences [N, T]`` (frozen base), plain MEDUSA loss, in place (Hydra heads:
     teacher-forced on the sequences' own tokens; a draft vocabulary: targets outside it are no target)."""
     from medusa.modeling.base import decoder_of
-    from medusa.modeling.hydra import needs_tokens
 
     torch.manual_seed(seed)
     with torch.no_grad():
         hidden = decoder_of(model.base_model)(input_ids=sequences).last_hidden_state  # [N, T, d]
-        if needs_tokens(model.heads):
-            hidden = model.heads.teacher_inputs(hidden, sequences)  # [N, T, d * (K+1)]
+        hidden = model.heads.teacher_inputs(hidden, sequences)  # Hydra: [N, T, d * (K+1)]
     params = [p for p in model.heads.parameters()]
     opt = torch.optim.Adam(params, lr=lr)
     K = model.num_heads
