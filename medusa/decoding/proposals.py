@@ -1,9 +1,9 @@
 """Proposers: what a decode step verifies. Each one turns the next root token and the base hidden state at
 the last kept position into a :class:`Proposal` (the tree's tokens and the tree they sit in).
 
-- :class:`MedusaProposer`: MEDUSA heads on a static tree, the heads' top-k at the last kept position placed
-  by rank (:func:`medusa.decoding.candidates.propose`).
-- :class:`HydraProposer`: Hydra heads on a static tree, grown depth by depth
+- :class:`StaticProposer` with :func:`medusa_tokens`: MEDUSA heads on a static tree, the heads' top-k at the
+  last kept position placed by rank (:func:`medusa.decoding.candidates.propose`).
+- :class:`StaticProposer` with ``hydra_propose``: Hydra heads on a static tree, grown depth by depth
   (:mod:`medusa.decoding.hydra_candidates`).
 - :class:`DynamicProposer`: any heads, each row's N most probable paths (:mod:`medusa.decoding.dynamic_tree`).
 
@@ -14,6 +14,7 @@ The head type and the tree kind are asked once, in :func:`choose_proposer`; the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,39 +69,36 @@ def stacked_heads(heads: Any, hidden: torch.Tensor) -> torch.Tensor:
     return heads(hidden)
 
 
+def medusa_tokens(heads: Any, root: torch.Tensor, hidden: torch.Tensor, dt: DecodeTree) -> torch.Tensor:
+    """MEDUSA heads on a static tree: node (r1..rd) holds head d's rank-rd token at the last kept position
+    (``hidden [B, d]``), node 0 ``root [B]``. Returns ``[B, N]``."""
+    if torch.compiler.is_compiling():
+        logits = stacked_heads(heads, hidden.unsqueeze(1))[:, :, 0]  # [K, B, V]
+        topk = logits.topk(dt.kmax, dim=-1).indices
+    else:
+        topk = heads.topk(hidden, dt.kmax)  # [K, B, kmax] target ids
+    return propose(root, topk, dt)
+
+
+# (heads, root [B], hidden [B, d], tree) -> tokens [B, N]
+GrowFn = Callable[[Any, torch.Tensor, torch.Tensor, DecodeTree], torch.Tensor]
+
+
 @dataclass
-class MedusaProposer:
-    """MEDUSA heads on a static tree: node (r1..rd) holds head d's rank-rd token at the last kept position."""
+class StaticProposer:
+    """Heads on a static tree: ``grow`` fills its N nodes (:func:`medusa_tokens` for MEDUSA heads,
+    :func:`medusa.decoding.hydra_candidates.hydra_propose` for Hydra heads, which grow it depth by depth)."""
 
     heads: Any
     tree: DecodeTree
+    grow: GrowFn
 
     @property
     def shape(self) -> DecodeTree:
         return self.tree
 
     def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
-        if torch.compiler.is_compiling():
-            logits = stacked_heads(self.heads, hidden.unsqueeze(1))[:, :, 0]  # [K, B, V]
-            topk = logits.topk(self.tree.kmax, dim=-1).indices
-        else:
-            topk = self.heads.topk(hidden, self.tree.kmax)  # [K, B, kmax] target ids
-        return Proposal(propose(root, topk, self.tree), self.tree)
-
-
-@dataclass
-class HydraProposer:
-    """Hydra heads on a static tree, grown depth by depth (head d reads its path's tokens)."""
-
-    heads: Any
-    tree: DecodeTree
-
-    @property
-    def shape(self) -> DecodeTree:
-        return self.tree
-
-    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
-        return Proposal(hydra_propose(self.heads, root, hidden, self.tree), self.tree)
+        return Proposal(self.grow(self.heads, root, hidden, self.tree), self.tree)
 
 
 @dataclass
@@ -142,8 +140,8 @@ def choose_proposer(heads: Any, tree: DecodeTree | DynamicTree) -> Proposer:
         return DynamicProposer(heads, tree, _hydra_children if hydra else _medusa_children, branch)
     if hydra:
         hydra_levels(tree)  # the growth plan (host lists) is built once, outside any compiled function
-        return HydraProposer(heads, tree)
-    return MedusaProposer(heads, tree)
+        return StaticProposer(heads, tree, hydra_propose)
+    return StaticProposer(heads, tree, medusa_tokens)
 
 
 def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> DecodeTree | DynamicTree:
@@ -153,5 +151,5 @@ def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> Decode
     return decode_tree(tree, device, dtype)
 
 
-__all__ = ["DynamicProposer", "HydraProposer", "MedusaProposer", "Proposal", "Proposer", "choose_proposer",
-           "decoding_tree", "stacked_heads"]
+__all__ = ["DynamicProposer", "GrowFn", "Proposal", "Proposer", "StaticProposer", "choose_proposer",
+           "decoding_tree", "medusa_tokens", "stacked_heads"]

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.modeling import head_methods
 from medusa.modeling.base import lm_head_of, unwrap
 from medusa.modeling.config import HYDRA_PROJECTIONS
 from medusa.modeling.draft_vocab import DraftVocab
@@ -101,10 +102,15 @@ class HydraHeads(nn.Module):
         self._embedding = BaseRef(embedding)
         self._shared = BaseRef(shared_lm_head if projection == "shared_lm_head" else None)
 
-    @property
-    def draft_vocab(self) -> int:
-        """N, the draft vocabulary's size (0: the full vocabulary)."""
-        return self.vocab.size
+
+    # shared by every head family (medusa.modeling.head_methods)
+    draft_vocab = property(head_methods.draft_vocab_size)
+    set_token_map = head_methods.set_token_map
+    target_to_draft = head_methods.target_to_draft
+    to_target = head_methods.to_target
+    to_target_logits = head_methods.to_target_logits
+    head_logits = head_methods.head_logits
+    head_topk = head_methods.head_topk
 
     @property
     def shared_lm_head(self) -> nn.Module | None:
@@ -128,9 +134,6 @@ class HydraHeads(nn.Module):
         return None
 
     # ------------------------------------------------------------------ draft vocabulary
-    def set_token_map(self, token_map: torch.Tensor) -> None:
-        """Set the draft vocabulary's ``token_map [N]`` (distinct target ids in ``[0, V)``)."""
-        self.vocab.set_map(self.token_map, token_map)
 
     def restrict_vocab(self, token_map: torch.Tensor) -> None:
         """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the blocks are kept and an own
@@ -140,17 +143,8 @@ class HydraHeads(nn.Module):
         del self.token_map
         self.register_buffer("token_map", tm)
 
-    def target_to_draft(self) -> torch.Tensor | None:
-        """``[V]`` int64: the draft id of each target id, -1 outside the draft vocabulary (None: full)."""
-        return self.vocab.target_to_draft(self.token_map)
 
-    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        """Draft ids (any shape) -> target ids (identity with the full vocabulary)."""
-        return self.vocab.to_target(self.token_map, draft_ids)
 
-    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits ``[..., N]`` -> ``[..., V]``, -inf outside the draft vocab (identity when full)."""
-        return self.vocab.to_target_logits(self.token_map, logits)
 
     @property
     def embedding(self) -> nn.Module:
@@ -194,19 +188,7 @@ class HydraHeads(nn.Module):
         x = wide[..., : self.hidden_size * (k + 2)]
         return block(x.to(block[0].linear.weight.dtype))
 
-    def head_logits(self, k: int, wide: torch.Tensor) -> torch.Tensor:
-        """Logits of head k (0-based) over its own vocabulary: ``[..., >= d * (k+2)] -> [..., N]``
-        (N = V when full)."""
-        return self.project(k, self.transform(k, wide))
 
-    @torch.no_grad()
-    def head_topk(self, k: int, wide: torch.Tensor, n: int) -> torch.Tensor:
-        """Head k's top-``n`` TARGET ids: ``[..., >= d * (k+2)] -> [..., n]`` (with a draft vocabulary the
-        top-n of the N draft logits mapped back; n > N falls back to the -inf-filled target logits)."""
-        logits = self.head_logits(k, wide)  # [..., N]
-        if self.token_map is None or n > self.draft_vocab:
-            return self.to_target_logits(logits).topk(n, dim=-1).indices
-        return self.token_map[logits.topk(n, dim=-1).indices]
 
     def draft_logits(self, wide: torch.Tensor) -> torch.Tensor:
         """``wide [B, T, d * (K+1)] -> [K, B, T, N]``: every head's logits over its own vocabulary."""
