@@ -34,7 +34,8 @@ def test_every_shipped_recipe_parses_and_starts_with_its_command(path):
     assert path.read_text().startswith("# ") and "medusa.train" in path.read_text().splitlines()[0]
     import yaml
 
-    from medusa.config import Recipe, _build
+    from medusa.config import Recipe
+    from medusa.config.parse import _build
 
     _build(Recipe, yaml.safe_load(path.read_text()), "")  # keys and types (files may be absent here)
 
@@ -99,3 +100,27 @@ def test_module_entry_point_exits_2(capsys):
     assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does-not-exist.yaml: not found" in err and err.count("\n") == 1
+
+
+def test_yaml_bool_words_keep_their_text_in_string_fields():
+    require_shared(SHARED)
+    r = load_recipe(TINY, ["train.mixed_precision=no", "data.skip_invalid=yes"])
+    assert r.train.mixed_precision == "no" and type(r.train.mixed_precision) is str
+    assert r.data.skip_invalid is True
+    assert load_recipe(TINY, ["--train.mixed_precision=no"]).train.mixed_precision == "no"
+    assert load_recipe(TINY, ["train.mixed_precision=null"]).train.mixed_precision is None
+    with pytest.raises(ConfigError, match=r"train\.mixed_precision: 'off' is not one of"):
+        load_recipe(TINY, ["train.mixed_precision=off"])
+    with pytest.raises(ConfigError, match=r"train\.batch_size: expected int, got 'on'"):
+        load_recipe(TINY, ["train.batch_size=on"])
+    with pytest.raises(ConfigError, match=r"train\.mixed_precision: expected str or null, got False"):
+        load_recipe(TINY, ["train.mixed_precision=false"])
+    assert parse_value("no") == "no" and parse_value("no").value is False and parse_value("true") is True
+
+
+def test_yaml_bool_words_in_a_recipe_file(tmp_path):
+    require_shared(SHARED)
+    text = TINY.read_text()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text.replace("train:\n", "train:\n  mixed_precision: no\n", 1))
+    assert load_recipe(recipe).train.mixed_precision == "no"
