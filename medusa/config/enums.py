@@ -28,4 +28,5 @@ PROMPT_FORMATS = ("auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt",
 ACCEPTANCE = ("greedy", "sample", "typical")  # acceptance modes
 EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi")
 IMPORT_FORMATS = ("auto", "vllm", "medusa-v1")
-EXPORTABLE_HEAD_TYPES = MEDUSA_HEAD_TYPES  # what the export targets can serve
+# hydra heads read draft tokens: no serving engine's MEDUSA implementation can run them
+EXPORTABLE_HEAD_TYPES = MEDUSA_HEAD_TYPES

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medusa.config.enums import HYDRA_PROJECTIONS
 from medusa.errors import CheckpointError
 from medusa.modeling.packaged import check_marker, packaged_info, resolve_packaged
 
@@ -16,7 +17,6 @@ CONFIG_NAME = "medusa_config.json"
 WEIGHTS_NAME = "medusa_heads.safetensors"
 TREE_NAME = "tree.json"
 BASE_SUBDIR = "base_model"
-HYDRA_PROJECTIONS = ("own", "shared_lm_head")  # medusa.modeling.hydra.HydraHeads' projection
 
 
 @dataclass

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.config.enums import MEDUSA_HEAD_TYPES
 from medusa.modeling.draft_vocab import (
     init_from_lm_head,
     restrict_vocab,
@@ -24,9 +25,6 @@ from medusa.modeling.draft_vocab import (
     shared_rows,
     target_to_draft_map,
 )
-
-MEDUSA_HEAD_TYPES = ("linear", "shared_lm_head")
-HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra",)  # hydra: medusa.modeling.hydra.HydraHeads
 
 
 class ResBlock(nn.Module):

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa.modeling.config import HYDRA_PROJECTIONS
+from medusa.config.enums import HYDRA_PROJECTIONS
 from medusa.modeling.draft_vocab import (
     init_from_lm_head,
     restrict_vocab,
