@@ -23,6 +23,9 @@ from medusa.config.schema import Recipe
 from medusa.errors import ConfigError
 
 STEPS_MAX = 10**9
+# The fields a recipe's ``heads`` section and a checkpoint's medusa_config.json share (checked by
+# check_head_fields for both).
+HEAD_FIELDS = ("num_heads", "num_layers", "head_type", "draft_vocab", "hydra_projection")
 
 
 def parse_schedule(schedule: str, key: str = "medusa2.schedule") -> tuple[str, float]:
@@ -88,19 +91,36 @@ def _validate_top(recipe: Recipe) -> None:
         raise ConfigError("output_dir: required")
 
 
+def check_head_fields(num_heads: int, num_layers: int, head_type: str, draft_vocab: int,
+                      hydra_projection: str | None, prefix: str = "heads.",
+                      unset: str | None = "own") -> None:
+    """The heads' shape (:data:`HEAD_FIELDS`), checked once for a recipe's ``heads`` section and a
+    checkpoint's ``medusa_config.json``. Raises :class:`ConfigError` naming ``prefix + key``.
+
+    ``unset``: the projection non-hydra heads carry ("own" in a recipe; None in a checkpoint, whose hydra
+    config without the key reads "own")."""
+    for name, value in (("num_heads", num_heads), ("num_layers", num_layers), ("draft_vocab", draft_vocab)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{prefix}{name}: expected int, got {value!r}")
+    _range(f"{prefix}num_heads", num_heads, 1, 64)
+    _range(f"{prefix}num_layers", num_layers, 0, 16)
+    _choice(f"{prefix}head_type", head_type, HEAD_TYPES)
+    _range(f"{prefix}draft_vocab", draft_vocab, 0, 10_000_000)
+    if head_type == "hydra" and num_layers < 1:
+        raise ConfigError(f"{prefix}num_layers: hydra heads need at least 1 layer, got {num_layers}")
+    if hydra_projection is not None and hydra_projection not in HYDRA_PROJECTIONS:
+        raise ConfigError(f"{prefix}hydra_projection: must be one of {', '.join(HYDRA_PROJECTIONS)}, "
+                          f"got {hydra_projection!r}")
+    if head_type != "hydra" and hydra_projection != unset:
+        raise ConfigError(f"{prefix}hydra_projection: only for {prefix}head_type: hydra (got {head_type}; "
+                          f"only hydra heads have it)")
+
+
 def _validate_heads(recipe: Recipe) -> None:
     h = recipe.heads
-    _range("heads.num_heads", h.num_heads, 1, 64)
-    _range("heads.num_layers", h.num_layers, 0, 16)
-    _choice("heads.head_type", h.head_type, HEAD_TYPES)
+    check_head_fields(h.num_heads, h.num_layers, h.head_type, h.draft_vocab, h.hydra_projection)
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
-    _range("heads.draft_vocab", h.draft_vocab, 0, 10_000_000)
     _range("heads.teacher_loss", h.teacher_loss, 0.0, 1.0)
-    if h.head_type == "hydra" and h.num_layers < 1:
-        raise ConfigError(f"heads.num_layers: hydra heads need at least 1 layer, got {h.num_layers}")
-    _choice("heads.hydra_projection", h.hydra_projection, HYDRA_PROJECTIONS)
-    if h.head_type != "hydra" and h.hydra_projection != "own":
-        raise ConfigError(f"heads.hydra_projection: only for heads.head_type: hydra (got {h.head_type})")
     if h.teacher_loss and h.draft_vocab:
         raise ConfigError("heads.teacher_loss: the KL to the base distribution needs the full vocabulary "
                           "(heads.draft_vocab: 0)")
