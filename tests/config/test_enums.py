@@ -26,7 +26,7 @@ def test_the_listing_places_use_them():
     import medusa.modeling.heads
     import medusa.selfdistill.prompts
 
-    assert medusa.modeling.heads.HEAD_TYPES is enums.HEAD_TYPES
+    assert medusa.modeling.heads.MEDUSA_HEAD_TYPES is enums.MEDUSA_HEAD_TYPES
     assert medusa.export.EXPORT_FORMATS is enums.EXPORT_FORMATS
     assert medusa.selfdistill.prompts.FORMATS is enums.PROMPT_FORMATS
     assert medusa.cli.heads.HEAD_TYPES is enums.HEAD_TYPES
