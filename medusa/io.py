@@ -204,12 +204,13 @@ def read_json(path: str | Path, error_cls: type[MedusaError] = MedusaError) -> A
         raise error_cls(f"{path}: corrupt JSON ({exc})") from None
 
 
-def read_yaml(path: str | Path, error_cls: type[MedusaError] = MedusaError) -> Any:
-    """The YAML value in ``path`` (safe loader); invalid YAML or a key given twice in one mapping raises
-    ``error_cls`` naming the file and line."""
+def read_yaml(path: str | Path, error_cls: type[MedusaError] = MedusaError,
+              loader: type | None = None) -> Any:
+    """The YAML value in ``path`` (safe loader, or ``loader``: a ``yaml.SafeLoader`` subclass); invalid YAML
+    or a key given twice in one mapping raises ``error_cls`` naming the file and line."""
     import yaml
 
-    class _Loader(yaml.SafeLoader):
+    class _Loader(loader or yaml.SafeLoader):
         pass
 
     def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:

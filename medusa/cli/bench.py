@@ -17,6 +17,7 @@ from medusa.cli import (
     add_overwrite,
     count,
 )
+from medusa.config.enums import ACCEPTANCE
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -80,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=count(10**9), default=None, help="only the first N prompts (N >= 1)")
     p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=128,
                    help="tokens every method writes per prompt")
-    p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
+    p.add_argument("--acceptance", choices=list(ACCEPTANCE), default="greedy",
                    help="greedy compares with generate(do_sample=False); the others with do_sample=True")
     p.add_argument("--temperature", type=TEMPERATURE, default=None,
                    help="unset: the generation_config's (as HF)")

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from medusa.cli import NEW_TOKENS, NODES, SEED, TEMPERATURE, TOP_K, TOP_P, Bounded, PathKind
+from medusa.config.enums import ACCEPTANCE
 from medusa.errors import MedusaError
 
 
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt", default=None, help="one prompt")
     src.add_argument("--prompts", default=None, type=PathKind("file"),
                      help="a .txt (one per line) or .jsonl file of prompts")
-    p.add_argument("--acceptance", choices=["greedy", "sample", "typical"], default="greedy",
+    p.add_argument("--acceptance", choices=list(ACCEPTANCE), default="greedy",
                    help="greedy and sample are lossless; typical is faster at high temperature but lossy")
     p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=128)
     p.add_argument("--temperature", type=TEMPERATURE, default=None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from medusa.cli import PathKind, add_overwrite, count
-from medusa.modeling.config import HYDRA_PROJECTIONS
+from medusa.config.enums import HEAD_TYPES, HYDRA_PROJECTIONS
 
 
 def _projection(args: argparse.Namespace) -> str:
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--num-heads", type=count(64), default=5, help="1..64 (default 5)")
     init.add_argument("--num-layers", type=count(16, lo=0), default=1,
                       help="ResBlocks per head, 0..16 (default 1)")
-    init.add_argument("--head-type", choices=["linear", "shared_lm_head", "hydra"], default="linear")
+    init.add_argument("--head-type", choices=list(HEAD_TYPES), default="linear")
     init.add_argument("--hydra-projection", choices=list(HYDRA_PROJECTIONS), default=None,
                       help="hydra heads' W2: their own, or the base LM head (default: as the recipe key "
                            "heads.hydra_projection, own); --head-type hydra only")

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from medusa.cli import NEW_TOKENS, SEED, TOP_K, TOP_P, Bounded, PathKind, count
+from medusa.config.enums import PROMPT_FORMATS
 
 
 def _cmd_self_distill(args: argparse.Namespace) -> int:
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["local", "openai"], default="local")
     g = p.add_argument_group("prompts")
     g.add_argument("--format", default="auto",
-                   choices=["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text"])
+                   choices=list(PROMPT_FORMATS))
     g.add_argument("--split", default="train", help="dataset split (directories and hub datasets)")
     g.add_argument("--limit", type=count(10**9), help="use only the first N prompts (N >= 1)")
     g.add_argument("--synthesize-prompts", type=count(10**7, lo=0), default=0, metavar="N",

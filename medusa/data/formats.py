@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from medusa.config.enums import CHAT_FORMATS
 from medusa.data.readers import RowError, conversation, row_format, str_field
 
 
@@ -30,7 +31,7 @@ def normalize(row: Any, fmt: str) -> tuple[str, Any]:
         return "prompt_completion", (str_field(row, "prompt", allow_empty=True), str_field(row, "completion"))
     if fmt == "text":
         return "text", str_field(row, "text")
-    if fmt not in ("sharegpt", "messages", "alpaca", "mtbench"):
+    if fmt not in CHAT_FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
     messages = conversation(row, fmt)
     if fmt == "alpaca":

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from medusa.config.enums import ACCEPTANCE
 from medusa.decoding.dynamic_tree import tree_kind
 from medusa.errors import MedusaError
 from medusa.eval.report import summarize
@@ -243,8 +244,6 @@ def prompt_row(prompt: str, prompt_len: int, best: dict[str, float], outputs: di
 
 # ---------------------------------------------------------------------------------------- top level
 def _check_args(acceptance: str, prompts: Sequence[str], max_new_tokens: int, repeats: int) -> None:
-    from medusa.decoding.generate import ACCEPTANCE
-
     if acceptance not in ACCEPTANCE:
         raise MedusaError(f"--acceptance must be one of {', '.join(ACCEPTANCE)}, got {acceptance!r}")
     if not prompts:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from medusa.config.enums import EXPORT_FORMATS, EXPORTABLE_HEAD_TYPES, IMPORT_FORMATS
 from medusa.errors import CheckpointError, MedusaError, first_line
 from medusa.export.backbone import Backbone, resolve_backbone, write_backbone
 from medusa.export.common import (
@@ -57,11 +58,6 @@ from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory
 from medusa.modeling.base import dtype_name
 from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
-
-EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi")
-IMPORT_FORMATS = ("auto", "vllm", "medusa-v1")
-# Hydra heads read draft tokens: no serving engine's MEDUSA implementation can run them.
-EXPORTABLE_HEAD_TYPES = ("linear", "shared_lm_head")
 
 
 def _check_paths(src: Path, out: Path) -> None:

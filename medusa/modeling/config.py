@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import CheckpointError
+from medusa.config.validate import HEAD_FIELDS, check_head_fields
+from medusa.errors import CheckpointError, ConfigError
 from medusa.modeling.packaged import check_marker, packaged_info, resolve_packaged
 
 FORMAT_VERSION = 1
@@ -16,7 +17,6 @@ CONFIG_NAME = "medusa_config.json"
 WEIGHTS_NAME = "medusa_heads.safetensors"
 TREE_NAME = "tree.json"
 BASE_SUBDIR = "base_model"
-HYDRA_PROJECTIONS = ("own", "shared_lm_head")  # medusa.modeling.hydra.HydraHeads' projection
 
 
 @dataclass
@@ -66,7 +66,7 @@ class MedusaConfig:
             raise CheckpointError(
                 f"{source}: format_version {version} is not supported (this medusa reads {FORMAT_VERSION})"
             )
-        return cls(**{**data, "hydra_projection": _hydra_projection(data, source)})
+        return cls(**{**data, "hydra_projection": _head_fields(cls, data, source)})
 
     @classmethod
     def load(cls, directory: str | Path) -> "MedusaConfig":
@@ -87,20 +87,17 @@ class MedusaConfig:
         (Path(directory) / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
-def _hydra_projection(data: dict[str, Any], source: str) -> str | None:
-    """The checked ``hydra_projection`` of a config dict: "own" for a hydra config without the key."""
-    value = data.get("hydra_projection")
-    if data.get("head_type") != "hydra":
-        if value is not None:
-            raise CheckpointError(f"{source}: hydra_projection {value!r} is set but head_type is "
-                                  f"{data.get('head_type')!r} (only hydra heads have it)")
-        return None
-    if value is None:
+def _head_fields(cls: type, data: dict[str, Any], source: str) -> str | None:
+    """Check the heads' shape (the recipe's own check, :func:`medusa.config.validate.check_head_fields`);
+    returns the ``hydra_projection``: "own" for a hydra config without the key."""
+    fields = {f.name: data.get(f.name, f.default) for f in dataclasses.fields(cls) if f.name in HEAD_FIELDS}
+    try:
+        check_head_fields(**fields, prefix="", unset=None)
+    except ConfigError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
+    if fields["head_type"] == "hydra" and fields["hydra_projection"] is None:
         return "own"
-    if value not in HYDRA_PROJECTIONS:
-        raise CheckpointError(f"{source}: hydra_projection must be one of {', '.join(HYDRA_PROJECTIONS)}, "
-                              f"got {value!r}")
-    return value
+    return fields["hydra_projection"]
 
 
 def base_location(checkpoint: str | Path, config: MedusaConfig, base: str | None = None,

@@ -18,12 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.config.enums import MEDUSA_HEAD_TYPES
 from medusa.modeling import head_methods
 from medusa.modeling.base import lm_head_of
 from medusa.modeling.draft_vocab import DraftVocab
-
-MEDUSA_HEAD_TYPES = ("linear", "shared_lm_head")
-HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra",)  # hydra: medusa.modeling.hydra.HydraHeads
 
 
 class BaseRef:

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.config.enums import HYDRA_PROJECTIONS
 from medusa.modeling import head_methods
 from medusa.modeling.base import lm_head_of, unwrap
-from medusa.modeling.config import HYDRA_PROJECTIONS
 from medusa.modeling.draft_vocab import DraftVocab
 from medusa.modeling.heads import BaseRef, ResBlock
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medusa.config.enums import PROMPT_FORMATS as FORMATS
 from medusa.data.readers import RowError, check_user_turns, read_rows, row_format, str_field, user_side
 from medusa.errors import DataError
 
-FORMATS = ("auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text")
 _ID_KEYS = ("id", "question_id", "conversation_id", "idx", "uid")
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 

@@ -1,4 +1,5 @@
-"""The training loop: MEDUSA-1 (:mod:`medusa1`) or MEDUSA-2 (:mod:`medusa2`), dispatched on ``recipe.method``.
+"""The training loop: MEDUSA-1 (:mod:`medusa1`) or MEDUSA-2 (:mod:`medusa2`), each a :class:`TrainingMethod`
+chosen once from ``recipe.method``.
 
 ``train(recipe)`` runs under any accelerate launch (single process, DDP, DeepSpeed, FSDP): the trained
 module goes through ``accelerator.prepare``; the frozen backbone stays a plain module on each device.
@@ -17,7 +18,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -43,6 +44,43 @@ from medusa.training.hidden_cache import prepare as prepare_cache
 from medusa.training.losses import STATS_ROWS, summarise_stats
 
 
+class TrainingMethod(Protocol):
+    """What the loop asks of a training method. :data:`medusa1.METHOD` and :data:`medusa2.METHOD` provide it;
+    :func:`method_of` picks one from ``recipe.method``."""
+
+    name: str  # the recipe's ``method``
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        """Method-specific combinations that cannot work, raised before anything loads."""
+
+    def setup_model(self, recipe: Recipe, device: torch.device,
+                    total_steps: int) -> tuple[MedusaModel, nn.Module, Any]:
+        """``(model, trained module, loss state)``."""
+
+    def param_groups(self, recipe: Recipe, trainable: nn.Module) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups (learning rates and weight decay)."""
+
+    def compute_loss(self, recipe: Recipe, model: MedusaModel, trainable: nn.Module,
+                     batch: dict[str, torch.Tensor], step: int,
+                     state: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch at optimizer step ``step``."""
+
+    def save_final(self, accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
+                   path: Path) -> None:
+        """Write ``final/`` (every process calls it)."""
+
+    def trained_model(self, accelerator: Any, model: MedusaModel, trainable: nn.Module) -> MedusaModel:
+        """The model holding what was trained, once training ends."""
+
+
+_METHODS: dict[str, TrainingMethod] = {m.name: m for m in (medusa1.METHOD, medusa2.METHOD)}
+
+
+def method_of(recipe: Recipe) -> TrainingMethod:
+    """The recipe's training method (``recipe.method``, validated against :data:`medusa.config.METHODS`)."""
+    return _METHODS[recipe.method]
+
+
 @dataclass
 class TrainResult:
     output_dir: Path
@@ -58,6 +96,7 @@ class Run:
     """What one training session holds, built once by :func:`_build`."""
 
     recipe: Recipe
+    method: TrainingMethod
     accelerator: Any
     data: S.RunData
     plan: S.Plan
@@ -65,7 +104,7 @@ class Run:
     trainable: nn.Module  # prepared by accelerate
     optimizer: Any
     scheduler: Any
-    state: medusa2.Medusa2State | None  # MEDUSA-2's loss state; None for MEDUSA-1
+    state: Any  # the method's loss state (MEDUSA-2: Medusa2State; MEDUSA-1: None)
     out_dir: Path
     metrics_path: Path
     cache: HiddenCache | None = None  # train.hidden_cache: training batches read hidden states from it
@@ -84,35 +123,13 @@ class Window:
 
 
 # ----------------------------------------------------------------------------------------- per method
-def setup_model(recipe: Recipe, device: torch.device,
-                plan: S.Plan) -> tuple[MedusaModel, nn.Module, medusa2.Medusa2State | None]:
-    if recipe.method == "medusa1":
-        return (*medusa1.setup_model(recipe, device), None)
-    return medusa2.setup_model(recipe, device, plan.total_steps)
-
-
-def compute_loss(recipe: Recipe, model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor],
-                 step: int, state: medusa2.Medusa2State | None) -> tuple[torch.Tensor, torch.Tensor,
-                                                                         dict[str, float]]:
-    """``(loss, stats [STATS_ROWS, K], metrics)`` of one micro-batch (metrics: MEDUSA-2's loss terms)."""
-    if recipe.method == "medusa1":
-        return (*medusa1.compute_loss(model, trainable, batch), {})
-    assert state is not None
-    return medusa2.compute_loss(model, trainable, batch, recipe, step, state)
-
-
-def optimizer_groups(recipe: Recipe, trainable: nn.Module) -> list[dict[str, Any]]:
-    """MEDUSA-1: heads at ``train.lr``; MEDUSA-2: backbone at ``train.lr``, heads at ``lr * lr_multiplier``.
-    """
-    t = recipe.train
-    if recipe.method == "medusa1":
-        return S.param_groups(trainable, t.lr, t.weight_decay, lr_multiplier=1.0)
-    return S.param_groups(trainable.model, t.lr, t.weight_decay, lr_multiplier=recipe.medusa2.lr_multiplier)
+def setup_model(recipe: Recipe, device: torch.device, plan: S.Plan) -> tuple[MedusaModel, nn.Module, Any]:
+    """The recipe's method's ``(model, trained module, loss state)``."""
+    return method_of(recipe).setup_model(recipe, device, plan.total_steps)
 
 
 def save_final(run: Run, path: Path) -> None:
-    save = medusa1.save_final if run.recipe.method == "medusa1" else medusa2.save_final
-    save(run.accelerator, run.model, run.trainable, run.recipe, path)
+    run.method.save_final(run.accelerator, run.model, run.trainable, run.recipe, path)
 
 
 # ----------------------------------------------------------------------------------------- metrics
@@ -135,7 +152,7 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
             batch = collate(examples[i:i + recipe.train.batch_size], data.pad_token_id)
             batch = {k: v.to(accelerator.device) for k, v in batch.items()}
             with accelerator.autocast():
-                loss, s, _ = compute_loss(recipe, run.model, module, batch, step, run.state)
+                loss, s, _ = run.method.compute_loss(recipe, run.model, module, batch, step, run.state)
             stats += s.cpu()
             loss_sum += loss.detach().float().cpu()
             batches += 1
@@ -183,7 +200,7 @@ def _log_eval(run: Run, step: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- the loop
-def _build(recipe: Recipe, progress: bool = True) -> Run:
+def _build(recipe: Recipe, method: TrainingMethod, progress: bool = True) -> Run:
     """Accelerator, data, step plan, model, optimizer and scheduler, prepared by accelerate."""
     from accelerate.utils import set_seed
 
@@ -198,13 +215,13 @@ def _build(recipe: Recipe, progress: bool = True) -> Run:
         cache = prepare_cache(recipe.train.hidden_cache, model.base_model, data.train.examples,
                               data.pad_token_id, recipe.train.batch_size, accelerator, log=accelerator.print,
                               bf16_compute=accelerator.mixed_precision == "bf16", progress=progress)
-    optimizer = torch.optim.AdamW(optimizer_groups(recipe, trainable), lr=recipe.train.lr)
+    optimizer = torch.optim.AdamW(method.param_groups(recipe, trainable), lr=recipe.train.lr)
     scheduler = S.make_scheduler(optimizer, recipe, plan)
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     out_dir = Path(recipe.output_dir)
-    return Run(recipe, accelerator, data, plan, model, trainable, optimizer, scheduler, state, out_dir,
-               out_dir / METRICS_NAME, cache)
+    return Run(recipe, method, accelerator, data, plan, model, trainable, optimizer, scheduler, state,
+               out_dir, out_dir / METRICS_NAME, cache)
 
 
 def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, list[int]]],
@@ -262,7 +279,8 @@ def _optimizer_step(run: Run, window: Window, order: list[int], step: int, param
             batch["hidden"] = run.cache.batch(idx, batch["input_ids"].shape[1])  # [B, T, d]
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         with accelerator.accumulate(run.trainable):
-            loss, stats, parts = compute_loss(recipe, run.model, run.trainable, batch, step, run.state)
+            loss, stats, parts = run.method.compute_loss(recipe, run.model, run.trainable, batch, step,
+                                                         run.state)
             accelerator.backward(loss)
             if accelerator.sync_gradients and recipe.train.max_grad_norm > 0:
                 grad_norm = accelerator.clip_grad_norm_(params, recipe.train.max_grad_norm)
@@ -308,12 +326,12 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
     the earlier run's files: ``final/``, checkpoints, ``metrics.jsonl``, ``recipe.json``)."""
     from tqdm.auto import tqdm
 
-    if recipe.method == "medusa2":
-        medusa2.check_recipe(recipe)  # before anything loads
+    method = method_of(recipe)
+    method.check_recipe(recipe)  # before anything loads
     resume_from = resolve_resume(recipe.train.resume, Path(recipe.output_dir))
     stale = check_output_dir(recipe.output_dir, resume_from is not None, overwrite, _inputs(recipe),
                              keep=recipe.train.hidden_cache)
-    run = _build(recipe, progress)
+    run = _build(recipe, method, progress)
     plan, t = run.plan, recipe.train
     step = int(load_checkpoint(run.accelerator, resume_from)["global_step"]) if resume_from is not None else 0
     _open_output(run, step, resume_from, stale)
@@ -345,9 +363,8 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
     bar.close()
     final_dir, final_eval = _finish(run, step)
     run.accelerator.end_training()
-    if recipe.method == "medusa1":
-        run.model.heads = run.accelerator.unwrap_model(run.trainable).heads
-    return TrainResult(run.out_dir, final_dir, step, last, final_eval or eval_metrics, run.model)
+    model = run.method.trained_model(run.accelerator, run.model, run.trainable)
+    return TrainResult(run.out_dir, final_dir, step, last, final_eval or eval_metrics, model)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """MEDUSA-1 (``method: medusa1``): fp32 heads trained on a frozen backbone's hidden states.
 
-Plain functions the loop (:mod:`medusa.training.loop`) calls: :func:`setup_model`, :func:`compute_loss`,
-:func:`save_final`. The trained module is :class:`HeadsLoss` (the heads, whose forward is the chunked
-head loss), so DDP / DeepSpeed / FSDP see and reduce the heads' gradients.
+Plain functions (:func:`setup_model`, :func:`compute_loss`, :func:`save_final`), and :data:`METHOD`, the
+:class:`~medusa.training.loop.TrainingMethod` the loop calls them through. The trained module is
+:class:`HeadsLoss` (the heads, whose forward is the chunked head loss), so DDP / DeepSpeed / FSDP see and
+reduce the heads' gradients.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
 from medusa.modeling.model import MedusaModel, build_heads
 from medusa.training.losses import Teacher, medusa_head_loss
-from medusa.training.setup import load_backbone
+from medusa.training.setup import load_backbone, param_groups
 
 
 class HeadsLoss(nn.Module):
@@ -98,3 +99,37 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
         final.config.recipe = recipe.to_dict()
         final.save_pretrained(path, overwrite=True)  # the run's own final/ (output_dir checked at the start)
     accelerator.wait_for_everyone()
+
+
+class Medusa1:
+    """MEDUSA-1 as the loop's :class:`~medusa.training.loop.TrainingMethod`: the heads alone are trained
+    (at ``train.lr``); no loss state."""
+
+    name = "medusa1"
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        """Nothing beyond the recipe's own validation."""
+
+    def setup_model(self, recipe: Recipe, device: torch.device,
+                    total_steps: int) -> tuple[MedusaModel, HeadsLoss, None]:
+        return (*setup_model(recipe, device), None)
+
+    def param_groups(self, recipe: Recipe, trainable: nn.Module) -> list[dict[str, Any]]:
+        return param_groups(trainable, recipe.train.lr, recipe.train.weight_decay, lr_multiplier=1.0)
+
+    def compute_loss(self, recipe: Recipe, model: MedusaModel, trainable: nn.Module,
+                     batch: dict[str, torch.Tensor], step: int,
+                     state: None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        return (*compute_loss(model, trainable, batch), {})
+
+    def save_final(self, accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
+                   path: Path) -> None:
+        save_final(accelerator, model, trainable, recipe, path)
+
+    def trained_model(self, accelerator: Any, model: MedusaModel, trainable: nn.Module) -> MedusaModel:
+        """``model`` with the trained heads (the prepared module's)."""
+        model.heads = accelerator.unwrap_model(trainable).heads
+        return model
+
+
+METHOD = Medusa1()

@@ -42,7 +42,7 @@ from medusa.training.backbone import (
 )
 from medusa.training.losses import Teacher, medusa2_loss, medusa_head_loss
 from medusa.training.schedules import lambda0_at
-from medusa.training.setup import load_backbone, load_tokenizer
+from medusa.training.setup import load_backbone, load_tokenizer, param_groups
 
 # ---------------------------------------------------------------------------------------------- teacher
 _WARNED_4BIT_TEACHER = [False]
@@ -292,3 +292,38 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
                              overwrite=True)  # final/ is the run's own (output_dir checked at the start)
         model.base_model, model.heads = merged.base_model, merged.heads
     accelerator.wait_for_everyone()
+
+
+class Medusa2:
+    """MEDUSA-2 as the loop's :class:`~medusa.training.loop.TrainingMethod`: backbone (LoRA or full) at
+    ``train.lr`` and heads at ``lr * medusa2.lr_multiplier``, with a :class:`Medusa2State`."""
+
+    name = "medusa2"
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        check_recipe(recipe)
+
+    def setup_model(self, recipe: Recipe, device: torch.device,
+                    total_steps: int) -> tuple[MedusaModel, Medusa2Module, Medusa2State]:
+        return setup_model(recipe, device, total_steps)
+
+    def param_groups(self, recipe: Recipe, trainable: nn.Module) -> list[dict[str, Any]]:
+        t = recipe.train
+        return param_groups(trainable.model, t.lr, t.weight_decay, lr_multiplier=recipe.medusa2.lr_multiplier)
+
+    def compute_loss(self, recipe: Recipe, model: MedusaModel, trainable: nn.Module,
+                     batch: dict[str, torch.Tensor], step: int,
+                     state: Medusa2State) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        return compute_loss(model, trainable, batch, recipe, step, state)
+
+    def save_final(self, accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
+                   path: Path) -> None:
+        save_final(accelerator, model, trainable, recipe, path)
+
+    def trained_model(self, accelerator: Any, model: MedusaModel, trainable: nn.Module) -> MedusaModel:
+        """``model`` itself: it holds the trained backbone and heads (merged on the main process by
+        :func:`save_final`)."""
+        return model
+
+
+METHOD = Medusa2()

@@ -20,32 +20,11 @@ from __future__ import annotations
 
 import math
 
+from medusa.config.enums import LAMBDA0_SCHEDULES as SCHEDULES
+from medusa.config.validate import parse_schedule
 from medusa.errors import ConfigError
 
-SCHEDULES = ("constant", "linear", "sine", "sine_<fraction>")
-
-
-def parse_schedule(schedule: str, key: str = "medusa2.schedule") -> tuple[str, float]:
-    """``"sine_0.1"`` -> ``("sine", 0.1)``; ``"sine"`` -> ``("sine", 1.0)``; ``"constant"`` ->
-    ``("constant", 1.0)``.
-
-    Raises :class:`ConfigError` naming ``key`` for anything else.
-    """
-    if not isinstance(schedule, str):
-        raise ConfigError(f"{key}: expected a string ({' | '.join(SCHEDULES)}), got {schedule!r}")
-    if schedule in ("constant", "linear", "sine"):
-        return schedule, 1.0
-    if schedule.startswith("sine_"):
-        text = schedule[len("sine_"):]
-        try:
-            fraction = float(text)
-        except ValueError:
-            fraction = float("nan")
-        if not (0.0 < fraction <= 1.0):
-            raise ConfigError(f"{key}: {schedule!r}: the ramp fraction after 'sine_' must be a "
-                              f"number in (0, 1]")
-        return "sine", fraction
-    raise ConfigError(f"{key}: {schedule!r} is not one of {' | '.join(SCHEDULES)}")
+__all__ = ["SCHEDULES", "lambda0_at", "parse_schedule"]
 
 
 def lambda0_at(step: int, total_steps: int, lambda0: float, schedule: str = "constant") -> float:

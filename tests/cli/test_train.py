@@ -8,7 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from medusa.cli import main as cli_main
+
+from tiny_models import SHARED, require_shared
+
 ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"
 
 
 def _env() -> dict[str, str]:
@@ -22,3 +29,38 @@ def test_python_m_medusa_train_missing_recipe(tmp_path):
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.yaml" in lines[0], proc.stderr
+
+
+@pytest.fixture
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.mark.usefixtures("_at_root")
+def test_cli_exits_2_naming_the_key(capsys):
+    require_shared(SHARED)
+    assert cli_main(["train", str(TINY), "train.lr_rate=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "train.lr_rate" in err and "did you mean train.lr" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.usefixtures("_at_root")
+def test_cli_bad_data_row_names_file_and_line(tmp_path, capsys):
+    require_shared(SHARED)
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "a", "completion": " b c d"}\n{"prompt": "a", "completion": 3}\n')
+    code = cli_main(["train", str(TINY), f"data.train={data}", "data.format=auto",
+                     f"output_dir={tmp_path / 'o'}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{data}:2" in err and "completion" in err
+
+
+@pytest.mark.usefixtures("_at_root")
+def test_module_entry_point_exits_2(capsys):
+    from medusa.train import main
+
+    assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "does-not-exist.yaml: not found" in err and err.count("\n") == 1
