@@ -4,9 +4,8 @@ import pytest
 import torch
 
 from medusa import MedusaModel, MedusaTree
-from medusa.cli import main
-from medusa.tree.auto import AUTO_SIZES, choose_size, time_tree_steps
-from medusa.tree.calibrate import (
+from medusa.calibrate.auto import AUTO_SIZES, choose_size, time_tree_steps
+from medusa.calibrate.calibrate import (
     NO_TARGET,
     HeadStats,
     accuracy_tables,
@@ -17,6 +16,7 @@ from medusa.tree.calibrate import (
     path_counts,
     simulated_tokens_per_step,
 )
+from medusa.cli import main
 
 from tiny_models import STORIES, require_shared, tiny_model
 
@@ -161,7 +161,7 @@ def test_time_tree_steps_takes_the_fastest_step_after_warm_up(monkeypatch):
     """Each size's time is decode time / steps of its fastest timed run; the warm-up round never counts."""
     import types
 
-    import medusa.decoding.generate as G
+    import medusa.calibrate.auto as A
 
     trees = {4: [(0,), (1,), (0, 0)], 3: [(0,), (0, 0)]}
     runs = {4: iter([(0.001, 1), (0.8, 4), (0.3, 3), (1.0, 4)]),  # (decode seconds, steps); warm-up first
@@ -174,7 +174,7 @@ def test_time_tree_steps_takes_the_fastest_step_after_warm_up(monkeypatch):
         seconds, steps = next(runs[n])
         return types.SimpleNamespace(decode_time_s=seconds, num_steps=steps)
 
-    monkeypatch.setattr(G, "medusa_generate", fake_generate)
+    monkeypatch.setattr(A, "medusa_generate", fake_generate)
     times = time_tree_steps(types.SimpleNamespace(num_heads=2), trees, [5, 6, 7], new_tokens=8, repeats=3)
     assert times == {4: pytest.approx(0.1), 3: pytest.approx(0.15)}
     assert [n for n, _ in seen] == [4, 3] * 4  # sizes interleaved round by round
@@ -188,7 +188,7 @@ def test_time_tree_steps_takes_the_fastest_step_after_warm_up(monkeypatch):
 def test_choose_size_maximises_predicted_tokens_per_second(monkeypatch):
     import types
 
-    import medusa.tree.auto as A
+    import medusa.calibrate.auto as A
 
     monkeypatch.setattr(A, "time_tree_steps", lambda model, trees, prompt: {8: 1.0, 16: 1.5, 32: 4.0})
     record = choose_size(types.SimpleNamespace(device="cpu"), {8: [], 16: [], 32: []},
@@ -250,7 +250,7 @@ def test_cli_calibrate_auto_nodes(stories_checkpoint, tmp_path, capsys):
 def test_pipeline_and_cli_auto_share_the_chooser(stories_checkpoint, tmp_path, monkeypatch):
     """``medusa calibrate --nodes auto`` and the demo/bench pipelines' calibrate stage pick the size alike:
     with step times that make 24 nodes the fastest by far, both choose 24."""
-    import medusa.tree.auto as A
+    import medusa.calibrate.auto as A
     from medusa.pipelines.stages import calibrate_stage
 
     monkeypatch.setattr(A, "time_tree_steps", lambda model, trees,

@@ -4,7 +4,7 @@ own greedy replies, and the calibrated tree predicts held-out tokens/step."""
 import pytest
 import torch
 
-from medusa.tree.calibrate import calibrate, collect_hit_ranks
+from medusa.calibrate.calibrate import calibrate, collect_hit_ranks
 
 from fit_heads import fitted_stories_heads, stories_prompts
 from tiny_models import stories_tokenizer

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from medusa import MedusaModel
+from medusa.calibrate.calibrate import NO_TARGET, calibrate, collect_hit_ranks
 from medusa.eval.bench import bench
 from medusa.modeling.draft_vocab import coverage
-from medusa.tree.calibrate import NO_TARGET, calibrate, collect_hit_ranks
 
 from fit_heads import fitted_stories_heads
 from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model

@@ -106,7 +106,7 @@ def test_resolve_dynamic_takes_the_checkpoints_score():
 def test_calibrate_writes_a_score_and_greedy_decoding_with_it_equals_hf():
     """stories260K with fitted heads: calibrate on the model's greedy replies; the dynamic tree under the
     fitted score decodes other prompts exactly as HF greedy ``generate``, batch 1."""
-    from medusa.tree.calibrate import calibrate
+    from medusa.calibrate.calibrate import calibrate
 
     from fit_heads import fitted_stories_heads, stories_prompts
     from tiny_models import stories_tokenizer
