@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
@@ -26,6 +27,9 @@ class DecodeTree:
     # [N, D+1] long: node index of node i's ancestor at each depth (i at its own), 0 past
     ancestors: torch.Tensor
     depth_list: list[int]  # node depths on the host (logits processing groups nodes by depth)
+    # Hydra heads' growth plan (medusa.decoding.hydra_candidates.hydra_levels), built once on first use
+    hydra_levels: list[Any] | None = field(default=None, compare=False)
+    per_row: ClassVar[bool] = False  # one tree shared by every row (a StepTree has one per row)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -35,7 +39,7 @@ class DecodeTree:
 
 def decode_tree(tree: MedusaTree, device: torch.device, dtype: torch.dtype) -> DecodeTree:
     """The tree's decoding buffers on ``device`` (float mask in ``dtype``), built once and cached."""
-    cache: dict = tree.__dict__.setdefault("_decode_cache", {})
+    cache = tree.decode_buffers  # the tree owns its per-(device, dtype) decoding buffers
     key = (str(device), dtype)
     if key in cache:
         return cache[key]

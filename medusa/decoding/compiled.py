@@ -1,36 +1,24 @@
-"""``torch.compile`` of the static verification step (:mod:`medusa.decoding.static_cache`).
+"""``torch.compile`` of the decode step's device functions (:mod:`medusa.decoding.step`).
 
-``verify`` (tree forward) and ``finish`` (heads, compaction, mask update; for Hydra heads and dynamic trees
-:func:`medusa.decoding.static_dynamic.finish_propose`, which builds the whole next proposal) are compiled with
-``dynamic=False``:
-one graph per (batch size, tree size, cache-length bucket); nothing in them depends on the step (the cache
+The step is the one eager step function; compiled decoding hands it :class:`medusa.decoding.step.StepFns`
+whose ``propose_verify`` (heads + candidate tree, tree mask columns, the base forward) and, on the static
+cache, the compaction are wrapped by ``torch.compile`` with ``dynamic=False``: one graph per
+(proposer, batch size, tree size, cache-length bucket). Nothing in them depends on the step (the cache
 length is a device tensor), so decoding never recompiles from step to step. Greedy acceptance without
 logits processors is compiled too. On CUDA ``mode="reduce-overhead"`` (CUDA graphs); inductor elsewhere.
-The functions are built once per model (``model.__dict__``), the compiled graphs once per shapes.
+The wrappers are built once per model and device and held by the model (``model.decoding_cache``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from medusa.decoding.acceptance import greedy_accept
-from medusa.decoding.candidates import DecodeTree
-from medusa.decoding.dynamic_tree import DynamicTree
-from medusa.decoding.static_cache import (
-    StepFns,
-    finish,
-    static_capacity,
-    static_prefill,
-    static_step,
-    verify,
-)
-from medusa.decoding.static_dynamic import finish_propose, proposal_prefill, proposal_step
-from medusa.modeling.hydra import needs_tokens
+from medusa.decoding.static_cache import Compact, compact
+from medusa.decoding.step import StepFns, propose_verify, verify
 
 
 def compile_mode(device: torch.device) -> str | None:
@@ -38,62 +26,35 @@ def compile_mode(device: torch.device) -> str | None:
     return "reduce-overhead" if device.type == "cuda" else None
 
 
-def _compile(fn: Any, device: torch.device) -> Any:
-    return torch.compile(fn, dynamic=False, mode=compile_mode(device), fullgraph=False)
-
-
-def step_functions(model: Any, compile: bool) -> StepFns:
-    """The static step's functions for ``model``: eager, or compiled (built once per model and device)."""
-    if not compile:
-        return StepFns()
-    device = model.device
-    cache = model.__dict__.setdefault("_medusa_compiled", {})
-    key = str(device)
+def _compiled(model: Any, name: str, fn: Any) -> Any:
+    """``torch.compile(fn)`` for ``model``'s device, built once and kept in ``model.decoding_cache``."""
+    key = f"compiled/{model.device}/{name}"
+    cache = model.decoding_cache
     if key not in cache:
-        cache[key] = StepFns(_compile(verify, device), _compile(finish, device), compiled=True)
+        cache[key] = torch.compile(fn, dynamic=False, mode=compile_mode(model.device), fullgraph=False)
     return cache[key]
 
 
-def with_greedy(fns: StepFns, model: Any, dt: Any) -> StepFns:
-    """``fns`` whose acceptance is compiled greedy acceptance over ``dt`` (runs without logits processors)."""
-    cache = model.__dict__.setdefault("_medusa_compiled", {})
-    if "greedy" not in cache:
-        cache["greedy"] = _compile(greedy_accept, model.device)
-    greedy = cache["greedy"]
-    return dataclasses.replace(fns, accept=lambda logits, tokens: greedy(logits, tokens, dt))
-
-
-def proposal_functions(model: Any, compile: bool, greedy: bool) -> StepFns:
-    """The Hydra / dynamic-tree step's functions (:mod:`medusa.decoding.static_dynamic`): ``finish`` builds
-    the next proposal; ``greedy``: compiled greedy acceptance over the step's tree (no logits processors)."""
-    fns = dataclasses.replace(step_functions(model, compile), finish=finish_propose)
+def step_functions(model: Any, compile: bool, greedy: bool = False) -> StepFns:
+    """The step's device functions for ``model``: the plain ones, or compiled (``greedy``: compiled greedy
+    acceptance too, for runs without logits processors)."""
     if not compile:
-        return fns
-    cache = model.__dict__.setdefault("_medusa_compiled", {})
-    key = f"{model.device}/propose"
-    if key not in cache:
-        cache[key] = _compile(finish_propose, model.device)
-    fns = dataclasses.replace(fns, finish=cache[key])
+        return StepFns()
+    fns = StepFns(_compiled(model, "propose_verify", propose_verify), compiled=True)
     if greedy:
-        if "greedy" not in cache:
-            cache["greedy"] = _compile(greedy_accept, model.device)
-        fns = dataclasses.replace(fns, accept=cache["greedy"])
+        fns = dataclasses.replace(fns, accept=_compiled(model, "greedy", greedy_accept))
     return fns
 
 
-def static_path(model: Any, dt: DecodeTree | DynamicTree, shape: tuple[int, int], max_new_tokens: int,
-                compile: bool, greedy: bool) -> tuple[Callable, Callable, int]:
-    """(prefill, step, cache capacity) of the static-cache path for a prompt of ``shape`` ``(B, P)``;
-    ``greedy``: greedy acceptance without logits processors (compiled too when ``compile``)."""
-    b, p = shape
-    capacity = static_capacity(p, max_new_tokens, b, dt)
-    if isinstance(dt, DynamicTree) or needs_tokens(model.heads):
-        fns = proposal_functions(model, compile, greedy)
-        return proposal_prefill, functools.partial(proposal_step, fns=fns), capacity
-    fns = step_functions(model, compile)
-    if compile and greedy:
-        fns = with_greedy(fns, model, dt)
-    return static_prefill, functools.partial(static_step, fns=fns), capacity
+def compact_function(model: Any, compile: bool) -> Compact:
+    """The static cache's compaction: :func:`medusa.decoding.static_cache.compact`, or compiled."""
+    return _compiled(model, "compact", compact) if compile else compact
 
 
-__all__ = ["compile_mode", "proposal_functions", "static_path", "step_functions", "with_greedy"]
+def verify_function(model: Any, compile: bool) -> Any:
+    """The verification forward alone (:func:`medusa.decoding.step.verify`), or compiled: what
+    ``medusa.pipelines.gpu`` times."""
+    return _compiled(model, "verify", verify) if compile else verify
+
+
+__all__ = ["compact_function", "compile_mode", "step_functions", "verify_function"]

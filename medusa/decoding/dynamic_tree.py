@@ -24,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from medusa.errors import MedusaError
+from medusa.tree import MedusaTree
 from medusa.tree.path_score import score_log_probs
 
 # (d, paths [B, W, d] tokens root first) -> (log-probs [B, W, c], tokens [B, W, c]) of head d's top-c
@@ -70,8 +71,6 @@ def tree_option(tree: str | None, nodes: int | None = None) -> Any:
         raise MedusaError("--nodes applies to --tree dynamic only (a tree.json fixes its own size)")
     if tree is None:
         return None
-    from medusa.tree import MedusaTree
-
     return MedusaTree.from_json(tree)
 
 
@@ -112,6 +111,8 @@ def tree_kind(tree: object, checkpoint_tree: Any = None) -> str:
 class StepTree:
     """One step's per-row trees (the fields :class:`DecodeTree` has, with a batch dimension)."""
 
+    per_row: ClassVar[bool] = True  # fields carry a leading batch dimension (see rows_at)
+
     num_nodes: int  # N, root included
     depth: int  # D
     kmax: int  # the most children a node can have
@@ -137,7 +138,7 @@ def rows_at(x: torch.Tensor, index: torch.Tensor, per_row: bool) -> torch.Tensor
 
 def is_per_row(tree: object) -> bool:
     """True for a :class:`StepTree` (per-row trees), False for a static :class:`DecodeTree`."""
-    return isinstance(tree, StepTree)
+    return tree.per_row  # type: ignore[attr-defined]
 
 
 def medusa_children(head_logp: torch.Tensor, branch: int) -> ChildrenFn:

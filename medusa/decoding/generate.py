@@ -14,14 +14,9 @@ import torch
 
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
 from medusa.decoding.candidates import DecodeTree
+from medusa.decoding.compiled import compact_function, step_functions
 from medusa.decoding.dynamic_tree import DynamicTree, resolve_dynamic
-from medusa.decoding.kv_cache import (
-    check_supported,
-    compact_cache,
-    new_cache,
-    prompt_position_ids,
-    tree_mask_buffer,
-)
+from medusa.decoding.kv_cache import TreeCache, check_supported, dynamic_prefill
 from medusa.decoding.processors import (
     Generation,
     apply_processors,
@@ -30,7 +25,9 @@ from medusa.decoding.processors import (
     resolve_generation,
     warp_scores,
 )
-from medusa.decoding.proposals import decoding_tree, step_candidates
+from medusa.decoding.proposals import choose_proposer, decoding_tree
+from medusa.decoding.static_cache import static_capacity, static_prefill
+from medusa.decoding.step import DecodeState, StepFns, StepResult, step
 from medusa.errors import MedusaError
 from medusa.modeling.base import unwrap
 
@@ -53,16 +50,6 @@ class MedusaGenerateOutput:
         return sum(sum(a) for a in self.accept_lengths) / steps if steps else 0.0
 
 
-def model_default_tree(model: Any) -> Any:
-    """The built-in default tree for the model's head count (built once per model)."""
-    from medusa.tree import default_tree
-
-    cache = model.__dict__.setdefault("_medusa_default_tree", {})
-    if model.num_heads not in cache:
-        cache[model.num_heads] = default_tree(model.num_heads)
-    return cache[model.num_heads]
-
-
 def sampling_defaults(model: Any, temperature: float | None, top_k: int | None, top_p: float | None
                       ) -> tuple[float, int | None, float | None]:
     """Unset temperature / top_k / top_p resolve as HF ``generate`` resolves them: the model's
@@ -75,7 +62,7 @@ def sampling_defaults(model: Any, temperature: float | None, top_k: int | None, 
 class _Run:
     """One ``medusa_generate`` call's settings and per-row progress (host lists, one entry per row)."""
 
-    dt: DecodeTree
+    dt: DecodeTree | DynamicTree  # the tree's buffers (static) or settings (dynamic): its fixed sizes
     gen: Generation
     acceptance: str
     max_new_tokens: int
@@ -98,7 +85,7 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | N
     if max_new_tokens < 1:
         raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     tree = resolve_dynamic(tree, model.num_heads, model.tree) or tree  # "dynamic[:N]" -> DynamicTree
-    tree = tree if tree is not None else (model.tree if model.tree is not None else model_default_tree(model))
+    tree = tree if tree is not None else (model.tree if model.tree is not None else model.default_tree())
     if tree.depth > model.num_heads:
         raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
     if streamer is not None and input_ids.shape[0] != 1:
@@ -146,11 +133,11 @@ def _choose_root(run: _Run, input_ids: torch.Tensor, logits: torch.Tensor) -> to
     return torch.multinomial(probs, 1, generator=run.generator).view(-1)
 
 
-def _accept(run: _Run, logits: torch.Tensor, tokens: torch.Tensor, tree: Any = None
+def _accept(run: _Run, logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | Any
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Process every tree node's logits with its own prefix, then apply the acceptance rule (``tree``: this
-    step's tree when it is not the run's static one)."""
-    dt, gen = (run.dt if tree is None else tree), run.gen
+    """Process every tree node's logits with its own prefix, then apply the acceptance rule (``dt``: this
+    step's tree, static or per row)."""
+    gen = run.gen
     scores = logits
     if gen.needs_ids:
         lengths = [run.prompt_len + len(g) for g in run.generated]
@@ -231,46 +218,66 @@ def medusa_generate(
     return out if return_dict_in_generate else out.sequences
 
 
-def _timed_decode(model: Any, run: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, streamer: Any,
-                  path: tuple[Any, Any, int]) -> MedusaGenerateOutput:
+def _timed_decode(model: Any, run: _Run, input_ids: torch.Tensor, mask2d: torch.Tensor, streamer: Any,
+                  path: tuple[Callable[..., TreeCache], StepFns]) -> MedusaGenerateOutput:
     """Prefill, then the decode loop, timed apart (compilation, if any, reported apart from decoding)."""
-    do_prefill, step, capacity = path
+    new_cache, fns = path
     device = model.device
     t0 = time.perf_counter()
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    state = do_prefill(model, input_ids, mask2d, run.dt, functools.partial(_choose_root, run, input_ids),
-                       capacity=capacity)
+    choose_root = functools.partial(_choose_root, run, input_ids)
+    state = prefill(model, input_ids, mask2d, run.dt, choose_root, new_cache)
     first = state.root.cpu().tolist()
     _sync(device)
     prefill_time = time.perf_counter() - t0
     t1 = time.perf_counter()
-    steps = _decode_loop(model, state, run, first, streamer, step)
+    steps = _decode_loop(model, state, run, first, streamer, fns)
     _sync(device)
-    compile_time = getattr(state, "compile_time_s", 0.0)
-    decode_time = time.perf_counter() - t1 - compile_time
+    decode_time = time.perf_counter() - t1 - state.compile_time_s
     if streamer is not None:
         streamer.end()
     sequences = _assemble(input_ids, run.generated, run.gen.pad_id)
-    return MedusaGenerateOutput(sequences, run.accept_lengths, steps, prefill_time, decode_time, compile_time)
+    return MedusaGenerateOutput(sequences, run.accept_lengths, steps, prefill_time, decode_time,
+                                state.compile_time_s)
 
 
 def _path(model: Any, run: _Run, shape: torch.Size, compile: bool, cache_implementation: str | None
-          ) -> tuple[Callable, Callable, int]:
-    """(prefill, step, cache capacity) of the eager path (default) or the static / compiled one."""
+          ) -> tuple[Callable[..., tuple[TreeCache, torch.Tensor, torch.Tensor]], StepFns]:
+    """(the cache's prefill, the step's functions) of the eager path (default: ``DynamicCache``) or the
+    static / compiled one (``StaticCache``, fixed shapes)."""
     b, p = shape
     if cache_implementation not in (None, "dynamic", "static"):
         raise MedusaError(f"cache_implementation must be 'dynamic' or 'static', got {cache_implementation!r}")
+    dt = run.dt
     if not compile and cache_implementation != "static":
-        return prefill, decode_step, p + 2 * run.max_new_tokens + run.dt.num_nodes
-    from medusa.decoding.compiled import static_path
+        capacity = p + 2 * run.max_new_tokens + dt.num_nodes
+        eager = functools.partial(dynamic_prefill, num_nodes=dt.num_nodes, capacity=capacity, dtype=dt.dtype)
+        return eager, StepFns()
+    capacity = static_capacity(p, run.max_new_tokens, b, dt)
+    new_cache = functools.partial(static_prefill, num_nodes=dt.num_nodes, capacity=capacity, dtype=dt.dtype,
+                                  compact_fn=compact_function(model, compile))
+    greedy = run.acceptance == "greedy" and not run.gen.needs_ids
+    return new_cache, step_functions(model, compile, greedy=greedy)
 
-    return static_path(model, run.dt, (b, p), run.max_new_tokens, compile,
-                       greedy=run.acceptance == "greedy" and not run.gen.needs_ids)
+
+def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: DecodeTree | DynamicTree,
+            choose_root: Callable[[torch.Tensor], torch.Tensor] | None = None,
+            new_cache: Callable[..., tuple[TreeCache, torch.Tensor, torch.Tensor]] | None = None
+            ) -> DecodeState:
+    """Run the prompt (left-padded ``[B, P]``) into a fresh cache (``new_cache``: default a ``DynamicCache``)
+    like HF generate does; pick the root with ``choose_root`` (last logits ``[B, V]`` -> ``[B]``; default
+    argmax); keep the last hidden state for the proposer (chosen here, once, for the model's heads)."""
+    if new_cache is None:
+        new_cache = functools.partial(dynamic_prefill, num_nodes=dt.num_nodes, capacity=0, dtype=dt.dtype)
+    cache, last, hidden = new_cache(model, input_ids, mask2d)  # last logits [B, V], hidden [B, d]
+    root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
+    proposer = choose_proposer(model.heads, dt)
+    return DecodeState(proposer, cache, mask2d.sum(-1), root, hidden)
 
 
-def _decode_loop(model: Any, state: Any, run: _Run, first: list[int], streamer: Any,
-                 step: Callable | None = None) -> int:
+def _decode_loop(model: Any, state: DecodeState, run: _Run, first: list[int], streamer: Any,
+                 fns: StepFns) -> int:
     """Verification steps until every row is done; returns the number of steps."""
     eos = run.gen.eos
     for row, tok in enumerate(first):
@@ -280,13 +287,12 @@ def _decode_loop(model: Any, state: Any, run: _Run, first: list[int], streamer: 
     accept = functools.partial(_accept, run)
     steps = 0
     while not all(run.done):
-        host = (step or decode_step)(model, state, accept)
+        result: StepResult = step(model, state, accept, fns)
         steps += 1
         for row in range(len(run.done)):
             if run.done[row]:
                 continue
-            k = int(host[row, -2])
-            gained = _record(run, row, host[row, 1:k].tolist() + [int(host[row, -1])], eos)
+            gained = _record(run, row, result.new_tokens(row), eos)
             run.accept_lengths[row].append(gained)
             if streamer is not None:
                 streamer.put(torch.tensor(run.generated[row][-gained:]))
@@ -303,82 +309,6 @@ def _assemble(input_ids: torch.Tensor, generated: list[list[int]], pad_id: int) 
     return torch.cat([input_ids, new_tokens.to(input_ids.device)], dim=1)
 
 
-@dataclass
-class DecodeState:
-    """What one row-batch carries between steps (all on the model's device)."""
-
-    dt: DecodeTree | DynamicTree
-    cache: Any  # DynamicCache: [B, H, past_len, hd] per layer; holes (rows that accepted less) are masked
-    mask: torch.Tensor  # [B, 1, N, capacity] float; columns < past_len: 0 real token / dtype-min pad or hole
-    past_len: int  # cache length (columns), equal for all rows
-    n_valid: torch.Tensor  # [B] real tokens in each row's cache = the next position id
-    root: torch.Tensor  # [B] the next tree's root token (already chosen, not yet in the cache)
-    hidden: torch.Tensor  # [B, d] base hidden state at the last cached position (the heads' input)
-
-    @property
-    def valid(self) -> torch.Tensor:
-        """``[B, past_len]`` bool: which cache columns hold a real token of the row."""
-        return self.mask[:, 0, 0, :self.past_len] == 0
-
-
-def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: DecodeTree,
-            choose_root: Callable[[torch.Tensor], torch.Tensor] | None = None,
-            capacity: int | None = None) -> DecodeState:
-    """Run the prompt (left-padded ``[B, P]``) like HF generate does; pick the root with ``choose_root``
-    (last logits ``[B, V]`` -> ``[B]``; default argmax); keep the last hidden state for the heads."""
-    p = input_ids.shape[1]
-    cache = new_cache()
-    last_position = torch.tensor([p - 1], device=input_ids.device)
-    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=prompt_position_ids(mask2d),
-                past_key_values=cache, use_cache=True, positions=last_position, compute_heads=False)
-    last = out.logits[:, -1]  # [B, V]
-    root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
-    capacity = max(capacity or 0, p + 2 * dt.num_nodes)
-    mask = tree_mask_buffer(mask2d, dt.num_nodes, capacity, dt.dtype)  # [B, 1, N, capacity]
-    return DecodeState(dt, cache, mask, p, mask2d.sum(-1), root, out.hidden_states[:, -1])
-
-
-def decode_step(model: Any, state: DecodeState, accept: Any) -> torch.Tensor:
-    """Propose, verify (one forward over the tree), accept, compact the cache; updates ``state`` in place.
-
-    Returns, on the host, ``[B, D+3]``: the kept path's tokens (``[:, :D+1]``, root first), the number of
-    kept tree nodes ``[:, -2]`` and the next root token ``[:, -1]``. This is the step's one device sync.
-    """
-    dt = state.dt
-    b, n = state.root.shape[0], dt.num_nodes
-    device, dtype = state.mask.device, state.mask.dtype
-    neg = torch.finfo(dtype).min
-    past_len = state.past_len
-    if past_len + n > state.mask.shape[-1]:  # grow the preallocated mask (rows accepting unevenly)
-        grown = torch.full((b, 1, n, 2 * state.mask.shape[-1]), neg, dtype=dtype, device=device)
-        grown[..., :past_len] = state.mask[..., :past_len]
-        state.mask = grown
-    tokens, tree = step_candidates(model.heads, state.root, state.hidden, dt)  # [B, N]; static / per-row tree
-    pos = state.n_valid.view(b, 1) + tree.depths  # [B, N] position ids (depths [N] or [B, N])
-    state.mask[:, 0, :, past_len:past_len + n] = tree.float_mask  # [N, N] or [B, N, N]
-    # mask: [B, 1, N, past_len + N]
-    out = model(input_ids=tokens, attention_mask=state.mask[..., :past_len + n], position_ids=pos,
-                past_key_values=state.cache, use_cache=True, compute_heads=False)
-    path, n_acc, nxt = accept(out.logits, tokens, tree)  # logits [B, N, V]
-    last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
-    hidden = out.hidden_states.gather(1, last.view(b, 1, 1).expand(-1, -1, out.hidden_states.shape[-1]))
-    state.hidden = hidden[:, 0]  # [B, d]
-    keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
-    both = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
-    host, host_path = both[:, :dt.depth + 3], both[:, dt.depth + 3:]  # the step's one device sync
-    a = int(host[:, -2].max())
-    if not torch.equal(host_path[:, :a], torch.arange(a).expand(b, a)):  # else the kept nodes are in place
-        compact_cache(state.cache, past_len, path[:, :a])
-    else:
-        compact_cache(state.cache, past_len, None, a)
-    valid = torch.arange(a, device=device).view(1, a) < keep.view(b, 1)  # [B, A]
-    state.mask[:, 0, :, past_len:past_len + a] = torch.where(valid, 0.0, neg).to(dtype).unsqueeze(1)
-    state.past_len = past_len + a
-    state.n_valid = state.n_valid + keep
-    state.root = nxt
-    return host
-
-
 def _emit(out: list[int], new: list[int], eos: list[int], limit: int) -> bool:
     """Append ``new`` to ``out`` up to ``limit`` tokens or the first EOS; True when the row is finished."""
     for tok in new:
@@ -393,5 +323,4 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["ACCEPTANCE", "DecodeState", "MedusaGenerateOutput", "decode_step", "medusa_generate",
-           "model_default_tree", "prefill"]
+__all__ = ["ACCEPTANCE", "MedusaGenerateOutput", "medusa_generate", "prefill"]

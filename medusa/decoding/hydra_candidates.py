@@ -29,9 +29,8 @@ class HydraLevel:
 
 def hydra_levels(dt: DecodeTree) -> list[HydraLevel]:
     """The tree's growth plan, one :class:`HydraLevel` per depth, built once per decode tree."""
-    cached = dt.__dict__.get("_hydra_levels")
-    if cached is not None:
-        return cached
+    if dt.hydra_levels is not None:
+        return dt.hydra_levels
     device = dt.depths.device
     parent_of, children, ancestors = dt.parents.tolist(), dt.children.tolist(), dt.ancestors.tolist()
     levels = []
@@ -48,7 +47,7 @@ def hydra_levels(dt: DecodeTree) -> list[HydraLevel]:
             source=torch.tensor([parents.index(parent_of[i]) * topk + rank[i] for i in kids],
                                 dtype=torch.long, device=device),
         ))
-    dt.__dict__["_hydra_levels"] = levels
+    dt.hydra_levels = levels
     return levels
 
 

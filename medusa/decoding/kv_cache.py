@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -75,3 +76,82 @@ def compact_cache(cache: Any, past_len: int, keep_index: torch.Tensor | None,
             setattr(layer, name, t[:, :, :past_len + a])
         if hasattr(layer, "cumulative_length"):
             layer.cumulative_length = past_len + a
+
+
+class TreeCache(Protocol):
+    """The KV cache a decode step verifies a tree against (:class:`DynamicKV` or
+    :class:`medusa.decoding.static_cache.StaticKV`): the step does not know which it has."""
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` tree entries (grow, or raise when a fixed-size cache is full). Host side."""
+        ...
+
+    def write_tree(self, float_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Write the tree's mask columns (``float_mask [N, N]`` or per row ``[B, N, N]``) after the cached
+        entries; returns the 4-D attention mask ``[B, 1, N, cols]`` for the forward and the HF cache object
+        the forward appends the tree's keys / values to."""
+        ...
+
+    def compact(self, path: torch.Tensor, keep: torch.Tensor, result: Any) -> None:
+        """Keep each row's accepted nodes (``path [B, D+1]`` node indices, the first ``keep [B]`` kept) in
+        place after the cached entries and drop the rest; ``result``: the step's host copy
+        (:class:`medusa.decoding.step.StepResult`)."""
+        ...
+
+
+@dataclass
+class DynamicKV:
+    """Tree decoding on transformers' ``DynamicCache``: the cache grows by each step's largest keep
+    (``past_len`` columns, equal for all rows); columns a row did not keep are holes, masked out."""
+
+    hf: Any  # DynamicCache: [B, H, past_len, hd] per layer
+    mask: torch.Tensor  # [B, 1, N, capacity] float; columns < past_len: 0 real token / dtype-min pad or hole
+    past_len: int  # cache length (columns), equal for all rows
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """``[B, past_len]`` bool: which cache columns hold a real token of the row."""
+        return self.mask[:, 0, 0, :self.past_len] == 0
+
+    def reserve(self, n: int) -> None:
+        b, _, rows, capacity = self.mask.shape
+        if self.past_len + n <= capacity:
+            return
+        # grow the preallocated mask (rows accepting unevenly)
+        neg = torch.finfo(self.mask.dtype).min
+        grown = torch.full((b, 1, rows, 2 * capacity), neg, dtype=self.mask.dtype,
+                           device=self.mask.device)
+        grown[..., :self.past_len] = self.mask[..., :self.past_len]
+        self.mask = grown
+
+    def write_tree(self, float_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        n = float_mask.shape[-1]
+        self.mask[:, 0, :, self.past_len:self.past_len + n] = float_mask  # [N, N] or [B, N, N]
+        return self.mask[..., :self.past_len + n], self.hf  # [B, 1, N, past_len + N]
+
+    def compact(self, path: torch.Tensor, keep: torch.Tensor, result: Any) -> None:
+        b = path.shape[0]
+        past_len, a = self.past_len, result.max_kept
+        if not torch.equal(result.path[:, :a], torch.arange(a).expand(b, a)):  # else the kept are in place
+            compact_cache(self.hf, past_len, path[:, :a])
+        else:
+            compact_cache(self.hf, past_len, None, a)
+        valid = torch.arange(a, device=self.mask.device).view(1, a) < keep.view(b, 1)  # [B, A]
+        neg = torch.finfo(self.mask.dtype).min
+        cols = torch.where(valid, 0.0, neg).to(self.mask.dtype)  # [B, A]
+        self.mask[:, 0, :, past_len:past_len + a] = cols.unsqueeze(1)
+        self.past_len = past_len + a
+
+
+def dynamic_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, num_nodes: int, capacity: int,
+                    dtype: torch.dtype) -> tuple[DynamicKV, torch.Tensor, torch.Tensor]:
+    """Run the left-padded prompt ``[B, P]`` into a fresh ``DynamicCache`` as HF generate does; returns the
+    cache (a ``dtype`` mask buffer of at least ``capacity`` columns), the last position's logits ``[B, V]``
+    and hidden state ``[B, d]``."""
+    p = input_ids.shape[1]
+    hf = new_cache()
+    last_position = torch.tensor([p - 1], device=input_ids.device)
+    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=prompt_position_ids(mask2d),
+                past_key_values=hf, use_cache=True, positions=last_position, compute_heads=False)
+    mask = tree_mask_buffer(mask2d, num_nodes, max(capacity, p + 2 * num_nodes), dtype)  # [B, 1, N, capacity]
+    return DynamicKV(hf, mask, p), out.logits[:, -1], out.hidden_states[:, -1]

@@ -1,46 +1,149 @@
-"""One step's candidates for every head type and tree kind: ``(tokens [B, N], the step's tree)``.
+"""Proposers: what a decode step verifies. Each one turns the next root token and the base hidden state at
+the last kept position into a :class:`Proposal` (the tree's tokens and the tree they sit in).
 
-- MEDUSA heads, static tree: the heads' top-k at the last accepted position, placed by rank.
-- Hydra heads, static tree: grown depth by depth (:mod:`medusa.decoding.hydra_candidates`).
-- Any heads, dynamic tree: each row's N most probable paths (:mod:`medusa.decoding.dynamic_tree`).
+- :class:`MedusaProposer`: MEDUSA heads on a static tree, the heads' top-k at the last kept position placed
+  by rank (:func:`medusa.decoding.candidates.propose`).
+- :class:`HydraProposer`: Hydra heads on a static tree, grown depth by depth
+  (:mod:`medusa.decoding.hydra_candidates`).
+- :class:`DynamicProposer`: any heads, each row's N most probable paths (:mod:`medusa.decoding.dynamic_tree`).
+
+The head type and the tree kind are asked once, in :func:`choose_proposer`; the step
+(:mod:`medusa.decoding.step`) only calls ``proposer.propose``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from medusa.decoding.candidates import DecodeTree, decode_tree, propose
 from medusa.decoding.dynamic_tree import (
+    ChildrenFn,
     DynamicTree,
     StepTree,
     build_step_tree,
     hydra_children,
     medusa_children,
 )
-from medusa.decoding.hydra_candidates import hydra_propose
-from medusa.decoding.static_cache import stacked_heads
-from medusa.modeling.hydra import needs_tokens
+from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
+from medusa.modeling.hydra import HydraHeads
 
 
-def step_candidates(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor,
-                    dt: DecodeTree | DynamicTree) -> tuple[torch.Tensor, DecodeTree | StepTree]:
-    """Tree tokens ``[B, N]`` (node 0 = ``root [B]``) from the base hidden state ``hidden [B, d]`` at the last
-    accepted position, and the tree they sit in (``dt`` itself when static)."""
-    if isinstance(dt, DynamicTree):
-        branch = min(dt.branch or dt.num_nodes - 1, heads.vocab_size)
-        if needs_tokens(heads):
-            children = hydra_children(heads, hidden, branch)
+@dataclass
+class Proposal:
+    """One step's candidates: ``tokens [B, N]`` (node 0 = the root) and the tree they sit in — the static
+    tree shared by every row (:class:`DecodeTree`: mask ``[N, N]``, depths / parents ``[N]``) or one tree per
+    row (:class:`StepTree`: the same fields with a leading ``B``). ``draft_probs``: the proposal
+    distribution where sampling needs it; None for every proposer here (their drafts are deterministic,
+    point masses, so "sample" acceptance reads the target logits only)."""
+
+    tokens: torch.Tensor  # [B, N] long
+    tree: DecodeTree | StepTree
+    draft_probs: torch.Tensor | None = None  # [B, N, V] or None
+
+
+class Proposer(Protocol):
+    """What the decode step asks of a drafter: its tree's fixed sizes and one proposal per step."""
+
+    @property
+    def shape(self) -> DecodeTree | DynamicTree:
+        """The tree's fixed sizes: ``num_nodes`` (N), ``depth`` (D), ``dtype`` (the mask's)."""
+        ...
+
+    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
+        """``root [B]`` (the next token, already chosen) and ``hidden [B, d]`` (the base hidden state at the
+        last kept position) -> the proposal for this step."""
+        ...
+
+
+def stacked_heads(heads: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """MEDUSA heads ``[B, T, d] -> [K, B, T, V]`` target logits; traced per head when compiling (the batched
+    path's weight cache checks data pointers, a graph break; inductor fuses the per-head ops itself)."""
+    if torch.compiler.is_compiling():
+        draft = torch.stack([heads.head_logits(k, hidden) for k in range(heads.num_heads)], dim=0)
+        return heads.to_target_logits(draft)  # -inf outside a draft vocabulary (identity when full)
+    return heads(hidden)
+
+
+@dataclass
+class MedusaProposer:
+    """MEDUSA heads on a static tree: node (r1..rd) holds head d's rank-rd token at the last kept position."""
+
+    heads: Any
+    tree: DecodeTree
+
+    @property
+    def shape(self) -> DecodeTree:
+        return self.tree
+
+    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
+        if torch.compiler.is_compiling():
+            logits = stacked_heads(self.heads, hidden.unsqueeze(1))[:, :, 0]  # [K, B, V]
+            topk = logits.topk(self.tree.kmax, dim=-1).indices
         else:
-            logits = stacked_heads(heads, hidden.unsqueeze(1))[:dt.depth, :, 0]  # [D, B, V]
-            children = medusa_children(torch.log_softmax(logits.float(), dim=-1), branch)
-        step = build_step_tree(root, children, dt.num_nodes, dt.depth, dt.dtype, branch, path_score=dt.score)
-        return step.tokens, step
-    if needs_tokens(heads):
-        return hydra_propose(heads, root, hidden, dt), dt
-    return propose(root, heads.topk(hidden, dt.kmax), dt), dt  # top-k [K, B, kmax] target ids
+            topk = self.heads.topk(hidden, self.tree.kmax)  # [K, B, kmax] target ids
+        return Proposal(propose(root, topk, self.tree), self.tree)
+
+
+@dataclass
+class HydraProposer:
+    """Hydra heads on a static tree, grown depth by depth (head d reads its path's tokens)."""
+
+    heads: Any
+    tree: DecodeTree
+
+    @property
+    def shape(self) -> DecodeTree:
+        return self.tree
+
+    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
+        return Proposal(hydra_propose(self.heads, root, hidden, self.tree), self.tree)
+
+
+@dataclass
+class DynamicProposer:
+    """Any heads on a dynamic tree: each row's ``num_nodes`` best paths, scored by ``children``."""
+
+    heads: Any
+    tree: DynamicTree
+    children: Any  # (heads, hidden [B, d], branch, depth) -> ChildrenFn
+    branch: int
+
+    @property
+    def shape(self) -> DynamicTree:
+        return self.tree
+
+    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
+        dt = self.tree
+        children = self.children(self.heads, hidden, self.branch, dt.depth)
+        step = build_step_tree(root, children, dt.num_nodes, dt.depth, dt.dtype, self.branch,
+                               path_score=dt.score)
+        return Proposal(step.tokens, step)
+
+
+def _medusa_children(heads: Any, hidden: torch.Tensor, branch: int, depth: int) -> ChildrenFn:
+    logits = stacked_heads(heads, hidden.unsqueeze(1))[:depth, :, 0]  # [D, B, V]
+    return medusa_children(torch.log_softmax(logits.float(), dim=-1), branch)
+
+
+def _hydra_children(heads: Any, hidden: torch.Tensor, branch: int, depth: int) -> ChildrenFn:
+    return hydra_children(heads, hidden, branch)
+
+
+def choose_proposer(heads: Any, tree: DecodeTree | DynamicTree) -> Proposer:
+    """The proposer for ``heads`` on ``tree`` (static buffers from :func:`decoding_tree`): the one place that
+    asks which head family and which tree kind decoding has."""
+    hydra = isinstance(heads, HydraHeads)
+    if isinstance(tree, DynamicTree):
+        branch = min(tree.branch or tree.num_nodes - 1, heads.vocab_size)
+        return DynamicProposer(heads, tree, _hydra_children if hydra else _medusa_children, branch)
+    if hydra:
+        hydra_levels(tree)  # the growth plan (host lists) is built once, outside any compiled function
+        return HydraProposer(heads, tree)
+    return MedusaProposer(heads, tree)
 
 
 def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> DecodeTree | DynamicTree:
@@ -48,3 +151,7 @@ def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> Decode
     if isinstance(tree, DynamicTree):
         return dataclasses.replace(tree, dtype=dtype)
     return decode_tree(tree, device, dtype)
+
+
+__all__ = ["DynamicProposer", "HydraProposer", "MedusaProposer", "Proposal", "Proposer", "choose_proposer",
+           "decoding_tree", "stacked_heads"]

@@ -78,11 +78,10 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
 
 def _step_cost(model: Any, ids: torch.Tensor, max_new_tokens: int, tree: Any) -> dict[str, Any]:
     from medusa.decoding.dynamic_tree import resolve_dynamic
-    from medusa.decoding.generate import model_default_tree
     from medusa.eval.step_cost import step_op_counts, verify_floor
     from medusa.tree import default_tree
 
-    used = tree if tree is not None else model.tree if model.tree is not None else model_default_tree(model)
+    used = tree if tree is not None else model.tree if model.tree is not None else model.default_tree()
     dynamic = resolve_dynamic(used, model.num_heads, model.tree)
     if dynamic is not None:  # the forward's cost depends on the node count and mask shape only
         used = default_tree(model.num_heads, dynamic.num_nodes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from medusa.errors import CheckpointError
+from medusa.errors import CheckpointError, MedusaError
 from medusa.io import atomic_directory
 from medusa.modeling.attention import body_mask
 from medusa.modeling.base import (
@@ -38,6 +39,7 @@ from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.hydra import HydraHeads, needs_tokens
 from medusa.modeling.packaged import check_packaged_base
+from medusa.tree import MedusaTree, default_tree
 
 
 @dataclass
@@ -58,6 +60,17 @@ def _gather_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.
     return torch.gather(x, 1, idx)
 
 
+# Decoding sits above modeling (medusa.decoding imports medusa.modeling), so MedusaModel.generate cannot
+# import the decode loop; medusa/__init__.py, which runs before any ``import medusa.x``, hands it in here.
+_DECODE_LOOP: dict[str, Callable[..., Any]] = {}
+
+
+def install_decode_loop(generate: Callable[..., Any]) -> None:
+    """Make ``MedusaModel.generate`` call ``generate(model, input_ids, ...)``
+    (:func:`medusa.decoding.generate.medusa_generate`)."""
+    _DECODE_LOOP["generate"] = generate
+
+
 class MedusaModel(nn.Module):
     """A base causal LM (``base_model``) with K MEDUSA heads (``heads``) and, once calibrated, a ``tree``."""
 
@@ -67,6 +80,15 @@ class MedusaModel(nn.Module):
         self.heads = heads
         self.config = config
         self.tree = tree
+        # what medusa.decoding builds once per model: compiled step functions, keyed by name and device
+        self.decoding_cache: dict[str, Any] = {}
+        self._default_trees: dict[int, MedusaTree] = {}  # built-in default tree per head count
+
+    def default_tree(self) -> MedusaTree:
+        """The built-in default tree for this model's head count (built once)."""
+        if self.num_heads not in self._default_trees:
+            self._default_trees[self.num_heads] = default_tree(self.num_heads)
+        return self._default_trees[self.num_heads]
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -188,9 +210,10 @@ class MedusaModel(nn.Module):
         ``kwargs``, e.g. ``repetition_penalty``) resolve as in HF ``generate``: the base model's
         generation_config, then HF's defaults; its logits processors apply to every tree node.
         """
-        from medusa.decoding.generate import medusa_generate
-
-        return medusa_generate(self, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+        decode = _DECODE_LOOP.get("generate")
+        if decode is None:
+            raise MedusaError("MEDUSA decoding is not installed: import medusa (its __init__ installs it)")
+        return decode(self, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
                                acceptance=acceptance, temperature=temperature, top_k=top_k,
                                top_p=top_p, **kwargs)
 
@@ -268,8 +291,6 @@ class MedusaModel(nn.Module):
         heads.to(device=lm_head_weight(base_model).device)
         tree = None
         if (path / TREE_NAME).is_file():
-            from medusa.tree import MedusaTree
-
             tree = MedusaTree.from_json(path / TREE_NAME)
             if tree.depth > config.num_heads:
                 raise CheckpointError(

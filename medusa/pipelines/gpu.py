@@ -18,6 +18,7 @@ it already has; ``PYTHONPATH=.``). Measures, and writes ``DIR/gpu_report.json``,
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -61,27 +62,29 @@ def _tree(nodes: int) -> Any:
 
 def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int) -> float:
     """Median seconds of one verify forward of a ``nodes``-node tree after a ``prompt``-token prefill."""
-    from medusa.decoding.candidates import decode_tree, propose
-    from medusa.decoding.compiled import step_functions
+    from medusa.decoding.candidates import decode_tree
+    from medusa.decoding.compiled import compact_function, verify_function
+    from medusa.decoding.generate import prefill
     from medusa.decoding.static_cache import cache_bucket, static_prefill
     from medusa.eval.timing import sync
 
     device = model.device
     dt = decode_tree(_tree(nodes), device, next(model.parameters()).dtype)
     ids = torch.randint(3, model.base_model.config.vocab_size, (1, prompt), device=device)
-    fns = step_functions(model, compile)
+    verify = verify_function(model, compile)
     with torch.no_grad():
-        state = static_prefill(model, ids, torch.ones_like(ids), dt,
-                               capacity=cache_bucket(prompt + 2 * nodes + 8))
-        tokens = propose(state.root, state.head_topk, dt)  # [1, N]
+        new_cache = functools.partial(static_prefill, num_nodes=dt.num_nodes,
+                                      capacity=cache_bucket(prompt + 2 * nodes + 8), dtype=dt.dtype,
+                                      compact_fn=compact_function(model, compile))
+        state = prefill(model, ids, torch.ones_like(ids), dt, new_cache=new_cache)
+        tokens = state.proposer.propose(state.root, state.hidden).tokens  # [1, N]
         pos = state.n_valid.view(1, 1) + dt.depths.view(1, -1)
-        cols = state.arange_n + state.past
         times = []
         for _ in range(steps + 2):  # the first two: compilation / CUDA-graph recording
             if compile and device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             t0 = time.perf_counter()
-            fns.verify(model, state.cache, state.mask, tokens, pos, cols, dt.float_mask)
+            verify(model, state.cache, tokens, pos, dt.float_mask)
             sync(device)
             times.append(time.perf_counter() - t0)
     return sorted(times[2:])[len(times[2:]) // 2]

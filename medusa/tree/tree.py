@@ -84,6 +84,8 @@ class MedusaTree:
         self.topk_per_depth = [1 + max(p[d - 1] for p in self.choices if len(p) == d)
                                for d in range(1, depth + 1)]
         self._device_cache: dict[str, dict[str, torch.Tensor]] = {}
+        # medusa.decoding.candidates.decode_tree's buffers per (device, dtype), built once per tree
+        self.decode_buffers: dict[tuple[str, torch.dtype], Any] = {}
 
     # ------------------------------------------------------------------ constructors / io
     @classmethod

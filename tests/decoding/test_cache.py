@@ -8,8 +8,9 @@ from transformers.cache_utils import DynamicLayer
 from medusa import MedusaModel
 from medusa.decoding.acceptance import greedy_accept
 from medusa.decoding.candidates import decode_tree
-from medusa.decoding.generate import decode_step, prefill
+from medusa.decoding.generate import prefill
 from medusa.decoding.kv_cache import compact_cache, new_cache
+from medusa.decoding.step import step
 from medusa.tree import default_tree
 
 from tiny_models import tiny_model
@@ -28,19 +29,19 @@ def test_compacted_cache_equals_prefill(arch):
         cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
         kept = []
         for _ in range(12):
-            host = decode_step(model, state, lambda logits, tokens, tree: greedy_accept(logits, tokens, tree))
-            kept.append(host[:, -2].tolist())
+            result = step(model, state, lambda logits, tokens, tree: greedy_accept(logits, tokens, tree))
+            kept.append(result.kept.tolist())
             for row in range(3):
-                cached[row] += host[row, :kept[-1][row]].tolist()
+                cached[row] += result.tokens[row, :kept[-1][row]].tolist()
     assert max(max(k) for k in kept) >= 4  # long accepted runs
     assert any(len(set(k)) > 1 for k in kept), kept  # rows kept different counts: holes in the cache
-    valid = state.valid  # [B, past_len]
+    valid = state.cache.valid  # [B, past_len]
     assert valid.sum(-1).tolist() == [len(c) for c in cached] == state.n_valid.tolist()
     for row in range(3):
         seq = torch.tensor([cached[row]])
         assert seq[0].tolist() == real_rows(ref, mask)[row][:seq.shape[1]].tolist()  # greedy tokens
         fresh = base(input_ids=seq, use_cache=True).past_key_values
-        for layer, fresh_layer in zip(state.cache.layers, fresh.layers):
+        for layer, fresh_layer in zip(state.cache.hf.layers, fresh.layers):
             for name in ("keys", "values"):
                 ours = getattr(layer, name)[row][:, valid[row]]  # [H, T_row, hd]
                 torch.testing.assert_close(ours, getattr(fresh_layer, name)[0], rtol=1e-4, atol=1e-5)

@@ -1,6 +1,8 @@
 """The static-cache path (preallocated cache and buffers, fixed step shapes), eager: HF greedy equality and
 compaction equal to a fresh prefill."""
 
+import functools
+
 import pytest
 import torch
 from decoding_helpers import left_padded_batch, memorise_heads, real_rows
@@ -8,8 +10,9 @@ from decoding_helpers import left_padded_batch, memorise_heads, real_rows
 from medusa import MedusaModel
 from medusa.decoding.acceptance import greedy_accept
 from medusa.decoding.candidates import decode_tree
-from medusa.decoding.compiled import step_functions
-from medusa.decoding.static_cache import cache_bucket, static_capacity, static_prefill, static_step
+from medusa.decoding.generate import prefill
+from medusa.decoding.static_cache import cache_bucket, compact, static_capacity, static_prefill
+from medusa.decoding.step import step
 from medusa.errors import MedusaError
 from medusa.tree import default_tree
 
@@ -54,28 +57,31 @@ def test_static_compaction_equals_prefill():
     memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: uneven accepts
     dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
     with torch.no_grad():
-        state = static_prefill(model, ids, mask, dt, capacity=static_capacity(ids.shape[1], 60, 3, dt))
+        new_cache = functools.partial(static_prefill, num_nodes=dt.num_nodes,
+                                      capacity=static_capacity(ids.shape[1], 60, 3, dt), dtype=dt.dtype,
+                                      compact_fn=compact)
+        state = prefill(model, ids, mask, dt, new_cache=new_cache)
         cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
         kept = []
         for _ in range(12):
-            host = static_step(model, state, lambda logits, tokens: greedy_accept(logits, tokens, dt),
-                               step_functions(model, False))
-            kept.append(host[:, -2].tolist())
+            result = step(model, state, lambda logits, tokens, tree: greedy_accept(logits, tokens, tree))
+            kept.append(result.kept.tolist())
             for row in range(3):
-                cached[row] += host[row, :kept[-1][row]].tolist()
+                cached[row] += result.tokens[row, :kept[-1][row]].tolist()
     assert max(max(k) for k in kept) >= 4  # long accepted runs
     assert any(len(set(k)) > 1 for k in kept), kept  # rows kept different counts: holes in the cache
-    assert int(state.past) == state.past_host
-    valid = state.valid  # [B, past]
+    cache = state.cache
+    assert int(cache.past) == cache.past_host
+    valid = cache.valid  # [B, past]
     assert valid.sum(-1).tolist() == [len(c) for c in cached] == state.n_valid.tolist()
-    assert not bool((state.mask[:, 0, 0, state.past_host:] == 0).any())  # nothing valid past the used columns
+    assert not bool((cache.mask[:, 0, 0, cache.past_host:] == 0).any())  # nothing valid past the used columns
     for row in range(3):
         seq = torch.tensor([cached[row]])
         assert seq[0].tolist() == real_rows(ref, mask)[row][:seq.shape[1]].tolist()  # greedy tokens
         fresh = base(input_ids=seq, use_cache=True).past_key_values
-        for layer, fresh_layer in zip(state.cache.layers, fresh.layers):
+        for layer, fresh_layer in zip(cache.hf.layers, fresh.layers):
             for name in ("keys", "values"):
-                ours = getattr(layer, name)[row][:, :state.past_host][:, valid[row]]  # [H, T_row, hd]
+                ours = getattr(layer, name)[row][:, :cache.past_host][:, valid[row]]  # [H, T_row, hd]
                 torch.testing.assert_close(ours, getattr(fresh_layer, name)[0], rtol=1e-4, atol=1e-5)
 
 

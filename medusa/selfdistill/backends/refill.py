@@ -60,9 +60,10 @@ class SlotCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``key / value [B, H, q, hd]`` at columns ``[col, col+q)``; return columns ``[0, col+q)``."""
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``key / value [B, H, q, hd]`` at columns ``[col, col+q)``; return columns ``[0, col+q)``.
+        Further arguments (``cache_kwargs`` before transformers 5.2x, ``kwargs=`` after) are not needed."""
         q = key.shape[2]
         if layer_idx == len(self.keys):  # first forward: allocate
             b, h, _, hd = key.shape
