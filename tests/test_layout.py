@@ -1,9 +1,10 @@
 """The package's shape, checked from its source: every module imports alone, the import graph has no
-cycle, the library never imports the command layer (medusa/cli/), and modules and functions stay small.
+cycle, packages import downward only (the order in DESIGN.md's layout), the library never imports the
+command layer (medusa/cli/), and modules and functions stay small.
 
 Run it directly for a summary a newcomer can check::
 
-    python tests/test_layout.py      # modules, import edges, cycles, size offenders
+    python tests/test_layout.py      # modules, import edges, cycles, upward imports, size offenders
 
 The import graph is read with :mod:`ast`: absolute ``medusa.`` imports and relative imports, at any depth
 (function-level imports included, since they run too). ``from P import n`` is an edge to ``P.n`` when that
@@ -35,6 +36,25 @@ LONG_FUNCTIONS: dict[str, int] = {
 }
 # Modules over MAX_MODULE_LINES today, with their current line count (same rules).
 LONG_MODULES: dict[str, int] = {}
+
+# The package order of DESIGN.md, top to bottom: a package imports only packages in lower layers. Peers
+# (one layer) do not import each other, except that everyone may import errors and io (the bottom's shared
+# pieces). The public API (medusa/__init__.py) and the `python -m` shims sit above everything.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("medusa", "__main__", "train"),
+    ("cli",),
+    ("pipelines",),
+    ("eval",),
+    ("calibrate",),
+    ("decoding", "training", "export", "selfdistill"),
+    ("modeling",),
+    ("tree", "data"),
+    ("config", "errors", "io"),
+)
+IMPORTABLE_BY_ALL = {"errors", "io"}
+# (file, imported package): upward or sideways imports that exist today.
+# being removed in branches config-split / decode-step; delete when merged
+KNOWN_UPWARD: set[tuple[str, str]] = set()  # none left (config -> training and modeling -> decoding removed)
 
 
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:
@@ -83,6 +103,88 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     files = module_files(package)
     known = set(files)
     return {m: imports_of(m, p, known) for m, p in files.items()}
+
+
+def top_package(module: str) -> str:
+    """``medusa.x.y`` -> ``x``; the package itself (``medusa``) -> ``medusa``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer_of(package: str) -> int:
+    for rank, layer in enumerate(LAYERS):
+        if package in layer:
+            return rank
+    raise AssertionError(f"package medusa.{package} is not in LAYERS (add it where DESIGN.md puts it)")
+
+
+def allowed_edge(src: str, dst: str) -> bool:
+    """May top-level package ``src`` import ``dst``? Only downward, or to errors / io."""
+    return src == dst or dst in IMPORTABLE_BY_ALL or _layer_of(dst) > _layer_of(src)
+
+
+def public_names(package: Path = PACKAGE) -> dict[str, str]:
+    """Name -> defining module for the public API's re-exports (``from medusa.x import Name`` in
+    ``medusa/__init__.py``): ``from medusa import Name`` is an import of that module."""
+    out = {}
+    for node in ast.parse((package / "__init__.py").read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("medusa."):
+            out.update({a.asname or a.name: node.module for a in node.names})
+    return out
+
+
+def layer_violations(module: str, source: str, known: set[str], is_package: bool = False,
+                     filename: str = "<source>",
+                     public: dict[str, str] | None = None) -> list[tuple[int, str, str]]:
+    """``(line, package, imported package)`` for each import in ``source`` (the module ``module``; any depth,
+    function-level included) of a medusa package that is not below the module's own package. ``public``:
+    the re-exports of ``medusa/__init__.py`` (default: the real package's)."""
+    public = public_names() if public is None else public
+    src = top_package(module)
+    out = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, is_package, node)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known
+                     else public.get(a.name, base) if base == "medusa" else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name != "medusa" and not name.startswith("medusa."):
+                continue
+            dst = top_package(name)
+            if not allowed_edge(src, dst):
+                out.append((node.lineno, src, dst))
+    return sorted(set(out))
+
+
+def package_violations(package: Path = PACKAGE) -> list[str]:
+    """``medusa/x/y.py:LINE: pkgA -> pkgB`` for every upward or sideways import not in KNOWN_UPWARD."""
+    files = module_files(package)
+    known, public = set(files), public_names(package)
+    out = []
+    for module, path in files.items():
+        rel = path.relative_to(package.parent).as_posix()
+        for line, src, dst in layer_violations(module, path.read_text(), known, path.name == "__init__.py",
+                                               str(path), public):
+            if (rel, dst) not in KNOWN_UPWARD:
+                out.append(f"{rel}:{line}: {src} -> {dst}")
+    return out
+
+
+def known_upward_still_present(package: Path = PACKAGE) -> set[tuple[str, str]]:
+    """The KNOWN_UPWARD entries that the source still has."""
+    files = module_files(package)
+    known, public = set(files), public_names(package)
+    found = set()
+    for module, path in files.items():
+        rel = path.relative_to(package.parent).as_posix()
+        for _, _, dst in layer_violations(module, path.read_text(), known, path.name == "__init__.py",
+                                          str(path), public):
+            found.add((rel, dst))
+    return found & KNOWN_UPWARD
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -221,6 +323,34 @@ def test_cycle_finder_finds_a_planted_cycle(tmp_path):
     assert find_cycles(import_graph(pkg)) == []
 
 
+def test_packages_import_downward_only():
+    assert {top_package(m) for m in module_files()} <= {p for layer in LAYERS for p in layer}
+    violations = package_violations()
+    assert not violations, ("imports against the package order (DESIGN.md: cli -> pipelines -> eval -> "
+                            "calibrate -> decoding / training / export / selfdistill -> modeling -> "
+                            "tree / data -> config / errors / io):\n" + "\n".join(violations))
+    stale = sorted(KNOWN_UPWARD - known_upward_still_present())
+    assert not stale, f"KNOWN_UPWARD entries no longer in the source (delete them): {stale}"
+
+
+def test_package_order_check_catches_planted_imports():
+    known = set(module_files())
+    upward = "import torch\n\n\ndef f():\n    from medusa.decoding.generate import medusa_generate\n"
+    assert layer_violations("medusa.tree.fake", upward, known) == [(5, "tree", "decoding")]
+    relative = "from ..calibrate import auto\nfrom . import tree\nfrom .. import errors\n"
+    assert layer_violations("medusa.tree.fake", relative, known) == [(1, "tree", "calibrate")]
+    sideways = "import medusa.training.schedules\nfrom medusa.data import readers\nfrom medusa import io\n"
+    assert layer_violations("medusa.decoding.fake", sideways, known) == [(1, "decoding", "training")]
+    peers = "from medusa.data.tokenize import IGNORE_INDEX\nfrom medusa import MedusaModel\nimport medusa\n"
+    assert layer_violations("medusa.tree.fake", peers, known) == [
+        (1, "tree", "data"), (2, "tree", "modeling"), (3, "tree", "medusa")]
+    bottom = "from medusa.errors import ConfigError\nfrom medusa.config import load_recipe\n"
+    assert layer_violations("medusa.io", bottom, known) == [(2, "io", "config")]
+    downward = "from medusa.decoding import medusa_generate\nfrom medusa.tree import MedusaTree\n"
+    assert layer_violations("medusa.calibrate.fake", downward, known) == []
+    assert layer_violations("medusa.cli.fake", "from medusa.pipelines import demo\n", known) == []
+
+
 def test_library_never_imports_the_command_layer():
     offenders = cli_importers(import_graph())
     assert not offenders, f"library modules importing medusa.cli: {offenders}"
@@ -258,20 +388,26 @@ def _in_cli(module: str) -> bool:
 
 
 def main() -> int:
-    """Print the summary; exit status 1 on a cycle or a library module importing medusa.cli."""
+    """Print the summary; exit status 1 on a cycle, an import against the package order or a library module
+    importing medusa.cli."""
     graph = import_graph()
     cycles = find_cycles(graph)
     offenders = cli_importers(graph)
+    violations = package_violations()
     print(f"modules: {len(graph)}")
     print(f"import edges: {sum(map(len, graph.values()))}")
     print("cycles: " + ("none" if not cycles else "\n  " + "\n  ".join(" -> ".join(c) for c in cycles)))
+    print("imports against the package order: "
+          + ("none" if not violations else "\n  " + "\n  ".join(violations)))
+    print("known upward imports (being removed): "
+          + ", ".join(f"{f} -> {p}" for f, p in sorted(KNOWN_UPWARD)))
     print(f"library modules importing medusa.cli: {', '.join(offenders) or 'none'}"
           f" (the shims {', '.join(sorted(CLI_SHIMS))} may)")
     for what, found, limit in (("modules", long_modules(), MAX_MODULE_LINES),
                                ("functions", long_functions(), MAX_FUNCTION_LINES)):
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(found.items()))
         print(f"{what} over {limit} lines: {listed or 'none'}")
-    return 1 if cycles or offenders else 0
+    return 1 if cycles or offenders or violations else 0
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ PLOTS = ("calibration_accuracy.png", "tree.png")
 
 def _check_before_loading(args: argparse.Namespace) -> None:
     """Options against the checkpoint's config, and the files this run writes, before any model loads."""
+    from medusa.calibrate.calibrate import METHODS
     from medusa.errors import MedusaError
     from medusa.io import check_output_file
     from medusa.modeling.config import TREE_NAME, MedusaConfig
-    from medusa.tree.calibrate import METHODS
 
     if args.method not in METHODS:
         raise MedusaError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
@@ -37,12 +37,12 @@ def _check_before_loading(args: argparse.Namespace) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from medusa.calibrate.calibrate import calibrate, write_tree
+    from medusa.calibrate.plot import plot_accuracy, plot_tree
     from medusa.data import load_tokenized
     from medusa.modeling import MedusaModel
     from medusa.modeling.base import load_tokenizer
     from medusa.modeling.config import base_location
-    from medusa.tree.calibrate import calibrate, write_tree
-    from medusa.tree.plot import plot_accuracy, plot_tree
 
     _check_before_loading(args)
     model = MedusaModel.from_pretrained(args.heads, base_model=args.base, dtype=args.dtype,

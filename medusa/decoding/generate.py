@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from medusa.config.enums import ACCEPTANCE
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
 from medusa.decoding.candidates import DecodeTree
 from medusa.decoding.compiled import compact_function, step_functions
@@ -30,8 +31,6 @@ from medusa.decoding.static_cache import static_capacity, static_prefill
 from medusa.decoding.step import DecodeState, StepFns, StepResult, step
 from medusa.errors import MedusaError
 from medusa.modeling.base import unwrap
-
-ACCEPTANCE = ("greedy", "sample", "typical")
 
 
 @dataclass

@@ -120,7 +120,7 @@ def _frac(x: float | None) -> str:
 
 def plot_report(report: dict[str, Any], stem: str | Path) -> list[Path]:
     """``<stem>_accept_lengths.png`` (histogram of tokens gained per step) and ``<stem>_speedup.png``."""
-    from medusa.tree.plot import pyplot
+    from medusa.calibrate.plot import pyplot
 
     plt = pyplot()
     stem = Path(stem)

@@ -212,9 +212,4 @@ class HydraHeads(nn.Module):
         return torch.cat(parts, dim=-1)  # [B, T, d * (K+1)]
 
 
-def needs_tokens(heads: nn.Module) -> bool:
-    """True for heads that read draft tokens (Hydra): they take a wide input, not the hidden state alone."""
-    return isinstance(heads, HydraHeads)
-
-
-__all__ = ["HYDRA_PROJECTIONS", "ConditionedResBlock", "HydraHeads", "needs_tokens"]
+__all__ = ["HYDRA_PROJECTIONS", "ConditionedResBlock", "HydraHeads"]

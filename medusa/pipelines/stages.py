@@ -176,12 +176,12 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
     """Copy the trained heads to ``final_dir`` with a calibrated ``tree.json`` (+ plots), atomically.
 
     ``nodes="auto"``: the size (<= 64 nodes) with the most predicted tokens/s, as
-    ``medusa calibrate --nodes auto`` chooses it (:func:`medusa.tree.auto.choose_size`)."""
+    ``medusa calibrate --nodes auto`` chooses it (:func:`medusa.calibrate.auto.choose_size`)."""
+    from medusa.calibrate.calibrate import calibrate
+    from medusa.calibrate.plot import plot_accuracy
     from medusa.data import load_tokenized
     from medusa.modeling.config import TREE_NAME
     from medusa.modeling.loading import load_for_generation
-    from medusa.tree.calibrate import calibrate
-    from medusa.tree.plot import plot_accuracy
 
     model, tokenizer = load_for_generation(str(heads_dir))
     examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples

@@ -113,9 +113,9 @@ def replay_dynamic(logp: Sequence[torch.Tensor], ranks: Sequence[torch.Tensor], 
                    num_nodes: int, score: dict[str, Any] | None) -> float:
     """Expected tokens/step of a dynamic tree of ``num_nodes`` nodes under ``score`` (None: raw
     log-probabilities), replaying greedy decoding on calibration examples the way
-    :func:`medusa.tree.calibrate.simulated_tokens_per_step` replays a static tree: at each step the tree is
-    the best paths over the heads' top-k *at that position*, and the step accepts the longest path the true
-    tokens follow, plus the bonus token. Exact for MEDUSA heads; for Hydra heads it scores every parent's
+    :func:`medusa.calibrate.calibrate.simulated_tokens_per_step` replays a static tree: at each step the tree
+    is the best paths over the heads' top-k *at that position*, and the step accepts the longest path the
+    true tokens follow, plus the bonus token. Exact for MEDUSA heads; for Hydra heads it scores every parent's
     children with the true prefix's distribution (an approximation: off-path parents would see others)."""
     tokens = steps = 0
     for lp, rk, start in zip(logp, ranks, starts):

@@ -1,13 +1,18 @@
 """``medusa calibrate`` (medusa/cli/calibrate.py) without a model: the options checked against the
 checkpoint's config and the files the run would write, the node weights of the tree drawing, the printed
-summary. (Calibrating through the command: tests/tree/test_calibrate.py.)"""
+summary; and calibrating a stories260K checkpoint through the command (tree.json, plots, --nodes auto,
+bad input)."""
 
 from __future__ import annotations
 
 import argparse
 
 import pytest
+from pipeline_helpers import stories_calibration_checkpoint
 
+from medusa import MedusaModel
+from medusa.calibrate.auto import AUTO_SIZES
+from medusa.cli import main
 from medusa.cli.calibrate import _check_before_loading, _path_weights, _print_summary
 from medusa.errors import MedusaError
 from medusa.modeling.config import MedusaConfig
@@ -81,3 +86,55 @@ def test_print_summary(capsys):
                     "dynamic_expected_tokens_per_step": None}, tree, "t.json", "d")
     out = capsys.readouterr().out.splitlines()
     assert out[2] == "draft vocabulary: 64 tokens cover 87.50% of the target tokens" and len(out) == 4
+
+
+@pytest.fixture(scope="module")
+def stories_checkpoint(tmp_path_factory):
+    return stories_calibration_checkpoint(tmp_path_factory.mktemp("cal"))
+
+
+def test_cli_calibrate_writes_tree_and_plots(stories_checkpoint, tmp_path, capsys):
+    path, data = stories_checkpoint
+    heads_before = (path / "medusa_heads.safetensors").read_bytes()
+    assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "12", "--topk", "4",
+                 "--plots", str(tmp_path), "--quiet"]) == 0
+    assert (path / "medusa_heads.safetensors").read_bytes() == heads_before
+    tree = MedusaTree.from_json(path / "tree.json")
+    assert len(tree) == 12 and tree.calibration["data"] == str(data)
+    for png in ("calibration_accuracy.png", "tree.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loaded = MedusaModel.from_pretrained(path)
+    assert loaded.tree == tree
+    assert "expected" in capsys.readouterr().out
+
+
+def test_cli_calibrate_auto_nodes(stories_checkpoint, tmp_path, capsys):
+    path, data = stories_checkpoint
+    if (path / "tree.json").exists():  # an earlier calibration is replaced only with --overwrite
+        before = (path / "tree.json").read_bytes()
+        assert main(["calibrate", "--heads", str(path), "--data", str(data), "--no-plots", "--quiet"]) == 2
+        assert "tree.json: exists; pass --overwrite" in capsys.readouterr().err
+        assert (path / "tree.json").read_bytes() == before
+    assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "auto", "--no-plots",
+                 "--quiet", "--overwrite"]) == 0
+    cal = MedusaTree.from_json(path / "tree.json").calibration
+    auto = cal["auto"]
+    assert auto["chosen"] in auto["sizes"] and len(auto["step_time_s"]) == len(auto["sizes"])
+    best = max(range(len(auto["sizes"])), key=lambda i: auto["tokens_per_s"][i])
+    assert auto["sizes"][best] == auto["chosen"]
+    assert cal["nodes"] <= auto["chosen"]
+    assert auto["sizes"] == list(AUTO_SIZES) and max(AUTO_SIZES) <= 64  # the "<= 64 nodes" the CLIs document
+
+
+def test_cli_calibrate_bad_input(stories_checkpoint, tmp_path, capsys):
+    path, data = stories_checkpoint
+    for argv, needle in (
+        (["--heads", str(tmp_path), "--data", str(data)], "medusa_config.json"),
+        (["--heads", str(path), "--data", str(data), "--max-depth", "4"], "--max-depth"),
+        (["--heads", str(path), "--data", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
+        (["--heads", str(path), "--data", str(data), "--method", "magic"], "magic"),
+    ):
+        capsys.readouterr()
+        assert main(["calibrate", *argv, "--quiet", "--no-plots"]) == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and needle in err[0], err

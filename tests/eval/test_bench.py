@@ -1,5 +1,6 @@
 """medusa.eval.bench: report keys, exact greedy equality with HF generate, EOS handled alike, the report
-files. (The command: tests/cli/test_bench.py; the stories260K pipeline: tests/integration.)"""
+files, the draft vocabulary's coverage. (The command: tests/cli/test_bench.py; the stories260K pipeline:
+tests/integration.)"""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import os
 import statistics
 
 import pytest
+import torch
 from pipeline_helpers import REPORT_KEYS
 
-from tiny_models import stories_tokenizer
+from medusa.modeling.draft_vocab import coverage
+
+from fit_heads import fitted_stories_heads
+from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -89,3 +94,25 @@ def test_bench_sampling_has_no_exact_match(stories_medusa):
     assert report["greedy_exact_match"] is None
     assert report["rows"][0]["new_tokens"] == 8
     assert report["config"]["acceptance"] == "typical"
+
+
+def test_bench_reports_draft_vocab_coverage_of_generated_tokens():
+    from medusa.eval.bench import bench
+
+    require_shared(STORIES)
+    prompt = "Once upon a time, there was a little dog."
+    tok = stories_tokenizer()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = stories_model().generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16)
+    new = ref[0, ids.shape[1]:]
+    # 200 of 512 ids: every generated id but the last new one, so the coverage is neither 0 nor 1
+    seen = list(dict.fromkeys(new.tolist()))
+    tm = torch.tensor(sorted(seen[:-1] + [t for t in range(3, 512) if t not in seen][:201 - len(seen)]))
+    model = fitted_stories_heads(4, 1)  # fitted full-vocabulary heads restricted to the draft ids
+    model.use_draft_vocab(tm)
+    report = bench(model, tok, [prompt], max_new_tokens=16, progress=False)
+    assert report["greedy_exact_match"] == 1.0
+    assert max(int(k) for k in report["accept_length_histogram"]) >= 3  # accepted runs through draft ids
+    assert report["draft_vocab"] == 200
+    assert report["draft_vocab_coverage"] == pytest.approx(coverage(tm, new))
+    assert 0 < report["draft_vocab_coverage"] < 1

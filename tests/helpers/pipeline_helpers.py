@@ -1,5 +1,6 @@
 """Shared pieces of the pipeline tests (tests/pipelines, tests/integration): reduced demo settings, a fixed
-benchmark summary with head-type rows, and the keys every bench report carries."""
+benchmark summary with head-type rows, the keys every bench report carries, and a stories260K checkpoint
+to calibrate."""
 
 from __future__ import annotations
 
@@ -36,3 +37,24 @@ def fixed_summary():
                           "top1": [0.5, 0.3]},
             "bench": bench, "targets": {"speedup": {"target": 2.0, "measured": 1.5, "met": False}},
             "head_types": {"nodes": 8, **S.head_type_rows(benches)}}
+
+
+def stories_calibration_checkpoint(root: Path) -> tuple[Path, Path]:
+    """stories260K with 3 fresh heads saved in ``root/heads``, and two held-out rows in ``root/calib.jsonl``:
+    what the ``medusa calibrate`` tests run on (skips without the shared model)."""
+    import json
+
+    from medusa import MedusaModel
+
+    from tiny_models import STORIES, require_shared, stories_model
+
+    require_shared(STORIES)
+    path = root / "heads"
+    MedusaModel.from_base(stories_model(), num_heads=3, num_layers=1).save_pretrained(path)
+    data = path.parent / "calib.jsonl"
+    rows = [{"prompt": "Once upon a time",
+             "completion": " there was a little girl named Lily. She liked to play."},
+            {"prompt": "Tom had a dog.",
+             "completion": " The dog was big and brown. Tom and the dog ran to the park."}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, data

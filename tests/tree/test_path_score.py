@@ -1,5 +1,6 @@
 """The dynamic tree's calibrated path score: the samples it is fitted on, the fit, the stored record, the
-top-N tree under it, and lossless greedy decoding with it."""
+top-N tree under it. (Calibrating the score and lossless greedy decoding with it:
+tests/integration/test_calibration_predicts_decoding.py.)"""
 
 import itertools
 import math
@@ -101,43 +102,3 @@ def test_resolve_dynamic_takes_the_checkpoints_score():
     assert tree_kind("dynamic", calibrated) == "dynamic (calibrated path score)"
     assert tree_kind(DynamicTree(8, calibrated=False), calibrated) == "dynamic (raw head probabilities)"
     assert tree_kind(plain, calibrated) == "static"
-
-
-def test_calibrate_writes_a_score_and_greedy_decoding_with_it_equals_hf():
-    """stories260K with fitted heads: calibrate on the model's greedy replies; the dynamic tree under the
-    fitted score decodes other prompts exactly as HF greedy ``generate``, batch 1."""
-    from medusa.tree.calibrate import calibrate
-
-    from fit_heads import fitted_stories_heads, stories_prompts
-    from tiny_models import stories_tokenizer
-
-    model = fitted_stories_heads(4, 1)
-    tok = stories_tokenizer()
-    prompts = stories_prompts(16)
-    examples = []
-    for p in prompts[:10]:
-        ids = tok(p, return_tensors="pt").input_ids
-        seq = model.base_model.generate(ids, max_new_tokens=48, do_sample=False)[0].tolist()
-        examples.append({"input_ids": seq, "labels": [-100] * ids.shape[1] + seq[ids.shape[1]:]})
-    tree = calibrate(model, examples, nodes=8, progress=False)
-    score = tree.calibration["path_score"]
-    assert len(score["weight"]) == 4 and score["raw"] == [] and all(w > 0 for w in score["weight"])
-    previous, model.tree = model.tree, tree
-    try:
-        # the replay predicts the dynamic decode loop on the calibration replies themselves
-        predicted = tree.calibration["dynamic_expected_tokens_per_step"]["calibrated"]
-        lengths = []
-        for ex, p in zip(examples, prompts[:10]):
-            ids = tok(p, return_tensors="pt").input_ids
-            out = model.generate(ids, max_new_tokens=48, tree="dynamic:8", return_dict_in_generate=True)
-            lengths += out.accept_lengths[0]
-        assert predicted == pytest.approx(sum(lengths) / len(lengths), rel=0.02)
-        assert tree.calibration["dynamic_expected_tokens_per_step"]["raw"] > 1.5
-        for p in prompts[10:13]:
-            ids = tok(p, return_tensors="pt").input_ids
-            ref = model.base_model.generate(ids, max_new_tokens=64, do_sample=False)
-            out = model.generate(ids, max_new_tokens=64, tree="dynamic:16", return_dict_in_generate=True)
-            assert torch.equal(out.sequences, ref)
-            assert out.tokens_per_step > 1.5
-    finally:
-        model.tree = previous

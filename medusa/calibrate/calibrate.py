@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
+from medusa.calibrate.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
+from medusa.modeling.config import TREE_NAME
 from medusa.modeling.draft_vocab import draft_vocab_summary
-from medusa.modeling.hydra import needs_tokens
-from medusa.tree.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.tree.build import build_tree_choices, expected_tokens_per_step
 from medusa.tree.path_score import fit_path_score, replay_dynamic
 from medusa.tree.tree import MedusaTree
@@ -96,8 +97,8 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
             attn[row, :n] = 1
         out = model(input_ids=ids.to(device), attention_mask=attn.to(device), compute_heads=False)
         hidden = out.hidden_states  # [B, T, d]
-        if needs_tokens(model.heads):  # Hydra: teacher-forced on the true tokens = the accepted path's tokens
-            hidden = model.heads.teacher_inputs(hidden, ids.to(device))  # [B, T, d * (K+1)]
+        # Hydra: teacher-forced on the true tokens = the accepted path's tokens, [B, T, d * (K+1)]
+        hidden = model.heads.teacher_inputs(hidden, ids.to(device))
         batch_ranks, batch_logp = _head_ranks(model, hidden, ids, labels, depth, topk, chunk)
         for row, i in enumerate(idx):
             ranks[i] = batch_ranks[row, :lens[row]].clone()
@@ -139,8 +140,6 @@ def _head_ranks(model: Any, hidden: torch.Tensor, ids: torch.Tensor, labels: tor
 
 
 def _progress(total: int, desc: str, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, unit="ex", disable=not enabled)
 
 
@@ -234,9 +233,9 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
               batch_size: int = 8, progress: bool = True, stats: HeadStats | None = None) -> MedusaTree:
     """Measure the heads on ``examples`` and return the accuracy-ranked tree with its calibration record.
 
-    ``nodes="auto"``: the size among :data:`medusa.tree.auto.AUTO_SIZES` (<= 64 nodes) maximising predicted
-    tokens per second (:func:`medusa.tree.auto.choose_size`). ``stats``: hit ranks already collected on
-    ``examples`` (then ``topk`` / ``max_depth`` / ``batch_size`` are theirs).
+    ``nodes="auto"``: the size among :data:`medusa.calibrate.auto.AUTO_SIZES` (<= 64 nodes) maximising
+    predicted tokens per second (:func:`medusa.calibrate.auto.choose_size`). ``stats``: hit ranks already
+    collected on ``examples`` (then ``topk`` / ``max_depth`` / ``batch_size`` are theirs).
     """
     if method not in METHODS:
         raise MedusaError(f"unknown tree method {method!r}; choose one of {', '.join(METHODS)}")
@@ -298,8 +297,6 @@ def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, table
 
 def write_tree(checkpoint: str | Path, tree: MedusaTree) -> Path:
     """Write ``tree.json`` into the checkpoint (atomically; the heads file is not touched)."""
-    from medusa.modeling.config import TREE_NAME
-
     path = Path(checkpoint) / TREE_NAME
     tree.to_json(path)
     return path

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.generate import medusa_generate
 from medusa.errors import MedusaError
 from medusa.tree.tree import MedusaTree
 
@@ -27,8 +28,6 @@ def time_tree_steps(model: Any, trees: Mapping[int, Sequence[Sequence[int]]], pr
     """Seconds per verification step of the real decode loop (greedy ``medusa_generate``) for each tree,
     on the model's device: decode time / steps, the fastest of ``repeats`` runs after one warm-up (the
     minimum is the estimate least disturbed by other work on the machine)."""
-    from medusa.decoding.generate import medusa_generate
-
     ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, P]
     built = {n: MedusaTree.from_choices(c, num_heads=model.num_heads) for n, c in trees.items()}
     samples: dict[int, list[float]] = {n: [] for n in built}
