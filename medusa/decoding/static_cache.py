@@ -113,7 +113,7 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, nu
     for t in (mask, past):  # mutated inside the compiled step: fixed addresses (CUDA graphs need them)
         torch._dynamo.mark_static_address(t)
     kv = StaticKV(hf, mask, past, torch.arange(num_nodes, device=device), compact_fn, p)
-    return kv, out.logits[:, -1], out.hidden_states[:, -1].contiguous()
+    return kv, out.logits[:, -1], out.hidden_states[:, -1].clone(memory_format=torch.contiguous_format)
 
 
 def compact(cache: Any, mask: torch.Tensor, past: torch.Tensor, path: torch.Tensor, keep: torch.Tensor,
