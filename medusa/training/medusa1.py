@@ -17,6 +17,7 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
+from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
 from medusa.training.losses import Teacher, medusa_head_loss
 from medusa.training.setup import load_backbone, param_groups
@@ -35,13 +36,13 @@ class HeadsLoss(nn.Module):
         super().__init__()
         self.heads = heads
         self.decay, self.chunk_size, self.teacher_loss = decay, chunk_size, teacher_loss
-        self._teacher_head = [teacher_head]
+        self._teacher_head = BaseRef(teacher_head)  # the base's LM head: not a trained submodule
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor,
                 input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         teacher = None
         if self.teacher_loss > 0:
-            head = self._teacher_head[0]
+            head = self._teacher_head.module
             teacher = Teacher(hidden, lambda h: head(h.to(head.weight.dtype)), self.teacher_loss)
         inputs = self.heads.teacher_inputs(hidden, input_ids)  # hidden, or Hydra's wide input
         out = medusa_head_loss(inputs, labels, self.heads.head_logits, self.heads.num_heads,
