@@ -5,26 +5,17 @@ import math
 import pytest
 import torch
 from chi_square import chi2_pvalue, exact_joint
+from decoding_helpers import FULL_TREE, SAMPLER_VOCAB, exact_joint3, sampler_model
 
-from medusa import MedusaModel, MedusaTree
+from medusa import MedusaTree
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
-from medusa.decoding.candidates import decode_tree, propose
-
-from tiny_models import tiny_model
+from medusa.decoding.candidates import decode_tree
 
 CPU = torch.device("cpu")
 
 
 def _logits_from_probs(rows):
     return torch.log(torch.tensor(rows, dtype=torch.float32)).unsqueeze(0)  # [1, N, V]
-
-
-def test_propose_places_head_ranks():
-    tree = MedusaTree.from_choices([[0], [1], [0, 0], [0, 2]])
-    dt = decode_tree(tree, CPU, torch.float32)
-    head_topk = torch.tensor([[[10, 11, 12]], [[20, 21, 22]]])  # [K=2, B=1, kmax=3]
-    tokens = propose(torch.tensor([7]), head_topk, dt)
-    assert tokens.tolist() == [[7, 10, 11, 20, 22]]  # nodes: (), (0), (1), (0,0), (0,2)
 
 
 def test_greedy_accept_longest_matching_path():
@@ -72,30 +63,16 @@ def test_typical_ties_go_to_higher_likelihood():
     assert n.tolist() == [1] and path[0, 1].item() == 2
 
 
-V = 8
-FULL_TREE = [[r] for r in range(V)] + [[0, r] for r in range(V)] + [[1, 0], [1, 1], [0, 0, 0]]
+V = SAMPLER_VOCAB
 PARTIAL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]  # leaves most of the vocabulary to the residual
 SETTINGS = [{"temperature": 1.0, "top_k": 0}, {"temperature": 0.7, "top_k": 4},
             {"temperature": 1.3, "top_p": 0.8, "top_k": 0}]
 
 
-def _sampler_model(seed=0):
-    base = tiny_model("llama", vocab_size=V, seed=seed)
-    with torch.no_grad():  # soften the scaled LM head so that many tokens have real mass
-        base.lm_head.weight.mul_(0.3)
-    model = MedusaModel.from_base(base, num_heads=3)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.heads.parameters():
-            if p.dim() == 2 and p.shape[0] == p.shape[1]:
-                p.copy_(torch.randn(p.shape, generator=g))
-    return base, model
-
-
 @pytest.mark.parametrize("setting", SETTINGS, ids=["t1", "t0.7-topk4", "t1.3-topp0.8"])
 @pytest.mark.parametrize("choices", [FULL_TREE, PARTIAL_TREE], ids=["covering", "partial"])
 def test_sample_is_lossless_chi_square(setting, choices):
-    base, model = _sampler_model()
+    base, model = sampler_model()
     prompt = torch.tensor([[3, 5, 4, 6]])
     n = 6000
     g = torch.Generator().manual_seed(1234)
@@ -110,7 +87,7 @@ def test_sample_is_lossless_chi_square(setting, choices):
 
 def test_chi_square_catches_a_lossy_rule():
     """The same test rejects typical acceptance, which is not lossless: the chi-square has teeth."""
-    base, model = _sampler_model()
+    base, model = sampler_model()
     prompt = torch.tensor([[3, 5, 4, 6]])
     n = 6000
     g = torch.Generator().manual_seed(1234)
@@ -141,28 +118,6 @@ def test_sample_accept_recursive_rejection_single_node():
     assert abs(float(accepted_2) - 0.7 * 0.2 / 0.7) < 0.015
 
 
-def _hf_next_probs(base, prefixes):
-    """HF's own sampling distribution after each row of ``prefixes [R, T]``: the processed, warped scores that
-    ``generate(do_sample=True)`` samples from (its ``output_scores``), read from the model's
-    generation_config."""
-    with torch.no_grad():
-        out = base.generate(prefixes, attention_mask=torch.ones_like(prefixes), do_sample=True,
-                            max_new_tokens=1,
-                            output_scores=True, return_dict_in_generate=True, eos_token_id=None,
-                            pad_token_id=0)
-    return torch.softmax(out.scores[0].double(), dim=-1)  # [R, V]
-
-
-def _exact_joint3(base, prompt):
-    """p(x1, x2, x3 | prompt) from HF's sampling distributions: [V, V, V]."""
-    p1 = _hf_next_probs(base, prompt)[0]  # [V]
-    x1 = torch.arange(V).view(V, 1)
-    p2 = _hf_next_probs(base, torch.cat([prompt.repeat(V, 1), x1], dim=1))  # [V, V]
-    x12 = torch.stack(torch.meshgrid(torch.arange(V), torch.arange(V), indexing="ij"), -1).view(V * V, 2)
-    p3 = _hf_next_probs(base, torch.cat([prompt.repeat(V * V, 1), x12], dim=1)).view(V, V, V)
-    return p1.view(V, 1, 1) * p2.view(V, V, 1) * p3
-
-
 # Depth 2 covers the vocabulary under the 3 likeliest depth-1 proposals, 3 siblings (then the residual)
 # elsewhere.
 DEEP_TREE = [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V) if a < 3 or b < 3]
@@ -173,7 +128,7 @@ DEEP_SETTINGS = [{"temperature": 0.7, "top_k": 4}, {"repetition_penalty": 0.5, "
 def test_sample_deep_decisions_chi_square(setting):
     """The law of the first three new tokens, the 3rd being (often) the depth-2 decision of the first step's
     tree. Sampling settings come from the model's generation_config only (none passed as arguments)."""
-    base, model = _sampler_model(seed=3)
+    base, model = sampler_model(seed=3)
     base.generation_config.top_k = None  # let HF's default (50) or the setting below decide
     for key, value in setting.items():
         setattr(base.generation_config, key, value)
@@ -187,9 +142,9 @@ def test_sample_deep_decisions_chi_square(setting):
     x = out.sequences[:, 4:7]  # [n, 3]
     cells = (x[:, 0] * V + x[:, 1]) * V + x[:, 2]
     counts = torch.zeros(V ** 3, dtype=torch.float64).index_add_(0, cells, torch.ones(n, dtype=torch.float64))
-    expected = _exact_joint3(base, prompt).reshape(-1) * n
+    expected = exact_joint3(base, prompt).reshape(-1) * n
     assert chi2_pvalue(counts, expected) > 1e-3
     # Control: the same statistic rejects the law without the repetition penalty (it has teeth).
     if "repetition_penalty" in setting:
         base.generation_config.repetition_penalty = 1.0
-        assert chi2_pvalue(counts, _exact_joint3(base, prompt).reshape(-1) * n, strict=False) < 1e-6
+        assert chi2_pvalue(counts, exact_joint3(base, prompt).reshape(-1) * n, strict=False) < 1e-6

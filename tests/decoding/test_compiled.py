@@ -1,11 +1,18 @@
-"""The compiled static step (CPU inductor): HF greedy equality and no step-to-step recompilation (one
-compilation per tree size). The compiled sampling law: tests/decoding/test_sample_law.py."""
+"""The compiled static step (CPU inductor): HF greedy equality (a tiny llama; Hydra heads and dynamic trees on
+stories260K with fitted heads) and no step-to-step recompilation (one compilation per tree size). The
+compiled sampling law: tests/integration/test_lossless_sampling.py."""
 
 import pytest
 import torch
-from test_static import NEW, fitted_llama
+from decoding_helpers import COMBO_IDS, COMBOS, FITTED_NEW, SCORE, check_stories_greedy, fitted_llama
 
 from medusa import MedusaTree
+from medusa.decoding.dynamic_tree import DynamicTree
+
+from fit_heads import fitted_stories_heads
+
+NEW = FITTED_NEW
+STORIES_NEW = 96
 
 
 @pytest.fixture(autouse=True)
@@ -53,3 +60,35 @@ def test_recompiles_once_per_tree_size():
     assert _graphs() == 2 * per_shape  # a new node count recompiles once, not at every step
     assert other.num_steps > 5 and torch.equal(other.sequences, ref)
 
+
+@pytest.mark.slow  # CPU inductor: ~1-2 min per combination on 2 shared cores
+@pytest.mark.parametrize("head_type,tree", COMBOS[:3], ids=COMBO_IDS[:3])
+def test_compiled_hydra_and_dynamic_greedy_equals_hf(head_type, tree):
+    model = fitted_stories_heads(num_heads=4, num_layers=1, head_type=head_type)
+    out = check_stories_greedy(model, tree, STORIES_NEW, compile=True)[0]
+    assert out.compile_time_s > 0
+    assert torch._dynamo.utils.counters["graph_break"] == {}  # whole functions compiled, no fallbacks
+    # verify, finish_propose and greedy acceptance, once per batch size (3 and 1), however many steps ran
+    assert _graphs() == 6 and out.num_steps > 10
+
+
+@pytest.mark.slow  # two tree sizes x three compiled functions
+def test_dynamic_tree_recompiles_once_per_tree_size():
+    model, ids, mask, ref, _ = fitted_llama()
+
+    def run(tree):
+        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True, tree=tree,
+                              return_dict_in_generate=True)
+
+    first = run("dynamic:16")
+    per_shape = _graphs()
+    assert per_shape == 3  # verify, finish_propose, greedy acceptance: once each, however many steps ran
+    assert first.num_steps >= 8 and torch.equal(first.sequences, ref)
+    again = run("dynamic:16")
+    assert _graphs() == per_shape and again.compile_time_s < first.compile_time_s  # same shapes: reused
+    other = run("dynamic:6")
+    assert _graphs() == 2 * per_shape  # a new node count recompiles once, not at every step
+    assert other.num_steps >= 8 and torch.equal(other.sequences, ref)
+    calibrated = run(DynamicTree(num_nodes=16, score=SCORE))
+    assert _graphs() == 2 * per_shape + 1  # the calibrated score: finish_propose once more, nothing else
+    assert calibrated.num_steps >= 8 and torch.equal(calibrated.sequences, ref)

@@ -1,4 +1,6 @@
-"""Shared helpers for the decoding tests: left-padded batches and heads that are accepted often."""
+"""Shared helpers for the decoding tests: left-padded batches, heads that are accepted often, a tiny llama
+with fitted heads, the vocabulary-8 samplers of the chi-square tests and the settings several test modules
+share."""
 
 from __future__ import annotations
 
@@ -6,6 +8,22 @@ import torch
 import torch.nn.functional as F
 
 from medusa import MedusaModel
+from medusa.decoding.dynamic_tree import DynamicTree
+
+from tiny_models import tiny_model
+
+FITTED_NEW = 48  # new tokens of fitted_llama's references
+SAMPLER_VOCAB = 8  # the chi-square samplers' vocabulary: their joint laws are enumerated exactly
+# A static tree covering the sampler's vocabulary at depth 1 (and under rank 0 at depth 2).
+FULL_TREE = ([[r] for r in range(SAMPLER_VOCAB)] + [[0, r] for r in range(SAMPLER_VOCAB)]
+             + [[1, 0], [1, 1], [0, 0, 0]])
+# Hydra heads / dynamic trees on the static and compiled paths (stories260K with fitted heads). SCORE: a
+# calibrated path score (medusa.tree.path_score's record; depth 4 scored raw).
+SCORE = {"weight": [2.0, 1.5, 1.2, 1.0], "bias": [1.0, 0.5, 0.2, 0.0], "positions": [99] * 4, "raw": [3]}
+COMBOS = [("hydra", None), ("hydra", "dynamic:16"), ("linear", "dynamic:16"),
+          ("linear", DynamicTree(num_nodes=48, branch=8)), ("hydra", DynamicTree(num_nodes=16, score=SCORE))]
+COMBO_IDS = ["hydra-static", "hydra-dynamic16", "medusa-dynamic16", "medusa-dynamic48-branch8",
+             "hydra-calibrated16"]
 
 
 def left_padded_batch(vocab_size: int, lengths=(9, 6, 4), seed: int = 0, pad_id: int = 0):
@@ -113,3 +131,69 @@ def check_stories_greedy(model: MedusaModel, tree, new: int = 96, min_tokens_per
     assert out.tokens_per_step > min_tokens_per_step and one.tokens_per_step > min_tokens_per_step, (
         out.tokens_per_step, one.tokens_per_step)
     return out, ref, enc
+
+
+def fitted_llama(seed: int = 0, new: int = FITTED_NEW, **gen):
+    """A tiny llama, its HF greedy references (left-padded batch and row 0 alone) and heads fitted on them."""
+    base = tiny_model("llama")
+    for key, value in gen.items():
+        setattr(base.generation_config, key, value)
+    ids, mask = left_padded_batch(base.config.vocab_size, seed=seed)
+    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new)
+    ref1 = base.generate(ids[:1], do_sample=False, max_new_tokens=new)
+    model = MedusaModel.from_base(base, num_heads=4)
+    memorise_heads(model, real_rows(ref, mask, base.generation_config.eos_token_id), steps=150)
+    return model, ids, mask, ref, ref1
+
+
+def sampler_model(seed: int = 0):
+    """A tiny llama over :data:`SAMPLER_VOCAB` tokens with a softened LM head (many tokens have real mass)
+    and 3 MEDUSA heads with random ResBlocks: ``(base, model)``."""
+    base = tiny_model("llama", vocab_size=SAMPLER_VOCAB, seed=seed)
+    with torch.no_grad():  # soften the scaled LM head so that many tokens have real mass
+        base.lm_head.weight.mul_(0.3)
+    model = MedusaModel.from_base(base, num_heads=3)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            if p.dim() == 2 and p.shape[0] == p.shape[1]:
+                p.copy_(torch.randn(p.shape, generator=g))
+    return base, model
+
+
+def sampler_heads(head_type: str):
+    """As :func:`sampler_model` (seed 0) with 3 heads of ``head_type``: every square or input layer of the
+    heads (not their output projection) random: ``(base, model)``."""
+    base = tiny_model("llama", vocab_size=SAMPLER_VOCAB, seed=0)
+    with torch.no_grad():  # soften the scaled LM head so that many tokens have real mass
+        base.lm_head.weight.mul_(0.3)
+    model = MedusaModel.from_base(base, num_heads=3, head_type=head_type)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            if p.dim() == 2 and p.shape[0] != SAMPLER_VOCAB:  # ResBlocks / Hydra input layers, not W2
+                p.copy_(torch.randn(p.shape, generator=g))
+    return base, model
+
+
+def hf_next_probs(base, prefixes: torch.Tensor) -> torch.Tensor:
+    """HF's own sampling distribution after each row of ``prefixes [R, T]``: the processed, warped scores that
+    ``generate(do_sample=True)`` samples from (its ``output_scores``), read from the model's
+    generation_config. Returns ``[R, V]``."""
+    with torch.no_grad():
+        out = base.generate(prefixes, attention_mask=torch.ones_like(prefixes), do_sample=True,
+                            max_new_tokens=1,
+                            output_scores=True, return_dict_in_generate=True, eos_token_id=None,
+                            pad_token_id=0)
+    return torch.softmax(out.scores[0].double(), dim=-1)  # [R, V]
+
+
+def exact_joint3(base, prompt: torch.Tensor) -> torch.Tensor:
+    """p(x1, x2, x3 | prompt) from HF's sampling distributions over :data:`SAMPLER_VOCAB`: [V, V, V]."""
+    v = SAMPLER_VOCAB
+    p1 = hf_next_probs(base, prompt)[0]  # [V]
+    x1 = torch.arange(v).view(v, 1)
+    p2 = hf_next_probs(base, torch.cat([prompt.repeat(v, 1), x1], dim=1))  # [V, V]
+    x12 = torch.stack(torch.meshgrid(torch.arange(v), torch.arange(v), indexing="ij"), -1).view(v * v, 2)
+    p3 = hf_next_probs(base, torch.cat([prompt.repeat(v * v, 1), x12], dim=1)).view(v, v, v)
+    return p1.view(v, 1, 1) * p2.view(v, v, 1) * p3
