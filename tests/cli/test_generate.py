@@ -1,6 +1,7 @@
 """``medusa generate`` (medusa/cli/generate.py) on stories260K with untrained heads: the text is HF greedy's,
 the statistics line is on stdout or, with --quiet-stats, on stderr; no prompt is a user error before any
-model loads. (Fitted heads, --prompts files, --stream and the user errors: tests/decoding/test_stories.py.)"""
+model loads. (Fitted heads, --prompts files, --stream and the user errors:
+tests/integration/test_stories260k_decoding.py.)"""
 
 from __future__ import annotations
 

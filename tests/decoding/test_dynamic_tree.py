@@ -2,10 +2,12 @@
 
 import itertools
 
+import pytest
 import torch
 
 from medusa import MedusaModel
 from medusa.decoding.dynamic_tree import TIE_BREAK, build_step_tree, hydra_children, medusa_children
+from medusa.errors import MedusaError
 
 from tiny_models import tiny_model
 
@@ -135,3 +137,9 @@ def test_acceptance_on_per_row_trees_equals_each_row_on_its_static_twin():
         assert int(tn[row]) == int(t_n[0])
         assert tree.tokens[row, tpath[row, :int(tn[row]) + 1]].tolist() == \
             tree.tokens[row, idx[t_path[0, :int(t_n[0]) + 1]]].tolist()
+
+
+def test_dynamic_tree_spec_errors(stories_medusa):
+    ids = torch.tensor([[1, 20, 30]])
+    with pytest.raises(MedusaError, match="'dynamic' or 'dynamic:N'"):
+        stories_medusa.generate(ids, max_new_tokens=4, tree="dynamic:many")

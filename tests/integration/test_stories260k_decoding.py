@@ -1,5 +1,5 @@
 """On the real stories260K model with heads fitted to its own outputs: exact greedy output, real speed-up in
-tokens/step, and the ``medusa generate`` command."""
+tokens/step, and the ``medusa generate`` command (MEDUSA heads; Hydra heads with a dynamic tree)."""
 
 import json
 
@@ -15,6 +15,11 @@ from tiny_models import STORIES, stories_tokenizer
 @pytest.fixture(scope="module")
 def fitted():
     return fitted_stories_heads(num_heads=4, num_layers=1)
+
+
+@pytest.fixture(scope="module")
+def hydra():
+    return fitted_stories_heads(num_heads=4, num_layers=1, head_type="hydra")
 
 
 def _tokenizer():
@@ -101,3 +106,18 @@ def test_fitted_heads_with_generation_config_processors(fitted):
     finally:
         for key, value in saved.items():
             setattr(base.generation_config, key, value)
+
+
+def test_cli_generate_hydra_with_dynamic_tree(hydra, tmp_path, capsys):
+    heads = tmp_path / "hydra"
+    hydra.save_pretrained(heads)
+    prompt = stories_prompts(1)[0]
+    assert main(["generate", "--heads", str(heads), "--prompt", prompt, "--max-new-tokens", "40",
+                 "--tree", "dynamic", "--nodes", "16"]) == 0
+    text = capsys.readouterr().out
+    tok = stories_tokenizer()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = hydra.base_model.generate(ids, do_sample=False, max_new_tokens=40)
+    assert tok.decode(ref[0], skip_special_tokens=True) in text and "tokens/step" in text
+    assert main(["generate", "--heads", str(heads), "--prompt", prompt, "--nodes", "16"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --nodes")

@@ -1,0 +1,210 @@
+"""Proposers: :func:`choose_proposer` picks the proposer by head family and tree kind; each proposal's tokens
+``[B, N]`` start with the root, sit in a tree of N nodes and hold the heads' ranked tokens (MEDUSA: head d's
+rank at the last kept position; Hydra: conditioned on the path; dynamic: each row's best paths). Every
+proposer decodes losslessly: greedy == HF greedy (stories260K with fitted heads, batch 1 and a left-padded
+batch of 3; tiny models) and ``acceptance="sample"`` passes the chi-square test."""
+
+import pytest
+import torch
+from chi_square import chi2_pvalue, exact_joint
+from decoding_helpers import (
+    FULL_TREE,
+    SAMPLER_VOCAB,
+    check_stories_greedy,
+    left_padded_batch,
+    memorise_heads,
+    real_rows,
+    sampler_heads,
+)
+
+from medusa import MedusaModel, MedusaTree
+from medusa.decoding.acceptance import warp_logits
+from medusa.decoding.candidates import DecodeTree, decode_tree
+from medusa.decoding.dynamic_tree import DynamicTree, StepTree, resolve_dynamic
+from medusa.decoding.proposals import (
+    DynamicProposer,
+    HydraProposer,
+    MedusaProposer,
+    choose_proposer,
+    decoding_tree,
+)
+
+from fit_heads import fitted_stories_heads
+from tiny_models import tiny_model
+
+CPU = torch.device("cpu")
+# nodes (sorted by depth, then path): 0 (), 1 (0), 2 (1), 3 (2), 4 (0,0), 5 (0,1), 6 (1,0), 7 (0,0,0)
+CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+ROOT = torch.tensor([5, 17])  # [B]
+NEW = 96
+V = SAMPLER_VOCAB
+PARTIAL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
+
+
+def _model(head_type: str) -> MedusaModel:
+    """A tiny llama (vocabulary 96, d 32) with 3 heads whose layers are random (not the LM head's copies)."""
+    model = MedusaModel.from_base(tiny_model("llama"), num_heads=3, head_type=head_type)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            if p.dim() == 2 and p.shape[0] != model.heads.vocab_size:  # ResBlocks / Hydra input layers
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model.eval()
+
+
+def _hidden() -> torch.Tensor:
+    return torch.randn(2, 32, generator=torch.Generator().manual_seed(3))  # [B, d]
+
+
+def _tree(kind: str):
+    """A fresh tree (decode buffers not yet built) of ``kind``: static, or dynamic of 10 nodes, depth 3."""
+    tree = MedusaTree.from_choices(CHOICES) if kind == "static" else resolve_dynamic("dynamic:10", 3)
+    return decoding_tree(tree, CPU, torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+@pytest.mark.parametrize("head_type", ["linear", "hydra"])
+def test_choose_proposer_by_heads_and_tree(head_type, kind):
+    model = _model(head_type)
+    dt = _tree(kind)
+    expected = {("linear", "static"): MedusaProposer, ("hydra", "static"): HydraProposer,
+                ("linear", "dynamic"): DynamicProposer, ("hydra", "dynamic"): DynamicProposer}
+    proposer = choose_proposer(model.heads, dt)
+    assert type(proposer) is expected[head_type, kind]
+    assert proposer.shape is dt and proposer.heads is model.heads
+    if kind == "static":  # Hydra's growth plan is built once, here (host lists, outside compiled code)
+        assert (dt.hydra_levels is not None) == (head_type == "hydra")
+    with torch.no_grad():
+        proposal = proposer.propose(ROOT, _hidden())
+    assert proposal.tokens.shape == (2, dt.num_nodes) and proposal.tokens[:, 0].tolist() == ROOT.tolist()
+    assert proposal.tree.num_nodes == dt.num_nodes and proposal.draft_probs is None
+    mask_shape = (dt.num_nodes,) * 2 if kind == "static" else (2, dt.num_nodes, dt.num_nodes)
+    assert tuple(proposal.tree.float_mask.shape) == mask_shape
+
+
+def test_dynamic_branch_defaults_to_n_minus_1_capped_by_the_vocabulary():
+    heads = _model("linear").heads
+    assert choose_proposer(heads, _tree("dynamic")).branch == 9
+    assert choose_proposer(heads, DynamicTree(num_nodes=10, depth=3, branch=4)).branch == 4
+    assert choose_proposer(heads, DynamicTree(num_nodes=200, depth=3)).branch == 96  # the vocabulary
+
+
+def test_decoding_tree_static_buffers_or_dynamic_settings():
+    tree = MedusaTree.from_choices(CHOICES)
+    dt = decoding_tree(tree, CPU, torch.bfloat16)
+    assert isinstance(dt, DecodeTree) and dt is decode_tree(tree, CPU, torch.bfloat16)
+    assert dt.float_mask.dtype == torch.bfloat16 and dt.num_nodes == 8
+    dyn = decoding_tree(DynamicTree(num_nodes=12, depth=3), CPU, torch.bfloat16)
+    assert dyn == DynamicTree(num_nodes=12, depth=3, dtype=torch.bfloat16)
+
+
+def test_medusa_proposal_holds_each_heads_ranks():
+    model, hidden = _model("linear"), _hidden()
+    tree = MedusaTree.from_choices(CHOICES)
+    proposer = choose_proposer(model.heads, decoding_tree(tree, CPU, torch.float32))
+    with torch.no_grad():
+        tokens = proposer.propose(ROOT, hidden).tokens  # [B, N]
+        ranked = model.heads(hidden.unsqueeze(1))[:, :, 0].topk(3, dim=-1).indices  # [K, B, 3]
+    for i, path in enumerate(tree.paths[1:], start=1):  # node (r1..rd): head d's rank-rd token
+        assert tokens[:, i].tolist() == ranked[len(path) - 1, :, path[-1]].tolist(), path
+    assert not torch.equal(ranked[0], ranked[1])  # the heads differ: the placement is really checked
+
+
+def test_hydra_proposal_conditions_each_node_on_its_path():
+    model, hidden = _model("hydra"), _hidden()
+    heads = model.heads
+    tree = MedusaTree.from_choices(CHOICES)
+    proposer = choose_proposer(heads, decoding_tree(tree, CPU, torch.float32))
+    with torch.no_grad():
+        tokens = proposer.propose(ROOT, hidden).tokens  # [B, N]
+        for b in range(2):
+            for i, path in enumerate(tree.paths[1:], start=1):
+                chain = [int(tokens[b, tree.paths.index(path[:d])]) for d in range(len(path))]  # root..parent
+                wide = torch.cat([hidden[b], heads.embed(torch.tensor(chain)).reshape(-1)])
+                want = heads.head_logits(len(path) - 1, wide).topk(path[-1] + 1).indices[-1]
+                assert int(tokens[b, i]) == int(want), (b, path)
+
+
+@pytest.mark.parametrize("head_type", ["linear", "hydra"])
+def test_dynamic_proposal_is_a_tree_of_n_nodes_per_row(head_type):
+    model, hidden = _model(head_type), _hidden()
+    heads = model.heads
+    with torch.no_grad():
+        proposal = choose_proposer(heads, _tree("dynamic")).propose(ROOT, hidden)
+        if head_type == "linear":  # the likeliest single token: head 1's argmax at the last kept position
+            best = heads(hidden.unsqueeze(1))[0, :, 0].argmax(-1)  # [B]
+        else:  # Hydra head 1 on [h, e(root)]
+            best = heads.head_logits(0, torch.cat([hidden, heads.embed(ROOT)], dim=-1)).argmax(-1)
+    tree, tokens = proposal.tree, proposal.tokens
+    assert isinstance(tree, StepTree) and tree.tokens is tokens and tokens.shape == (2, 10)
+    assert tree.depths.shape == tree.parents.shape == (2, 10)
+    assert tree.depths[:, 0].tolist() == [0, 0] and bool((tree.depths[:, 1:] >= 1).all())
+    assert int(tree.depths.max()) <= 3
+    parent_depth = tree.depths.gather(1, tree.parents)  # [B, N]
+    assert torch.equal(parent_depth[:, 1:], tree.depths[:, 1:] - 1)  # each node one below its parent
+    for b in range(2):
+        depth1 = tokens[b][tree.depths[b] == 1].tolist()
+        assert int(best[b]) in depth1 and len(set(depth1)) == len(depth1)  # distinct siblings, best among
+
+
+@pytest.fixture(scope="module")
+def hydra():
+    return fitted_stories_heads(num_heads=4, num_layers=1, head_type="hydra")
+
+
+@pytest.fixture(scope="module")
+def medusa():
+    return fitted_stories_heads(num_heads=4, num_layers=1)
+
+
+def _check_greedy(model, tree, min_tokens_per_step):
+    return check_stories_greedy(model, tree, NEW, min_tokens_per_step)[0].tokens_per_step
+
+
+@pytest.mark.parametrize("tree", [None, "dynamic:16", DynamicTree(num_nodes=48, branch=8)],
+                         ids=["static", "dynamic16", "dynamic48-branch8"])
+def test_hydra_greedy_equals_hf(hydra, tree):
+    _check_greedy(hydra, tree, 1.8)
+
+
+@pytest.mark.parametrize("nodes", [8, 32])
+def test_medusa_dynamic_tree_greedy_equals_hf(medusa, nodes):
+    _check_greedy(medusa, f"dynamic:{nodes}", 1.8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
+@pytest.mark.parametrize("head_type", ["linear", "hydra"])
+def test_greedy_tiny_models_static_and_dynamic(arch, head_type):
+    base = tiny_model(arch)
+    ids, mask = left_padded_batch(base.config.vocab_size, seed=3)
+    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
+    model = MedusaModel.from_base(base, num_heads=3, head_type=head_type)
+    # heads fitted to rows 0 and 1 only: those accept whole depth-3 paths, row 2 little (uneven compaction)
+    memorise_heads(model, real_rows(ref, mask, base.generation_config.eos_token_id)[:2], steps=150)
+    small = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    for tree in (small, "dynamic:10"):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=40, tree=tree,
+                             return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref), (head_type, tree)
+        assert max(max(a) for a in out.accept_lengths) == 4, out.accept_lengths  # depth-3 paths accepted
+        assert out.tokens_per_step > 1.8, out.accept_lengths
+
+
+@pytest.mark.parametrize("setting", [{"temperature": 1.0, "top_k": 0}, {"temperature": 0.7, "top_k": 4}],
+                         ids=["t1", "t0.7-topk4"])
+@pytest.mark.parametrize("head_type,tree", [("hydra", FULL_TREE), ("hydra", PARTIAL_TREE),
+                                            ("hydra", "dynamic:12"), ("linear", "dynamic:12"),
+                                            ("linear", "dynamic:5")])
+def test_sample_is_lossless_chi_square(head_type, tree, setting):
+    base, model = sampler_heads(head_type)
+    prompt = torch.tensor([[3, 5, 4, 6]])
+    n = 6000
+    g = torch.Generator().manual_seed(1234)
+    tree = MedusaTree.from_choices(tree) if isinstance(tree, list) else tree
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=2, acceptance="sample", eos_token_id=[],
+                         tree=tree, generator=g, **setting)
+    x1, x2 = out[:, 4], out[:, 5]
+    counts = torch.zeros(V * V, dtype=torch.float64).index_add_(0, x1 * V + x2,
+                                                                torch.ones(n, dtype=torch.float64))
+    expected = exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
+    assert chi2_pvalue(counts, expected) > 1e-3
