@@ -1,8 +1,9 @@
-"""Proposers: :func:`choose_proposer` picks the proposer by head family and tree kind; each proposal's tokens
-``[B, N]`` start with the root, sit in a tree of N nodes and hold the heads' ranked tokens (MEDUSA: head d's
-rank at the last kept position; Hydra: conditioned on the path; dynamic: each row's best paths). Every
-proposer decodes losslessly: greedy == HF greedy (stories260K with fitted heads, batch 1 and a left-padded
-batch of 3; tiny models) and ``acceptance="sample"`` passes the chi-square test."""
+"""Proposers: :func:`choose_proposer` picks the proposer (and a static tree's grow function) by head family
+and tree kind; each proposal's tokens ``[B, N]`` start with the root, sit in a tree of N nodes and hold the
+heads' ranked tokens (MEDUSA: head d's rank at the last kept position; Hydra: conditioned on the path;
+dynamic: each row's best paths). Every proposer decodes losslessly: greedy == HF greedy (stories260K with
+fitted heads, batch 1 and a left-padded batch of 3; tiny models) and ``acceptance="sample"`` passes the
+chi-square test."""
 
 import pytest
 import torch
@@ -21,12 +22,13 @@ from medusa import MedusaModel, MedusaTree
 from medusa.decoding.acceptance import warp_logits
 from medusa.decoding.candidates import DecodeTree, decode_tree
 from medusa.decoding.dynamic_tree import DynamicTree, StepTree, resolve_dynamic
+from medusa.decoding.hydra_candidates import hydra_propose
 from medusa.decoding.proposals import (
     DynamicProposer,
-    HydraProposer,
-    MedusaProposer,
+    StaticProposer,
     choose_proposer,
     decoding_tree,
+    medusa_tokens,
 )
 
 from fit_heads import fitted_stories_heads
@@ -67,12 +69,11 @@ def _tree(kind: str):
 def test_choose_proposer_by_heads_and_tree(head_type, kind):
     model = _model(head_type)
     dt = _tree(kind)
-    expected = {("linear", "static"): MedusaProposer, ("hydra", "static"): HydraProposer,
-                ("linear", "dynamic"): DynamicProposer, ("hydra", "dynamic"): DynamicProposer}
     proposer = choose_proposer(model.heads, dt)
-    assert type(proposer) is expected[head_type, kind]
+    assert type(proposer) is (StaticProposer if kind == "static" else DynamicProposer)
     assert proposer.shape is dt and proposer.heads is model.heads
-    if kind == "static":  # Hydra's growth plan is built once, here (host lists, outside compiled code)
+    if kind == "static":  # MEDUSA top-k or Hydra growth (its plan built once, here: outside compiled code)
+        assert proposer.grow is (hydra_propose if head_type == "hydra" else medusa_tokens)
         assert (dt.hydra_levels is not None) == (head_type == "hydra")
     with torch.no_grad():
         proposal = proposer.propose(ROOT, _hidden())

@@ -9,7 +9,7 @@ from medusa import MedusaModel
 from medusa.decoding.acceptance import greedy_accept
 from medusa.decoding.candidates import decode_tree
 from medusa.decoding.generate import prefill
-from medusa.decoding.proposals import MedusaProposer
+from medusa.decoding.proposals import StaticProposer, medusa_tokens
 from medusa.decoding.step import StepResult, last_hidden, step
 from medusa.tree import default_tree
 
@@ -43,7 +43,7 @@ def test_one_step_equals_the_first_step_of_generate():
     p = ids.shape[1]
     with torch.no_grad():
         state = prefill(model, ids, mask, decode_tree(tree, torch.device("cpu"), torch.float32))
-        assert isinstance(state.proposer, MedusaProposer)
+        assert isinstance(state.proposer, StaticProposer) and state.proposer.grow is medusa_tokens
         root = state.root.tolist()
         assert root == ref[:, p].tolist()  # the prefill's token: HF's first greedy token
         result = step(model, state, greedy_accept)
