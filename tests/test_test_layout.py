@@ -38,14 +38,13 @@ NO_TEST_MODULE: dict[str, str] = {
     "medusa/selfdistill/backends/base.py": "request / result dataclasses and the backend Protocols",
     "medusa/training/__init__.py": "a docstring only",
 }
-# owned by decode-step/pkg-graph branch; the lead removes these entries after merging
-OWNED_ELSEWHERE: dict[str, str] = {
-    "tests/test_layout.py": "pkg-graph branch",
-}
+# paths another branch is reorganising (skipped until it merges); none now
+OWNED_ELSEWHERE: dict[str, str] = {}
 # Test modules outside tests/integration and tests/helpers that mirror no module, with the reason.
 NOT_A_MIRROR: dict[str, str] = {
     "tests/test_shared_assets.py": "checks the shared assets in ../shared, not a module",
     "tests/test_test_layout.py": "this check: the layout of tests/ itself",
+    "tests/test_layout.py": "checks the package as a whole: import graph, package order, module sizes",
 }
 NOT_MIRRORED_FOLDERS = ("tests/integration/", "tests/helpers/")
 
