@@ -6,7 +6,9 @@ Each module in :data:`COMMANDS` exposes ``register(subparsers)``, which adds its
 line and exit status 2; ``--debug`` (or ``MEDUSA_DEBUG=1``) prints the traceback before it, still exit 2.
 Numeric options are :class:`Bounded` and path options :class:`PathKind`, so a value out of range or a
 missing input fails while the command line is parsed, before any model loads. Nothing in the library
-imports this package.
+imports this package. The subcommand modules import the library inside their functions on purpose (the one
+exception to top-level imports), so that ``medusa --help`` and argument errors load only the public API
+(not transformers, training, pipelines, export or eval).
 """
 
 from __future__ import annotations

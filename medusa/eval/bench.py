@@ -24,11 +24,14 @@ from typing import Any
 import torch
 
 from medusa.config.enums import ACCEPTANCE
+from medusa.decoding.compiled import compile_mode
 from medusa.decoding.dynamic_tree import tree_kind
+from medusa.decoding.generate import sampling_defaults
 from medusa.errors import MedusaError
 from medusa.eval.report import summarize
 from medusa.eval.timing import plain_step_time, timed
 from medusa.modeling.draft_vocab import draft_vocab_summary
+from medusa.modeling.loading import encode_prompt
 
 EXTRA_METHODS = ("assisted", "prompt_lookup")  # optional HF baselines, reported beside MEDUSA
 
@@ -91,7 +94,6 @@ def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str,
                assistant_tokenizer: Any = None) -> BenchSetup:
     """HF generation configs matching MEDUSA's decoding parameters (unset temperature / top_k / top_p
     resolve as ``medusa_generate`` and HF resolve them) and the state the runners share."""
-    from medusa.decoding.generate import sampling_defaults
 
     base = model.base_model
     pad = _pad_id(base, tokenizer)
@@ -146,7 +148,6 @@ def static_compiled_config(gen_cfg: Any, device: torch.device) -> Any:
     the fair baseline of ``compile=True`` MEDUSA."""
     from transformers.generation.configuration_utils import CompileConfig
 
-    from medusa.decoding.compiled import compile_mode
 
     cfg = copy.deepcopy(gen_cfg)
     cfg.cache_implementation = "static"
@@ -273,7 +274,6 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     """
     from tqdm.auto import tqdm
 
-    from medusa.modeling.loading import encode_prompt
 
     _check_args(acceptance, prompts, max_new_tokens, repeats)
     if categories is not None and len(categories) != len(prompts):

@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 
+from medusa.data.readers import read_prompts
+from medusa.modeling.loading import load_for_generation
+
 STORY_PROMPTS = ["Once upon a time", "Lily saw a big dog", "Tom had a red ball", "The sun was hot and the",
                  "One day, a little bird", "Sara and her mom went to", "There was a small cat who",
                  "Ben wanted to fly a kite"]
@@ -70,8 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
 
-    from medusa.data.readers import read_prompts
-    from medusa.modeling.loading import load_for_generation
 
     p = argparse.ArgumentParser(prog="python -m medusa.eval.low_precision",
                                 description=__doc__.splitlines()[0])

@@ -18,7 +18,12 @@ from typing import Any
 
 import torch
 
+from medusa.data.readers import read_prompts
+from medusa.decoding.dynamic_tree import resolve_dynamic
+from medusa.eval.step_cost import step_op_counts, verify_floor
 from medusa.eval.timing import plain_step_time, timed
+from medusa.modeling.loading import load_for_generation
+from medusa.tree import default_tree
 
 
 @torch.no_grad()
@@ -77,9 +82,6 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
 
 
 def _step_cost(model: Any, ids: torch.Tensor, max_new_tokens: int, tree: Any) -> dict[str, Any]:
-    from medusa.decoding.dynamic_tree import resolve_dynamic
-    from medusa.eval.step_cost import step_op_counts, verify_floor
-    from medusa.tree import default_tree
 
     used = tree if tree is not None else model.tree if model.tree is not None else model.default_tree()
     dynamic = resolve_dynamic(used, model.num_heads, model.tree)
@@ -121,14 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=None, help="use the default tree with this many nodes")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    from medusa.data.readers import read_prompts
-    from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(args.heads, args.base)
     prompts = read_prompts(args.prompts) if args.prompts else ["Once upon a time"]
     tree = None
     if args.nodes:
-        from medusa.tree import default_tree
 
         tree = default_tree(model.num_heads, args.nodes)
     summary = profile_decoding(model, tokenizer, prompts, args.max_new_tokens, tree=tree)

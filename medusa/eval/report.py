@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from medusa.calibrate.plot import pyplot
+
 
 def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The figures of a set of per-prompt rows: totals, medians, tokens per verification step."""
@@ -120,7 +122,6 @@ def _frac(x: float | None) -> str:
 
 def plot_report(report: dict[str, Any], stem: str | Path) -> list[Path]:
     """``<stem>_accept_lengths.png`` (histogram of tokens gained per step) and ``<stem>_speedup.png``."""
-    from medusa.calibrate.plot import pyplot
 
     plt = pyplot()
     stem = Path(stem)

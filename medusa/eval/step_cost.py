@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from medusa.decoding.candidates import decode_tree
+from medusa.decoding.kv_cache import new_cache
 from medusa.eval.timing import timed
 
 T = TypeVar("T")
@@ -37,8 +39,6 @@ _NOT_COMPUTE = frozenset({
 def verify_floor(model: Any, input_ids: torch.Tensor, tree: Any, repeats: int = 50) -> dict[str, float]:
     """Median seconds of the verification forward over ``tree``'s N nodes and of a 1-token forward, timed
     alternately over the prompt's KV cache (``input_ids [1, P]``), and their ratio (``floor``)."""
-    from medusa.decoding.candidates import decode_tree
-    from medusa.decoding.kv_cache import new_cache
 
     base, device = model.base_model, model.device
     dtype = next(p for p in base.parameters() if p.is_floating_point()).dtype

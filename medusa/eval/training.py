@@ -28,6 +28,10 @@ import time
 
 import torch
 
+from medusa.eval import training_speed
+from medusa.modeling.heads import MedusaHeads
+from medusa.training.losses import medusa_head_loss, naive_head_loss
+
 
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as fh:
@@ -40,8 +44,6 @@ def _peak_rss_bytes() -> int:
 
 def loss_memory_child(variant: str, vocab: int, seq: int, heads: int, hidden: int, chunk: int) -> dict:
     """Runs inside a fresh process: peak RSS added by one loss forward + backward."""
-    from medusa.modeling.heads import MedusaHeads
-    from medusa.training.losses import medusa_head_loss, naive_head_loss
 
     torch.manual_seed(0)
     module = MedusaHeads(hidden, vocab, heads, 1)
@@ -88,7 +90,6 @@ def format_table(result: dict) -> str:
 
 def heads_size(args: argparse.Namespace) -> dict:
     """Head parameters, full vocabulary vs ``--draft-vocab``, and their ratio (meta tensors, no memory)."""
-    from medusa.modeling.heads import MedusaHeads
 
     with torch.device("meta"):
         sizes = {name: sum(p.numel() for p in MedusaHeads(args.hidden, args.vocab, args.heads, args.layers,
@@ -138,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--draft-vocab", type=int, default=32_768)
     args = parser.parse_args(argv)
     if args.what in ("throughput", "cache-speedup"):
-        from medusa.eval import training_speed
 
         if args.threads:
             torch.set_num_threads(args.threads)

@@ -30,6 +30,14 @@ from typing import Any, Callable
 
 import torch
 
+from medusa.config import load_recipe
+from medusa.data import collate
+from medusa.errors import ConfigError
+from medusa.modeling.draft_vocab import build_token_map, coverage
+from medusa.training import medusa1
+from medusa.training import setup as S
+from medusa.training.hidden_cache import prepare
+
 PARTS = ("backbone_forward", "heads_forward", "heads_backward", "optimizer")
 
 
@@ -48,11 +56,6 @@ class Bench:
 
 
 def build_bench(recipe_path: str, overrides: list[str]) -> Bench:
-    from medusa.config import load_recipe
-    from medusa.errors import ConfigError
-    from medusa.modeling.draft_vocab import build_token_map, coverage
-    from medusa.training import medusa1
-    from medusa.training import setup as S
 
     recipe = load_recipe(recipe_path, overrides)
     if recipe.method != "medusa1":
@@ -76,8 +79,6 @@ def build_bench(recipe_path: str, overrides: list[str]) -> Bench:
 def epoch_batches(bench: Bench, steps: int) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
     """``(example indices, collated batch)`` of the first ``steps`` micro-batches of epoch 0 (all of the
     epoch when ``steps`` <= 0)."""
-    from medusa.data import collate
-    from medusa.training import setup as S
 
     bs, examples = bench.recipe.train.batch_size, bench.data.train.examples
     order = S.epoch_order(len(examples), bench.recipe.train.seed, 0)
@@ -103,7 +104,6 @@ def _clock(device: torch.device) -> float:
 def train_step(bench: Bench, batch: dict[str, torch.Tensor], timings: dict[str, float] | None = None) -> None:
     """One MEDUSA-1 optimizer step (``loop._optimizer_step`` without accelerate): hidden states from
     ``batch["hidden"]`` (the cache) or the backbone; adds each part's seconds into ``timings``."""
-    from medusa.training import medusa1
 
     dev = bench.device
     batch = {k: v.to(dev) for k, v in batch.items()}
@@ -145,7 +145,6 @@ def _describe(bench: Bench, batches: list) -> dict[str, Any]:
 
 def measure_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Forward-only vs training tokens/s on the same micro-batches, alternating batch by batch."""
-    from medusa.training import medusa1
 
     bench = build_bench(args.recipe, args.overrides)
     batches = epoch_batches(bench, args.steps + args.warmup)
@@ -174,7 +173,6 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, Any]:
 def measure_cache_speedup(args: argparse.Namespace) -> dict[str, Any]:
     """Cache writing time, then one epoch online vs one epoch from the cache (alternating step by step).
     The cache holds exactly the measured steps' examples, in step order (the whole epoch by default)."""
-    from medusa.training.hidden_cache import prepare
 
     bench = build_bench(args.recipe, args.overrides)
     batches = epoch_batches(bench, args.steps)

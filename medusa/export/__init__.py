@@ -58,6 +58,7 @@ from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory
 from medusa.modeling.base import dtype_name
 from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.tree import MedusaTree, default_tree
 
 
 def _check_paths(src: Path, out: Path) -> None:
@@ -119,7 +120,6 @@ def _export_choices(format: str, src: Path, tree: str | Path | None,
         if tree is not None:
             raise MedusaError(f"--tree only applies to --format tensorrt-llm or medusa-v1 (got {format})")
         return None
-    from medusa.tree import MedusaTree, default_tree
 
     depth = official_depth(heads.num_heads) if format == "medusa-v1" else heads.num_heads
     if tree is not None:
@@ -223,7 +223,6 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
                           extra={"imported_from": str(src), "import_format": fmt})
     tree = None
     if heads.choices is not None:
-        from medusa.tree import MedusaTree
 
         tree = MedusaTree.from_choices(heads.choices, num_heads=heads.num_heads)
     with atomic_directory(out, overwrite=overwrite, inputs=[src, base],

@@ -18,7 +18,11 @@ from typing import Any
 import torch
 
 from medusa.errors import CheckpointError, MedusaError
+from medusa.modeling.base import lm_head_weight, load_base_model
 from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig, base_location
+from medusa.modeling.draft_vocab import check_token_map
+from medusa.modeling.model import read_heads_file
+from medusa.tree import MedusaTree
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
@@ -75,7 +79,6 @@ class HeadsState:
         if self.num_heads == 0:
             raise CheckpointError(f"{source}: holds no heads")
         if self.token_map is not None:
-            from medusa.modeling.draft_vocab import check_token_map
 
             if self.full_vocab_size is None:
                 raise CheckpointError(f"{source}: a token_map needs the full vocabulary size")
@@ -121,7 +124,6 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
     (``w2 = None``) and no base model is loaded. ``linear`` heads always have their own W2."""
     if materialise not in MATERIALISE:
         raise ValueError(f"materialise={materialise!r}: choose one of {', '.join(MATERIALISE)}")
-    from medusa.modeling.model import read_heads_file
 
     path = Path(path)
     config = MedusaConfig.load(path)
@@ -154,7 +156,6 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
         w2 = [shared.clone() for _ in range(k_heads)] if materialise == "per_head" else [shared] * k_heads
     choices = None
     if (path / TREE_NAME).is_file():
-        from medusa.tree import MedusaTree
 
         tree = MedusaTree.from_json(path / TREE_NAME)
         choices = [list(c) for c in tree.choices]
@@ -168,7 +169,6 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
 
 def base_lm_head_weight(name_or_path: str, dtype: torch.dtype) -> torch.Tensor:
     """The base model's LM head ``[V, d]`` (its input embeddings when tied), as ``dtype`` on the CPU."""
-    from medusa.modeling.base import lm_head_weight, load_base_model
 
     model = load_base_model(name_or_path)
     return lm_head_weight(model).detach().to(device="cpu", dtype=dtype).contiguous()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.errors import DataError, MedusaError
+from medusa.modeling.loading import load_for_generation
 from medusa.pipelines import stages as S
 
 # Package data, so that a wheel install runs `medusa demo` from any directory: the recipe lives here, and
@@ -189,7 +190,6 @@ def stream_one(heads_dir: str | Path, prompt: str, max_new_tokens: int) -> Any:
     returns the :class:`MedusaGenerateOutput` with ``new_tokens`` set."""
     from transformers import TextStreamer
 
-    from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(heads_dir))
     ids = tokenizer(prompt, return_tensors="pt").input_ids

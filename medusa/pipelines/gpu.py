@@ -29,7 +29,16 @@ from typing import Any
 
 import torch
 
-from medusa.eval.low_precision import STORY_PROMPTS
+from medusa import MedusaModel
+from medusa.decoding.candidates import decode_tree
+from medusa.decoding.compiled import compact_function, verify_function
+from medusa.decoding.generate import prefill
+from medusa.decoding.static_cache import cache_bucket, static_prefill
+from medusa.eval.bench import bench
+from medusa.eval.low_precision import STORY_PROMPTS, greedy_identity
+from medusa.eval.timing import sync
+from medusa.modeling.base import load_base_model, load_tokenizer
+from medusa.tree import MedusaTree, default_tree
 
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab
     "llama2-7b": (4096, 11008, 32, 32, 32, 32000),
@@ -43,7 +52,6 @@ STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "st
 def _random_medusa(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from medusa import MedusaModel
 
     hidden, inter, layers, heads, kv, vocab = shape
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
@@ -55,18 +63,12 @@ def _random_medusa(shape: tuple[int, ...], device: torch.device, dtype: torch.dt
 
 
 def _tree(nodes: int) -> Any:
-    from medusa.tree import MedusaTree, default_tree
 
     return MedusaTree.from_choices([]) if nodes == 1 else default_tree(4, nodes)
 
 
 def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int) -> float:
     """Median seconds of one verify forward of a ``nodes``-node tree after a ``prompt``-token prefill."""
-    from medusa.decoding.candidates import decode_tree
-    from medusa.decoding.compiled import compact_function, verify_function
-    from medusa.decoding.generate import prefill
-    from medusa.decoding.static_cache import cache_bucket, static_prefill
-    from medusa.eval.timing import sync
 
     device = model.device
     dt = decode_tree(_tree(nodes), device, next(model.parameters()).dtype)
@@ -109,8 +111,6 @@ def step_costs(shapes: dict[str, tuple[int, ...]], device: torch.device, dtype: 
 
 def stories_model(device: torch.device, dtype: torch.dtype, heads: str | None) -> Any:
     """stories260K with ``heads`` (a trained checkpoint, its tree) or 4 random heads (the built-in tree)."""
-    from medusa import MedusaModel
-    from medusa.modeling.base import load_base_model
 
     base = load_base_model(str(STORIES), dtype=dtype).to(device).eval()
     if heads is None:
@@ -121,8 +121,6 @@ def stories_model(device: torch.device, dtype: torch.dtype, heads: str | None) -
 def stories_vs_hf(device: torch.device, max_new_tokens: int, prompts: Sequence[str],
                   heads: str | None = None) -> dict[str, Any]:
     """MEDUSA vs HF on stories260K, eager and compiled (random heads: tokens/step is not a trained one)."""
-    from medusa.eval.bench import bench
-    from medusa.modeling.base import load_tokenizer
 
     model = stories_model(device, torch.float32, heads)
     report = bench(model, load_tokenizer(str(STORIES)), prompts, max_new_tokens=max_new_tokens,
@@ -133,8 +131,6 @@ def stories_vs_hf(device: torch.device, max_new_tokens: int, prompts: Sequence[s
 def fidelity(device: torch.device, max_new_tokens: int, prompts: Sequence[str], heads: str | None
              ) -> list[dict[str, Any]]:
     """:func:`medusa.eval.low_precision.greedy_identity` in float32, bfloat16 (and float16 on CUDA)."""
-    from medusa.eval.low_precision import greedy_identity
-    from medusa.modeling.base import load_tokenizer
 
     dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if device.type == "cuda" else [])
     return [greedy_identity(stories_model(device, dtype, heads), load_tokenizer(str(STORIES)), prompts,

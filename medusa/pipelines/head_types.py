@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from medusa.decoding.dynamic_tree import DynamicTree
 from medusa.pipelines import stages as S
 
 # (heads dir, report path, tree: None for the checkpoint's tree.json, or a DynamicTree) -> bench summary
@@ -66,7 +67,6 @@ def run_head_types(root: Path, plan: HeadTypePlan, medusa1: dict[str, Any], benc
                    log: Any = print) -> dict[str, Any]:
     """The five stages; ``medusa1``: the MEDUSA-1 ``calibrate`` and ``bench`` stage summaries. Returns
     ``{"hydra": {train, calibrate, bench, dynamic_bench, hydra_dynamic_bench}, "head_types": rows}``."""
-    from medusa.decoding.dynamic_tree import DynamicTree
 
     nodes = int(medusa1["calibrate"]["nodes"])
     trained = S.run_stage(root, "hydra_train", lambda: S.train_recipe(

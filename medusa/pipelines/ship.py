@@ -12,7 +12,7 @@ import torch
 
 from medusa.errors import CheckpointError
 from medusa.modeling.base import load_base_model
-from medusa.modeling.config import CONFIG_NAME, MedusaConfig
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.packaged import PACKAGED_KEY, weights_fingerprint
 from medusa.modeling.packaged_models import MARKER
 
@@ -32,7 +32,6 @@ def trim_to_tree(directory: Path, dtype: torch.dtype | None) -> dict[str, Any]:
     float tensors in ``dtype``: what ships is what decodes, in as few bytes as it takes."""
     from safetensors.torch import load_file, save_file
 
-    from medusa.modeling.config import TREE_NAME, WEIGHTS_NAME
 
     config = MedusaConfig.load(directory)
     tree = json.loads((directory / TREE_NAME).read_text())

@@ -31,9 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from medusa.errors import DataError, MedusaError
+from medusa.eval.report import category_table
+from medusa.eval.timing import forward_cost_curve
+from medusa.modeling.base import load_base_model
 from medusa.pipelines import stages as S
 from medusa.pipelines.chat_data import MT_BENCH, reply_stats, spec_bench  # noqa: F401  (re-exported)
-from medusa.pipelines.head_types import HeadTypePlan, run_head_types
+from medusa.pipelines.chat_model import fetch_smollm2
+from medusa.pipelines.head_types import HeadTypePlan, hydra_overrides, run_head_types
 from medusa.pipelines.ship import ship_heads
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recorded as the shipped heads' base_model_name_or_path
@@ -129,8 +133,6 @@ def cost_curve_stage(model_path: str) -> dict[str, Any]:
     """One forward of 1..64 tokens over a 200-token cache, in milliseconds, and relative to 1 token."""
     import torch
 
-    from medusa.eval.timing import forward_cost_curve
-    from medusa.modeling.base import load_base_model
 
     base = load_base_model(model_path, dtype=torch.float32).eval()
     curve = forward_cost_curve(base)
@@ -144,7 +146,6 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
     """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, per category (``tree``:
     None for the checkpoint's tree.json, or a DynamicTree; ``prompt_lookup=False``: no HF prompt-lookup
     column, when another bench of the same run measures it)."""
-    from medusa.eval.report import category_table
 
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
                            progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
@@ -156,7 +157,6 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
 
 def run(s: Settings, log: Any = print) -> dict[str, Any]:
     """The whole chat benchmark; returns ``summary.json``'s content (also written to ``<out>/``)."""
-    from medusa.pipelines.chat_model import fetch_smollm2
 
     out, data = Path(s.out), Path(s.out) / "data"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -204,7 +204,6 @@ def _train_hydra_and_ship(s: Settings, out: Path, model: str, hydra_overrides_: 
                           log: Any) -> dict[str, Any]:
     """``--ship DIR`` (``make heads-chat``): Hydra heads from the same cache, calibrated at their own
     ``--nodes``, then both head sets copied into DIR; the benchmark is ``make bench-chat`` (``--shipped``)."""
-    from medusa.pipelines.head_types import HeadTypePlan, hydra_overrides
 
     finals = {"medusa1": out / "medusa1" / "final"}
     summary: dict[str, Any] = {"settings": asdict(s), "model": model,

@@ -14,8 +14,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from medusa.calibrate.calibrate import calibrate
+from medusa.calibrate.plot import plot_accuracy
+from medusa.config import load_recipe
+from medusa.data import load_tokenized
 from medusa.errors import MedusaError
+from medusa.eval.bench import bench
+from medusa.eval.report import write_report
+from medusa.export import export_checkpoint
 from medusa.io import atomic_directory, atomic_write_text
+from medusa.modeling.config import TREE_NAME
+from medusa.modeling.loading import load_for_generation
+from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
+from medusa.training.loop import train
 
 
 class StageError(MedusaError):
@@ -103,7 +114,6 @@ def distill(model_path: str, prompts: str | Path, out: str | Path, max_new_token
             num_samples: int = 1, batch_size: int = 64, seed: int = 0, progress: bool = True,
             model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Completion-mode self-distillation with the local backend (``{"prompt", "completion"}`` rows)."""
-    from medusa.selfdistill import Sampling, SelfDistillConfig
 
     cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="completion",
                             prompt_format="prompt",
@@ -119,7 +129,6 @@ def distill_chat(model_path: str, prompts: str | Path, out: str | Path, max_new_
                  device: str | None = None, progress: bool = True) -> dict[str, Any]:
     """Replay-mode self-distillation, greedy, through the model's chat template: the model answers each
     conversation's first user turn (``{"messages": [...]}`` rows); a reply cut at the budget is kept."""
-    from medusa.selfdistill import Sampling, SelfDistillConfig
 
     cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="replay",
                             prompt_format=prompt_format, limit=limit, turns=1,
@@ -134,7 +143,6 @@ def distill_synthesized(model_path: str, out: str | Path, count: int, max_new_to
                         progress: bool = True) -> dict[str, Any]:
     """``medusa self-distill --synthesize-prompts N``: the model writes ``count`` user requests (kept in
     ``<out>.prompts.jsonl``) and answers them greedily; a reply cut at the budget is kept."""
-    from medusa.selfdistill import Sampling, SelfDistillConfig
 
     cfg = SelfDistillConfig(model=model_path, prompts=None, out=str(out), mode="replay", turns=1,
                             synthesize_prompts=count,
@@ -146,7 +154,6 @@ def distill_synthesized(model_path: str, out: str | Path, count: int, max_new_to
 
 def _self_distill(cfg: Any, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
     """Run a self-distillation config; an output with no row at all is a stage error."""
-    from medusa.selfdistill import self_distill
 
     s = self_distill(cfg, model=model, tokenizer=tokenizer)
     if s["written"] + s["already_done"] == 0:
@@ -158,8 +165,6 @@ def _self_distill(cfg: Any, model: Any = None, tokenizer: Any = None) -> dict[st
 def train_recipe(recipe_path: str | Path, overrides: Sequence[str], progress: bool = True) -> dict[str, Any]:
     """``medusa train RECIPE key=value...`` in-process (``progress=False``: no progress bar); returns the
     final directory and last metrics."""
-    from medusa.config import load_recipe
-    from medusa.training.loop import train
 
     recipe = load_recipe(recipe_path, list(overrides))
     result = train(recipe, progress=progress, overwrite=True)  # the pipeline's own output_dir
@@ -177,11 +182,6 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
 
     ``nodes="auto"``: the size (<= 64 nodes) with the most predicted tokens/s, as
     ``medusa calibrate --nodes auto`` chooses it (:func:`medusa.calibrate.auto.choose_size`)."""
-    from medusa.calibrate.calibrate import calibrate
-    from medusa.calibrate.plot import plot_accuracy
-    from medusa.data import load_tokenized
-    from medusa.modeling.config import TREE_NAME
-    from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(heads_dir))
     examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples
@@ -203,16 +203,12 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
 
 
 def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:
-    from medusa.export import export_checkpoint
 
     return export_checkpoint(str(heads_dir), str(out), format, overwrite=True)  # the stage's own directory
 
 
 def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str | Path, max_new_tokens: int,
                 repeats: int = 1, progress: bool = True, **kwargs: Any) -> dict[str, Any]:
-    from medusa.eval.bench import bench
-    from medusa.eval.report import write_report
-    from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(heads_dir))
     report = bench(model, tokenizer, list(prompts), max_new_tokens=max_new_tokens, repeats=repeats,

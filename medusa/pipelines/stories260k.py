@@ -35,8 +35,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from medusa.data import load_tokenized
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
+from medusa.io import atomic_directory
+from medusa.modeling.base import load_base_model
+from medusa.modeling.config import TREE_NAME
+from medusa.modeling.loading import load_for_generation
 from medusa.pipelines import stages as S
 from medusa.pipelines.head_types import HeadTypePlan, run_head_types
 
@@ -227,7 +232,6 @@ def targets(benched: dict[str, Any], deepest: dict[str, Any]) -> dict[str, dict[
 def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[str, Any], prompts: list[str],
              log: Any) -> dict[str, Any]:
     """MEDUSA-2 from the MEDUSA-1 heads on the same data; tokens/step with the MEDUSA-1 tree."""
-    from medusa.modeling.config import TREE_NAME
 
     overrides = [f"model={model_path}", f"data.train={data / 'train.jsonl'}", f"output_dir={out / 'medusa2'}",
                  f"heads.init_from={trained['final_dir']}", *s.medusa2_overrides]
@@ -238,7 +242,6 @@ def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[
         import shutil
 
         final2 = out / "final_medusa2"
-        from medusa.io import atomic_directory
 
         with atomic_directory(final2, overwrite=True) as tmp:
             shutil.copytree(m2["final_dir"], tmp, dirs_exist_ok=True)
@@ -264,9 +267,6 @@ def backbone_losses(model_path: str, medusa2_dir: str, data: str | Path) -> dict
     """Held-out next-token loss (completion tokens of ``data``) of the original and the MEDUSA-2 backbone."""
     import torch
 
-    from medusa.data import load_tokenized
-    from medusa.modeling.base import load_base_model
-    from medusa.modeling.loading import load_for_generation
 
     m2, tokenizer = load_for_generation(medusa2_dir)
     examples = load_tokenized(str(data), tokenizer, max_length=512).examples

@@ -22,7 +22,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from medusa.errors import ConfigError, MedusaError
+from medusa.selfdistill import synthesize as syn
 from medusa.selfdistill.backends.base import BatchBackend, Sampling, ServerBackend
+from medusa.selfdistill.backends.local import LocalBackend, load_tokenizer, require_chat_template
+from medusa.selfdistill.backends.openai import OpenAIBackend
 from medusa.selfdistill.modes import DEFAULT_USER_PROMPT, MODES, Job, Outcome, make_job, row_seed
 from medusa.selfdistill.prompts import FORMATS, Prompt, PromptOptions, load_prompts
 from medusa.selfdistill.writer import ResumableWriter
@@ -117,7 +120,6 @@ def synthesized_path(out: str | Path) -> Path:
 def _synthesize(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
     """Write the missing synthesized requests to ``cfg.prompts``; returns the loaded local backend (reused
     for the answers) and a summary."""
-    from medusa.selfdistill import synthesize as syn
 
     path = Path(cfg.prompts)
     have = syn.read_synthesized(path)
@@ -220,12 +222,10 @@ def _drive_server(backend: ServerBackend, jobs: list[tuple[Prompt, int, Job]],
 
 def _make_backend(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> BatchBackend | ServerBackend:
     if cfg.backend == "openai":
-        from medusa.selfdistill.backends.openai import OpenAIBackend
 
         return OpenAIBackend(cfg.endpoint, model=cfg.served_model or None, api=cfg.api, api_key=cfg.api_key,
                              timeout_s=cfg.timeout_s, retries=cfg.retries, backoff_s=cfg.retry_backoff_s,
                              concurrency=cfg.concurrency)
-    from medusa.selfdistill.backends.local import LocalBackend
 
     return LocalBackend(model if model is not None else cfg.model, tokenizer=tokenizer,
                         batch_size=cfg.batch_size, dtype=cfg.dtype, device=cfg.device,
@@ -234,7 +234,6 @@ def _make_backend(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> BatchBa
 
 def _tokenizers(cfg: SelfDistillConfig, tokenizer: Any) -> tuple[Any, PromptOptions]:
     """The generation tokenizer (local backend) and the options that cut text documents into prompts."""
-    from medusa.selfdistill.backends.local import load_tokenizer, require_chat_template
 
     if cfg.backend == "local" and tokenizer is None:
         tokenizer = load_tokenizer(cfg.tokenizer or cfg.model, cfg.chat_template)

@@ -29,9 +29,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from medusa.errors import MedusaError
+from medusa.data import collate
+from medusa.errors import ConfigError, MedusaError
 from medusa.io import read_json
+from medusa.modeling.base import decoder_of, text_config
 from medusa.modeling.packaged import weights_fingerprint
+from medusa.training import setup as S
 
 FORMAT = "medusa-hidden-cache"
 VERSION = 1
@@ -300,7 +303,6 @@ def backbone_hidden_fn(base: torch.nn.Module, bf16_compute: bool = False) -> Hid
     ~4x faster than float32 on an AVX-512 BF16 / AMX CPU). The hidden states then differ from float32 ones by
     the bf16 rounding of the matmuls, as they do in online bf16 training.
     """
-    from medusa.modeling.base import decoder_of
 
     device = next(base.parameters()).device
 
@@ -320,8 +322,6 @@ def prepare(directory: str | Path, base: torch.nn.Module, examples: Sequence[dic
             bf16_compute: bool = False) -> HiddenCache | None:
     """Open or create the cache of ``examples`` under ``directory``, write the missing shards (split over
     ``accelerator``'s processes) and return the reader; None when ``max_shards`` stopped the build early."""
-    from medusa.data import collate
-    from medusa.modeling.base import text_config
 
     rank, world = (accelerator.process_index,
                    accelerator.num_processes) if accelerator is not None else (0, 1)
@@ -347,8 +347,6 @@ def prepare(directory: str | Path, base: torch.nn.Module, examples: Sequence[dic
 def cache_for_recipe(recipe: Any, dtype: str = "bfloat16", log: Callable[[str], None] = print) -> HiddenCache:
     """Build (or finish) the cache a MEDUSA-1 recipe's ``train.hidden_cache`` names, as ``medusa train``
     would before its first step: same tokenizer, examples (eval split included) and backbone."""
-    from medusa.errors import ConfigError
-    from medusa.training import setup as S
 
     if not recipe.train.hidden_cache:
         raise ConfigError("train.hidden_cache: not set (give train.hidden_cache=DIR)")

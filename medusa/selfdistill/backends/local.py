@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from medusa.errors import ConfigError, MedusaError
-from medusa.modeling.base import fast_dtype
+from medusa.modeling.base import fast_dtype, load_base_model
 from medusa.modeling.base import load_tokenizer as _load_tokenizer
+from medusa.modeling.quantization import bnb_config
 from medusa.selfdistill.backends.base import Request, Result, Sampling
 from medusa.selfdistill.backends.refill import generate_refill, refill_supported
 
@@ -50,7 +51,6 @@ class LocalBackend:
     def __init__(self, model: Any, tokenizer: Any = None, batch_size: int = 16, dtype: str | None = None,
                  device: str | None = None, load_in_4bit: bool = False, chat_template: str | None = None,
                  model_name: str | None = None) -> None:
-        from medusa.modeling.base import load_base_model
 
         if batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
@@ -61,7 +61,6 @@ class LocalBackend:
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             kwargs: dict[str, Any] = {}
             if load_in_4bit:
-                from medusa.modeling.quantization import bnb_config
 
                 kwargs["quantization_config"] = bnb_config(
                     "4bit", compute_dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32,
