@@ -50,5 +50,10 @@ def head_topk(heads: Any, k: int, x: torch.Tensor, n: int) -> torch.Tensor:
     return heads.token_map[logits.topk(n, dim=-1).indices]
 
 
-__all__ = ["draft_vocab_size", "head_logits", "head_topk", "set_token_map", "target_to_draft", "to_target",
-           "to_target_logits"]
+# what each head class assigns, in this order: draft_vocab (a property), set_token_map, target_to_draft,
+# to_target, to_target_logits, head_logits, head_topk
+SHARED = (property(draft_vocab_size), set_token_map, target_to_draft, to_target, to_target_logits,
+          head_logits, head_topk)
+
+__all__ = ["SHARED", "draft_vocab_size", "head_logits", "head_topk", "set_token_map", "target_to_draft",
+           "to_target", "to_target_logits"]

@@ -103,14 +103,9 @@ class HydraHeads(nn.Module):
         self._shared = BaseRef(shared_lm_head if projection == "shared_lm_head" else None)
 
 
-    # shared by every head family (medusa.modeling.head_methods)
-    draft_vocab = property(head_methods.draft_vocab_size)
-    set_token_map = head_methods.set_token_map
-    target_to_draft = head_methods.target_to_draft
-    to_target = head_methods.to_target
-    to_target_logits = head_methods.to_target_logits
-    head_logits = head_methods.head_logits
-    head_topk = head_methods.head_topk
+    # written once for every head family (medusa.modeling.head_methods.SHARED)
+    draft_vocab, set_token_map, target_to_draft, to_target, to_target_logits, head_logits, head_topk = (
+        head_methods.SHARED)
 
     @property
     def shared_lm_head(self) -> nn.Module | None:
