@@ -46,3 +46,36 @@ def test_loaders_expand_a_home_relative_model_path(monkeypatch, tmp_path):
     assert expand_home("~/m") == str(tmp_path / "m") and expand_home("org/name") == "org/name"
     assert load_base_model("~/m").config.vocab_size == 512
     assert load_tokenizer("~/m").vocab_size == 512
+
+
+def test_native_bf16_on_cpu_needs_the_flag_and_a_measured_speedup(monkeypatch):
+    import builtins
+    import io
+
+    from medusa.modeling import base
+
+    real_open = builtins.open
+
+    def cpuinfo(flags):
+        def fake_open(path, *args, **kwargs):
+            if str(path) == "/proc/cpuinfo":
+                return io.StringIO(f"processor : 0\nflags : fpu sse2 {flags}\n")
+            return real_open(path, *args, **kwargs)
+        return fake_open
+
+    cases = [("avx512f avx512_bf16", True, True), ("avx512f avx512_bf16", False, False),
+             ("avx512f", True, False), ("amx_bf16", True, True)]
+    for flags, faster, expected in cases:
+        monkeypatch.setattr(builtins, "open", cpuinfo(flags))
+        monkeypatch.setattr(base, "cpu_bf16_faster", lambda faster=faster: faster)
+        assert base.native_bf16("cpu") is expected, (flags, faster)
+        assert base.fast_dtype("cpu") == ("bfloat16" if expected else "float32")
+    assert base.native_bf16("meta") is False
+
+
+def test_cpu_bf16_probe_returns_a_bool_and_is_measured_once():
+    from medusa.modeling.base import cpu_bf16_faster
+
+    first = cpu_bf16_faster()
+    assert isinstance(first, bool) and cpu_bf16_faster() is first
+    assert cpu_bf16_faster.cache_info().currsize == 1
