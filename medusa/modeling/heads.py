@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from medusa.config.enums import MEDUSA_HEAD_TYPES
@@ -108,14 +107,9 @@ class MedusaHeads(nn.Module):
         # whenever a weight changes (:meth:`_stacked_blocks`)
         self._stacked: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor] | None = None
 
-
     # written once for every head family (medusa.modeling.head_methods.SHARED)
-    draft_vocab, set_token_map, target_to_draft, to_target, to_target_logits, head_logits, head_topk = (
-        head_methods.SHARED)
-
-    @property
-    def shared_lm_head(self) -> nn.Module | None:
-        return self._shared.module
+    (draft_vocab, shared_lm_head, set_token_map, target_to_draft, to_target, to_target_logits, project,
+     head_logits, head_topk) = head_methods.SHARED
 
     def set_shared_lm_head(self, lm_head: nn.Module | None) -> None:
         self._shared.module = lm_head
@@ -152,21 +146,6 @@ class MedusaHeads(nn.Module):
         self.register_buffer("token_map", tm)
 
 
-
-    def _shared_rows(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The base LM head's ``token_map`` rows: ``(W [N, d], bias [N] or None)``."""
-        return self.vocab.shared_rows(self.shared_lm_head, self.token_map)
-
-    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
-        """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""
-        if self.lm_heads is not None:
-            head = self.lm_heads[k]
-            return head(x.to(head.weight.dtype))
-        proj = self.shared_lm_head
-        if self.token_map is None:
-            return proj(x.to(proj.weight.dtype) if proj.weight.is_floating_point() else x)
-        weight, bias = self._shared_rows()
-        return F.linear(x.to(weight.dtype), weight, bias)
 
     def transform(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
         """Head k's ResBlocks: ``[..., d] -> [..., d]`` (cast to the heads' dtype)."""

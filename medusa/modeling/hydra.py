@@ -25,7 +25,6 @@ Tensor names: ``blocks.{k}.0.res.weight``, ``blocks.{k}.{l}.linear.weight|bias``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from medusa.config.enums import HYDRA_PROJECTIONS
@@ -102,15 +101,9 @@ class HydraHeads(nn.Module):
         self._embedding = BaseRef(embedding)
         self._shared = BaseRef(shared_lm_head if projection == "shared_lm_head" else None)
 
-
     # written once for every head family (medusa.modeling.head_methods.SHARED)
-    draft_vocab, set_token_map, target_to_draft, to_target, to_target_logits, head_logits, head_topk = (
-        head_methods.SHARED)
-
-    @property
-    def shared_lm_head(self) -> nn.Module | None:
-        """The base LM head the heads apply (None: own projections), as MedusaHeads' attribute."""
-        return self._shared.module
+    (draft_vocab, shared_lm_head, set_token_map, target_to_draft, to_target, to_target_logits, project,
+     head_logits, head_topk) = head_methods.SHARED
 
     def set_shared_lm_head(self, lm_head: nn.Module | None) -> None:
         if self.projection == "shared_lm_head":
@@ -159,17 +152,6 @@ class HydraHeads(nn.Module):
         """Copy the base LM head weight ``[V, d]`` (its ``token_map`` rows with a draft vocabulary) into
         every own W2 (no-op for a shared projection)."""
         self.vocab.init_heads(self.lm_heads, self.token_map, weight)
-
-    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
-        """Head k's W2 on ``x [..., d]`` -> ``[..., N]`` draft logits (``[..., V]`` with the full vocab)."""
-        if self.lm_heads is not None:
-            head = self.lm_heads[k]
-            return head(x.to(head.weight.dtype))
-        proj = self.shared_lm_head
-        if self.token_map is None:
-            return proj(x.to(proj.weight.dtype) if proj.weight.is_floating_point() else x)
-        weight, bias = self.vocab.shared_rows(proj, self.token_map)
-        return F.linear(x.to(weight.dtype), weight, bias)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Frozen base input embeddings: ``tokens [...] -> [..., d]`` in the heads' dtype, no gradient."""

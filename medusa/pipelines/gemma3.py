@@ -331,12 +331,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argparse.Namespace]:
     """The command line as :class:`Settings` (and the parsed arguments, for ``--debug``)."""
-    parser = argparse.ArgumentParser(prog="python -m medusa.pipelines.gemma3",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=Settings.out)
-    parser.add_argument("--shared", default=Settings.shared, help="the shared assets directory")
-    parser.add_argument("--cache", default=None,
-                        help="converted-model cache (default ~/.cache/medusa/models)")
+    parser = S.chat_model_parser("python -m medusa.pipelines.gemma3", __doc__.splitlines()[0], Settings)
     for name in ("train_stories", "alpaca_prompts", "calib_prompts", "per_category", "distill_tokens",
                  "distill_batch", "max_new_tokens", "repeats"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(Settings, name))
@@ -364,8 +359,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    s, args = parse_settings(argv)
-    return S.run_main(run, s, format_summary, f"summary: {Path(s.out) / 'summary.json'}", args.debug)
+    return S.run_pipeline(argv, parse_settings, run, format_summary)
 
 
 if __name__ == "__main__":

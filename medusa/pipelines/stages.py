@@ -6,6 +6,7 @@ marker and surfaces as a one-line :class:`MedusaError` naming the stage.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import shutil
@@ -31,6 +32,17 @@ from medusa.training.loop import train
 
 class StageError(MedusaError):
     """A pipeline stage failed; the message names the stage and the cause."""
+
+
+def chat_model_parser(prog: str, description: str, settings: Any) -> argparse.ArgumentParser:
+    """The arguments every real-model pipeline takes (``--out``, ``--shared``, ``--cache``), defaults from
+    its ``settings`` dataclass."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out", default=settings.out)
+    parser.add_argument("--shared", default=settings.shared, help="the shared assets directory")
+    parser.add_argument("--cache", default=None,
+                        help="converted-model cache (default ~/.cache/medusa/models)")
+    return parser
 
 
 def marker_path(root: str | Path, name: str) -> Path:
@@ -302,7 +314,16 @@ def run_main(run: Callable[[Any], dict[str, Any]], settings: Any, describe: Call
     return 0
 
 
-__all__ = ["StageError", "add_common_arguments", "bench_stage", "calibrate_stage", "concat_jsonl",
+
+def run_pipeline(argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], tuple[Any, Any]],
+                 run: Callable[[Any], dict[str, Any]], describe: Callable[[dict[str, Any]], str]) -> int:
+    """A real-model pipeline's ``main``: parse ``argv`` into (settings, arguments), then :func:`run_main`
+    with the summary file as footer."""
+    settings, args = parse(argv)
+    return run_main(run, settings, describe, f"summary: {Path(settings.out) / 'summary.json'}", args.debug)
+
+__all__ = ["StageError", "add_common_arguments", "bench_stage", "calibrate_stage", "chat_model_parser",
+           "concat_jsonl",
            "distill", "distill_chat", "distill_synthesized", "export_stage", "format_head_types",
            "head_type_rows", "marker_path",
-           "run_main", "run_stage", "train_recipe", "write_jsonl"]
+           "run_main", "run_pipeline", "run_stage", "train_recipe", "write_jsonl"]
