@@ -14,26 +14,19 @@ from decoding_helpers import (
     FITTED_NEW,
     FULL_TREE,
     SAMPLER_VOCAB,
+    check_compaction_equals_prefill,
     check_stories_greedy,
     fitted_llama,
-    left_padded_batch,
-    memorise_heads,
-    real_rows,
     sampler_heads,
     stories_left_padded,
 )
 
-from medusa import MedusaModel, MedusaTree
-from medusa.decoding.acceptance import greedy_accept, warp_logits
-from medusa.decoding.candidates import decode_tree
-from medusa.decoding.generate import prefill
+from medusa import MedusaTree
+from medusa.decoding.acceptance import warp_logits
 from medusa.decoding.static_cache import cache_bucket, compact, static_capacity, static_prefill
-from medusa.decoding.step import step
 from medusa.errors import MedusaError
-from medusa.tree import default_tree
 
 from fit_heads import fitted_stories_heads
-from tiny_models import tiny_model
 
 NEW = FITTED_NEW
 STORIES_NEW = 96
@@ -55,39 +48,14 @@ def test_static_greedy_equals_hf(gen):
 
 
 def test_static_compaction_equals_prefill():
-    base = tiny_model("llama")
-    ids, mask = left_padded_batch(base.config.vocab_size, seed=11)
-    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, eos_token_id=None)
-    model = MedusaModel.from_base(base, num_heads=4)
-    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: uneven accepts
-    dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
-    with torch.no_grad():
-        new_cache = functools.partial(static_prefill, num_nodes=dt.num_nodes,
-                                      capacity=static_capacity(ids.shape[1], 60, 3, dt), dtype=dt.dtype,
-                                      compact_fn=compact)
-        state = prefill(model, ids, mask, dt, new_cache=new_cache)
-        cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
-        kept = []
-        for _ in range(12):
-            result = step(model, state, lambda logits, tokens, tree: greedy_accept(logits, tokens, tree))
-            kept.append(result.kept.tolist())
-            for row in range(3):
-                cached[row] += result.tokens[row, :kept[-1][row]].tolist()
-    assert max(max(k) for k in kept) >= 4  # long accepted runs
-    assert any(len(set(k)) > 1 for k in kept), kept  # rows kept different counts: holes in the cache
-    cache = state.cache
+    def new_cache(ids, dt):
+        return functools.partial(static_prefill, num_nodes=dt.num_nodes,
+                                 capacity=static_capacity(ids.shape[1], 60, 3, dt), dtype=dt.dtype,
+                                 compact_fn=compact)
+
+    cache = check_compaction_equals_prefill("llama", new_cache).cache  # StaticKV
     assert int(cache.past) == cache.past_host
-    valid = cache.valid  # [B, past]
-    assert valid.sum(-1).tolist() == [len(c) for c in cached] == state.n_valid.tolist()
     assert not bool((cache.mask[:, 0, 0, cache.past_host:] == 0).any())  # nothing valid past the used columns
-    for row in range(3):
-        seq = torch.tensor([cached[row]])
-        assert seq[0].tolist() == real_rows(ref, mask)[row][:seq.shape[1]].tolist()  # greedy tokens
-        fresh = base(input_ids=seq, use_cache=True).past_key_values
-        for layer, fresh_layer in zip(cache.hf.layers, fresh.layers):
-            for name in ("keys", "values"):
-                ours = getattr(layer, name)[row][:, :cache.past_host][:, valid[row]]  # [H, T_row, hd]
-                torch.testing.assert_close(ours, getattr(fresh_layer, name)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_cache_bucket_and_errors():

@@ -8,7 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from medusa import MedusaModel
+from medusa.decoding.acceptance import greedy_accept
+from medusa.decoding.candidates import decode_tree
 from medusa.decoding.dynamic_tree import DynamicTree
+from medusa.decoding.generate import prefill
+from medusa.decoding.step import step
+from medusa.tree import default_tree
 
 from tiny_models import tiny_model
 
@@ -197,3 +202,38 @@ def exact_joint3(base, prompt: torch.Tensor) -> torch.Tensor:
     x12 = torch.stack(torch.meshgrid(torch.arange(v), torch.arange(v), indexing="ij"), -1).view(v * v, 2)
     p3 = hf_next_probs(base, torch.cat([prompt.repeat(v * v, 1), x12], dim=1)).view(v, v, v)
     return p1.view(v, 1, 1) * p2.view(v, v, 1) * p3
+
+
+def check_compaction_equals_prefill(arch: str, new_cache=None):
+    """12 greedy steps over a left-padded batch of 3 (rows 0-1 memorised by the heads, row 2 not: uneven
+    accepts, holes in the cache) through ``medusa.decoding.step.step`` on the cache ``new_cache(ids, dt)``
+    builds (None: the default DynamicCache); then each row's valid cache entries equal a fresh prefill over
+    the same tokens, which are HF's greedy tokens. Returns the final DecodeState for cache-specific checks."""
+    base = tiny_model(arch)
+    ids, mask = left_padded_batch(base.config.vocab_size, seed=11)
+    ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, eos_token_id=None)
+    model = MedusaModel.from_base(base, num_heads=4)
+    memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: uneven accepts
+    dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        state = prefill(model, ids, mask, dt, new_cache=None if new_cache is None else new_cache(ids, dt))
+        cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
+        kept = []
+        for _ in range(12):
+            result = step(model, state, lambda logits, tokens, tree: greedy_accept(logits, tokens, tree))
+            kept.append(result.kept.tolist())
+            for row in range(3):
+                cached[row] += result.tokens[row, :kept[-1][row]].tolist()
+    assert max(max(k) for k in kept) >= 4  # long accepted runs
+    assert any(len(set(k)) > 1 for k in kept), kept  # rows kept different counts: holes in the cache
+    valid = state.cache.valid  # [B, used columns]
+    assert valid.sum(-1).tolist() == [len(c) for c in cached] == state.n_valid.tolist()
+    for row in range(3):
+        seq = torch.tensor([cached[row]])
+        assert seq[0].tolist() == real_rows(ref, mask)[row][:seq.shape[1]].tolist()  # greedy tokens
+        fresh = base(input_ids=seq, use_cache=True).past_key_values
+        for layer, fresh_layer in zip(state.cache.hf.layers, fresh.layers):
+            for name in ("keys", "values"):
+                ours = getattr(layer, name)[row][:, :valid.shape[1]][:, valid[row]]  # [H, T_row, hd]
+                torch.testing.assert_close(ours, getattr(fresh_layer, name)[0], rtol=1e-4, atol=1e-5)
+    return state
