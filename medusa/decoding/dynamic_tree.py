@@ -239,10 +239,10 @@ def build_step_tree(root: torch.Tensor, children: ChildrenFn, num_nodes: int, de
     parents = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device),
                          where.gather(1, parent.gather(1, picked))], dim=1)  # [B, N]
     depths = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), level[picked]], dim=1)  # [B, N]
-    return _structure(tokens, parents, depths, depth, branch, dtype)
+    return tree_structure(tokens, parents, depths, depth, branch, dtype)
 
 
-def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, depth: int, kmax: int,
+def tree_structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, depth: int, kmax: int,
                dtype: torch.dtype) -> StepTree:
     """Ancestors, mask and children tables from ``parents [B, N]`` / ``depths [B, N]`` (parents first)."""
     b, n = tokens.shape
@@ -266,5 +266,5 @@ def _structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor
                     valid[..., 1:], anc * valid, float_mask)
 
 
-__all__ = ["DynamicTree", "StepTree", "build_step_tree", "hydra_children", "is_per_row", "medusa_children",
+__all__ = ["DynamicTree", "StepTree", "build_step_tree", "tree_structure", "hydra_children", "is_per_row", "medusa_children",
            "resolve_dynamic", "rows_at", "tree_kind", "tree_option"]

@@ -18,6 +18,7 @@ from medusa.decoding.candidates import DecodeTree
 from medusa.decoding.compiled import compact_function, step_functions
 from medusa.decoding.dynamic_tree import DynamicTree, resolve_dynamic
 from medusa.decoding.kv_cache import TreeCache, check_supported, dynamic_prefill
+from medusa.decoding.lookup import LOOKUP_ONLY, HybridTree, new_context, root_only_tree
 from medusa.decoding.processors import (
     Generation,
     apply_processors,
@@ -61,7 +62,8 @@ def sampling_defaults(model: Any, temperature: float | None, top_k: int | None, 
 class _Run:
     """One ``medusa_generate`` call's settings and per-row progress (host lists, one entry per row)."""
 
-    dt: DecodeTree | DynamicTree  # the tree's buffers (static) or settings (dynamic): its fixed sizes
+    dt: DecodeTree | DynamicTree | HybridTree  # the tree's buffers (static, with a lookup chain) or settings
+    # (dynamic): its fixed sizes
     gen: Generation
     acceptance: str
     max_new_tokens: int
@@ -75,18 +77,25 @@ class _Run:
 
 
 def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | None, acceptance: str,
-                     max_new_tokens: int, tree: Any, streamer: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
-    """Validate the call; returns the tree, the prompt ``[B, P]`` and its mask ``[B, P]`` on model.device."""
+                     max_new_tokens: int, tree: Any, streamer: Any, lookup_tokens: int | None = None
+                     ) -> tuple[Any, int, torch.Tensor, torch.Tensor]:
+    """Validate the call; returns the tree, the lookup chain's length, the prompt ``[B, P]`` and its mask
+    ``[B, P]`` on model.device."""
     if acceptance not in ACCEPTANCE:
         raise MedusaError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
         raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    tree = resolve_dynamic(tree, model.num_heads, model.tree) or tree  # "dynamic[:N]" -> DynamicTree
-    tree = tree if tree is not None else (model.tree if model.tree is not None else model.default_tree())
-    if tree.depth > model.num_heads:
-        raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
+    lookup = _lookup_tokens(model, tree, lookup_tokens)
+    if not (isinstance(tree, str) and tree == LOOKUP_ONLY):
+        tree = resolve_dynamic(tree, model.num_heads, model.tree) or tree  # "dynamic[:N]" -> DynamicTree
+        tree = tree if tree is not None else (model.tree if model.tree is not None else model.default_tree())
+        if tree.depth > model.num_heads:
+            raise MedusaError(f"tree depth {tree.depth} exceeds the model's {model.num_heads} heads")
+        if lookup and isinstance(tree, DynamicTree):
+            raise MedusaError("lookup_tokens needs a static tree (a tree.json or the checkpoint's), not a "
+                              "dynamic one")
     if streamer is not None and input_ids.shape[0] != 1:
         raise MedusaError(f"streamers need batch size 1, got {input_ids.shape[0]}")
     input_ids = input_ids.to(model.device)
@@ -94,17 +103,30 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | N
               else mask.to(model.device)).long()
     if input_ids.shape[0] > 1 and bool((mask2d[:, -1] == 0).any()):
         raise MedusaError("attention_mask is right-padded; tokenize batches with padding_side='left'")
-    return tree, input_ids, mask2d
+    return tree, lookup, input_ids, mask2d
 
 
-def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any, acceptance: str,
+def _lookup_tokens(model: Any, tree: Any, lookup_tokens: int | None) -> int:
+    """The lookup chain's length: ``lookup_tokens``, else the calibrated tree's (``tree.json``'s
+    ``lookup_tokens``; 0 when it has none). ``tree="lookup"`` needs one."""
+    if lookup_tokens is None:
+        source = tree if tree is not None else model.tree
+        lookup_tokens = 0 if isinstance(source, str) else getattr(source, "lookup_tokens", 0)
+    if not isinstance(lookup_tokens, int) or isinstance(lookup_tokens, bool) or lookup_tokens < 0:
+        raise MedusaError(f"lookup_tokens must be an integer >= 0, got {lookup_tokens!r}")
+    if isinstance(tree, str) and tree == LOOKUP_ONLY and lookup_tokens < 1:
+        raise MedusaError("tree='lookup' (the lookup chain alone) needs lookup_tokens >= 1")
+    return lookup_tokens
+
+
+def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any, lookup: int, acceptance: str,
            max_new_tokens: int, settings: dict[str, Any]) -> _Run:
-    """Resolve the generation settings and the tree buffers; an empty run (no token emitted yet)."""
+    """Resolve the generation settings and the tree buffers (``lookup``: the lookup chain's length, 0 for
+    none); an empty run (no token emitted yet)."""
     b, p = input_ids.shape
     gen = resolve_generation(model.base_model, acceptance != "greedy", input_ids, mask2d,
                              settings.pop("eos_token_id"), settings.pop("generation_config"),
                              **settings.pop("hf"))
-    check_supported(model.base_model, p + max_new_tokens + tree.depth + 1)
     dtype = getattr(unwrap(model.base_model), "dtype", None)  # compute dtype (first floating parameter)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         dtype = torch.float32
@@ -113,7 +135,11 @@ def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any,
         # history: [B, P + new]
         history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)
         history[:, :p] = input_ids
-    dt = decoding_tree(tree, input_ids.device, dtype)
+    lookup_only = isinstance(tree, str) and tree == LOOKUP_ONLY
+    dt = root_only_tree(input_ids.device, dtype) if lookup_only else decoding_tree(tree, input_ids.device, dtype)
+    if lookup:  # room: how far a row's context grows (the run's tokens, then one step's overshoot)
+        dt = HybridTree(dt, lookup, max_new_tokens + dt.depth + lookup + 1, lookup_only=lookup_only)
+    check_supported(model.base_model, p + max_new_tokens + dt.depth + 1)
     return _Run(dt, gen, acceptance, max_new_tokens,
                 (settings.pop("posterior_threshold"), settings.pop("posterior_alpha")),
                 settings.pop("generator"),
@@ -183,6 +209,7 @@ def medusa_generate(
     generation_config: Any = None,
     compile: bool = False,
     cache_implementation: str | None = None,
+    lookup_tokens: int | None = None,
     **generation_kwargs: Any,
 ) -> torch.Tensor | MedusaGenerateOutput:
     """Decode with MEDUSA heads: several tokens per forward pass of the base model.
@@ -205,11 +232,17 @@ def medusa_generate(
     ``cache_implementation="static"``: preallocated cache and buffers, fixed step shapes
     (:mod:`medusa.decoding.static_cache`); ``compile=True`` (implies static): the step is ``torch.compile``d
     once per (batch, tree size, cache bucket); compile time is reported apart (``compile_time_s``).
+
+    ``lookup_tokens=L``: a chain of L context-lookup tokens (the tokens that followed the most recent earlier
+    occurrence of the context's last n-gram, :mod:`medusa.decoding.lookup`) is verified in the same forward
+    as the heads' tree, merged where it follows one of its paths; None: the calibrated tree's
+    ``lookup_tokens`` (0 when it has none), 0: off. ``tree="lookup"``: the lookup chain alone. Acceptance
+    stays exact (greedy == HF greedy; "sample" lossless).
     """
-    tree, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance,
-                                               max_new_tokens, tree, streamer)
+    tree, lookup, input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance,
+                                                       max_new_tokens, tree, streamer, lookup_tokens)
     hf = dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p)
-    run = _start(model, input_ids, mask2d, tree, acceptance, max_new_tokens, dict(
+    run = _start(model, input_ids, mask2d, tree, lookup, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, hf=hf, generator=generator,
         posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha))
     out = _timed_decode(model, run, input_ids, mask2d, streamer,
@@ -260,7 +293,8 @@ def _path(model: Any, run: _Run, shape: torch.Size, compile: bool, cache_impleme
     return new_cache, step_functions(model, compile, greedy=greedy)
 
 
-def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: DecodeTree | DynamicTree,
+def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor,
+            dt: DecodeTree | DynamicTree | HybridTree,
             choose_root: Callable[[torch.Tensor], torch.Tensor] | None = None,
             new_cache: Callable[..., tuple[TreeCache, torch.Tensor, torch.Tensor]] | None = None
             ) -> DecodeState:
@@ -271,7 +305,8 @@ def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, dt: Decod
         new_cache = functools.partial(dynamic_prefill, num_nodes=dt.num_nodes, capacity=0, dtype=dt.dtype)
     cache, last, hidden = new_cache(model, input_ids, mask2d)  # last logits [B, V], hidden [B, d]
     root = last.argmax(dim=-1) if choose_root is None else choose_root(last)
-    proposer = choose_proposer(model.heads, dt)
+    context = new_context(input_ids, mask2d, root, dt.room) if isinstance(dt, HybridTree) else None
+    proposer = choose_proposer(model.heads, dt, context)
     return DecodeState(proposer, cache, mask2d.sum(-1), root, hidden)
 
 

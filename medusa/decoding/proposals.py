@@ -6,6 +6,8 @@ the last kept position into a :class:`Proposal` (the tree's tokens and the tree 
 - :class:`StaticProposer` with ``hydra_propose``: Hydra heads on a static tree, grown depth by depth
   (:mod:`medusa.decoding.hydra_candidates`).
 - :class:`DynamicProposer`: any heads, each row's N most probable paths (:mod:`medusa.decoding.dynamic_tree`).
+- :class:`HybridProposer`: a static proposer's tree (or the root alone) plus a context lookup chain, one
+  per-row tree (:mod:`medusa.decoding.lookup`).
 
 The head type and the tree kind are asked once, in :func:`choose_proposer`; the step
 (:mod:`medusa.decoding.step`) only calls ``proposer.propose``.
@@ -30,6 +32,8 @@ from medusa.decoding.dynamic_tree import (
     medusa_children,
 )
 from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
+from medusa.decoding.lookup import HybridTree, LookupContext, hybrid_tree, lookup_chain, observe
+from medusa.errors import MedusaError
 from medusa.modeling.hydra import HydraHeads
 
 
@@ -57,6 +61,11 @@ class Proposer(Protocol):
     def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
         """``root [B]`` (the next token, already chosen) and ``hidden [B, d]`` (the base hidden state at the
         last kept position) -> the proposal for this step."""
+        ...
+
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
+        """What the step kept: ``kept [B, D+1]`` the path's tokens (root first, the first ``keep [B]``
+        kept) and ``next_root [B]``; drafters that read the context record it (device ops, no host read)."""
         ...
 
 
@@ -100,6 +109,9 @@ class StaticProposer:
     def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
         return Proposal(self.grow(self.heads, root, hidden, self.tree), self.tree)
 
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
+        """The heads read the hidden state only."""
+
 
 @dataclass
 class DynamicProposer:
@@ -121,6 +133,33 @@ class DynamicProposer:
                                path_score=dt.score)
         return Proposal(step.tokens, step)
 
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
+        """The heads read the hidden state only."""
+
+
+@dataclass
+class HybridProposer:
+    """The heads' static tree (``heads``: a :class:`StaticProposer`; None for lookup alone) plus a lookup
+    chain from ``context``, merged into one per-row tree (:func:`medusa.decoding.lookup.hybrid_tree`)."""
+
+    heads: StaticProposer | None
+    tree: HybridTree
+    context: LookupContext
+
+    @property
+    def shape(self) -> HybridTree:
+        return self.tree
+
+    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
+        ht, length = self.tree.heads, self.tree.lookup_tokens
+        head_tokens = root.view(-1, 1) if self.heads is None else self.heads.propose(root, hidden).tokens
+        chain, valid = lookup_chain(self.context, ht.depth + length, self.tree.max_ngram)  # [B, D+L]
+        tree = hybrid_tree(head_tokens, ht, chain, valid, length)
+        return Proposal(tree.tokens, tree)
+
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
+        observe(self.context, kept, keep, next_root)
+
 
 def _medusa_children(heads: Any, hidden: torch.Tensor, branch: int, depth: int) -> ChildrenFn:
     logits = stacked_heads(heads, hidden.unsqueeze(1))[:depth, :, 0]  # [D, B, V]
@@ -131,9 +170,16 @@ def _hydra_children(heads: Any, hidden: torch.Tensor, branch: int, depth: int) -
     return hydra_children(heads, hidden, branch)
 
 
-def choose_proposer(heads: Any, tree: DecodeTree | DynamicTree) -> Proposer:
+def choose_proposer(heads: Any, tree: DecodeTree | DynamicTree | HybridTree,
+                    context: LookupContext | None = None) -> Proposer:
     """The proposer for ``heads`` on ``tree`` (static buffers from :func:`decoding_tree`): the one place that
-    asks which head family and which tree kind decoding has."""
+    asks which head family and which tree kind decoding has. A :class:`HybridTree` needs the run's lookup
+    ``context``."""
+    if isinstance(tree, HybridTree):
+        if context is None:
+            raise MedusaError("a tree with a lookup chain needs the run's LookupContext")
+        inner = None if tree.lookup_only else choose_proposer(heads, tree.heads)
+        return HybridProposer(inner, tree, context)
     hydra = isinstance(heads, HydraHeads)
     if isinstance(tree, DynamicTree):
         branch = min(tree.branch or tree.num_nodes - 1, heads.vocab_size)
@@ -151,5 +197,5 @@ def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> Decode
     return decode_tree(tree, device, dtype)
 
 
-__all__ = ["DynamicProposer", "GrowFn", "Proposal", "Proposer", "StaticProposer", "choose_proposer",
+__all__ = ["DynamicProposer", "GrowFn", "HybridProposer", "Proposal", "Proposer", "StaticProposer", "choose_proposer",
            "decoding_tree", "medusa_tokens", "stacked_heads"]

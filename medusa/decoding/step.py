@@ -6,6 +6,7 @@ state (root [B], hidden [B, d], n_valid [B], cache)
   -> verify: cache.write_tree(mask); forward over the N nodes at n_valid + depths -> logits [B, N, V]
      (propose + verify: one function, one compiled graph)
   -> accept(logits, tokens, tree)              path [B, D+1], n_acc [B], next root [B]
+  -> proposer.observe(kept tokens, keep, next root)   (a lookup drafter appends them to its context)
   -> one host copy (StepResult) ; cache.compact(path, keep) ; state advances
 ```
 The step does not know which proposer (:mod:`medusa.decoding.proposals`) or which cache
@@ -121,7 +122,9 @@ def step(model: Any, state: DecodeState, accept: Accept, fns: StepFns | None = N
     state.hidden = last_hidden(hidden, path, n_acc)  # [B, d]
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
     width = path.shape[1]
-    both = torch.cat([tokens.gather(1, path), keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
+    kept = tokens.gather(1, path)  # [B, D+1]
+    state.proposer.observe(kept, keep, nxt)
+    both = torch.cat([kept, keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
     result = StepResult(both[:, :width], both[:, width], both[:, width + 1], both[:, width + 2:])
     state.cache.compact(path, keep, result)
     state.n_valid = state.n_valid + keep

@@ -55,7 +55,11 @@ class MedusaTree:
     """A validated candidate tree. ``paths[0] == ()`` is the root; ``len(tree)`` counts it."""
 
     def __init__(self, choices: Iterable[Sequence[int]], num_heads: int | None = None,
-                 calibration: dict[str, Any] | None = None, source: str = "tree") -> None:
+                 calibration: dict[str, Any] | None = None, source: str = "tree", lookup_tokens: int = 0) -> None:
+        if not isinstance(lookup_tokens, int) or isinstance(lookup_tokens, bool) or lookup_tokens < 0:
+            raise TreeError(f"{source}: lookup_tokens must be an integer >= 0, got {lookup_tokens!r}")
+        # the context-lookup chain decoding verifies beside the tree by default (medusa.decoding.lookup)
+        self.lookup_tokens = lookup_tokens
         self.choices: list[tuple[int, ...]] = validate_choices(choices, num_heads, source)
         self.paths: list[tuple[int, ...]] = [()] + self.choices
         self.num_heads = num_heads
@@ -90,8 +94,8 @@ class MedusaTree:
     # ------------------------------------------------------------------ constructors / io
     @classmethod
     def from_choices(cls, choices: Iterable[Sequence[int]], num_heads: int | None = None,
-                     calibration: dict[str, Any] | None = None) -> "MedusaTree":
-        return cls(choices, num_heads=num_heads, calibration=calibration)
+                     calibration: dict[str, Any] | None = None, lookup_tokens: int = 0) -> "MedusaTree":
+        return cls(choices, num_heads=num_heads, calibration=calibration, lookup_tokens=lookup_tokens)
 
     @classmethod
     def from_json(cls, path: str | Path) -> "MedusaTree":
@@ -106,7 +110,7 @@ class MedusaTree:
         if "choices" not in data:
             raise TreeError(f"{path}: missing key 'choices'")
         return cls(data["choices"], num_heads=data.get("num_heads"), calibration=data.get("calibration"),
-                   source=str(path))
+                   source=str(path), lookup_tokens=data.get("lookup_tokens", 0))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +118,7 @@ class MedusaTree:
             "version": TREE_VERSION,
             "num_heads": self.num_heads if self.num_heads is not None else self.depth,
             "choices": [list(p) for p in self.choices],
+            "lookup_tokens": self.lookup_tokens,
             "calibration": self.calibration,
         }
 
