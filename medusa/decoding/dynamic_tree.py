@@ -266,5 +266,5 @@ def tree_structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Te
                     valid[..., 1:], anc * valid, float_mask)
 
 
-__all__ = ["DynamicTree", "StepTree", "build_step_tree", "tree_structure", "hydra_children", "is_per_row", "medusa_children",
-           "resolve_dynamic", "rows_at", "tree_kind", "tree_option"]
+__all__ = ["DynamicTree", "StepTree", "build_step_tree", "hydra_children", "is_per_row", "medusa_children",
+           "resolve_dynamic", "rows_at", "tree_kind", "tree_option", "tree_structure"]

@@ -136,7 +136,8 @@ def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any,
         history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)
         history[:, :p] = input_ids
     lookup_only = isinstance(tree, str) and tree == LOOKUP_ONLY
-    dt = root_only_tree(input_ids.device, dtype) if lookup_only else decoding_tree(tree, input_ids.device, dtype)
+    device = input_ids.device
+    dt = root_only_tree(device, dtype) if lookup_only else decoding_tree(tree, device, dtype)
     if lookup:  # room: how far a row's context grows (the run's tokens, then one step's overshoot)
         dt = HybridTree(dt, lookup, max_new_tokens + dt.depth + lookup + 1, lookup_only=lookup_only)
     check_supported(model.base_model, p + max_new_tokens + dt.depth + 1)

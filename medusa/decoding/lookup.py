@@ -41,7 +41,8 @@ class LookupContext:
     end: torch.Tensor  # [B] long: tokens in the row's context, root included (the root at end - 1)
 
 
-def new_context(input_ids: torch.Tensor, mask2d: torch.Tensor, root: torch.Tensor, room: int) -> LookupContext:
+def new_context(input_ids: torch.Tensor, mask2d: torch.Tensor, root: torch.Tensor, room: int
+                ) -> LookupContext:
     """The context of a left-padded prompt ``[B, P]`` and its first root ``[B]``, with ``room`` columns for
     later tokens (bucketed like the static cache, so compiled steps share one shape per bucket)."""
     b, p = input_ids.shape
@@ -95,7 +96,8 @@ def root_only_tree(device: torch.device, dtype: torch.dtype) -> DecodeTree:
     zero = torch.zeros(1, dtype=torch.long, device=device)
     return DecodeTree(num_nodes=1, depth=0, kmax=1, depths=zero, parents=zero,
                       children=torch.full((1, 1), -1, dtype=torch.long, device=device),
-                      retrieve=zero.view(1, 1), retrieve_valid=torch.zeros(1, 0, dtype=torch.bool, device=device),
+                      retrieve=zero.view(1, 1),
+                      retrieve_valid=torch.zeros(1, 0, dtype=torch.bool, device=device),
                       topk_index=zero[:0], float_mask=torch.zeros(1, 1, dtype=dtype, device=device),
                       ancestors=zero.view(1, 1), depth_list=[0])
 

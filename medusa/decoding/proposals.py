@@ -197,5 +197,5 @@ def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> Decode
     return decode_tree(tree, device, dtype)
 
 
-__all__ = ["DynamicProposer", "GrowFn", "HybridProposer", "Proposal", "Proposer", "StaticProposer", "choose_proposer",
-           "decoding_tree", "medusa_tokens", "stacked_heads"]
+__all__ = ["DynamicProposer", "GrowFn", "HybridProposer", "Proposal", "Proposer", "StaticProposer",
+           "choose_proposer", "decoding_tree", "medusa_tokens", "stacked_heads"]

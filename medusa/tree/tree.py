@@ -55,7 +55,8 @@ class MedusaTree:
     """A validated candidate tree. ``paths[0] == ()`` is the root; ``len(tree)`` counts it."""
 
     def __init__(self, choices: Iterable[Sequence[int]], num_heads: int | None = None,
-                 calibration: dict[str, Any] | None = None, source: str = "tree", lookup_tokens: int = 0) -> None:
+                 calibration: dict[str, Any] | None = None, source: str = "tree",
+                 lookup_tokens: int = 0) -> None:
         if not isinstance(lookup_tokens, int) or isinstance(lookup_tokens, bool) or lookup_tokens < 0:
             raise TreeError(f"{source}: lookup_tokens must be an integer >= 0, got {lookup_tokens!r}")
         # the context-lookup chain decoding verifies beside the tree by default (medusa.decoding.lookup)
