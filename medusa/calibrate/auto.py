@@ -23,13 +23,15 @@ AUTO_PROMPT_TOKENS = 128  # prompt length for the timed decode runs
 
 
 @torch.no_grad()
-def time_tree_steps(model: Any, trees: Mapping[int, Sequence[Sequence[int]]], prompt: Sequence[int],
-                    new_tokens: int = 32, repeats: int = 5) -> dict[int, float]:
-    """Seconds per verification step of the real decode loop (greedy ``medusa_generate``) for each tree,
-    on the model's device: decode time / steps, the fastest of ``repeats`` runs after one warm-up (the
-    minimum is the estimate least disturbed by other work on the machine)."""
+def time_tree_steps(model: Any, trees: Mapping[int, Sequence[Sequence[int]] | MedusaTree],
+                    prompt: Sequence[int], new_tokens: int = 32, repeats: int = 5) -> dict[int, float]:
+    """Seconds per verification step of the real decode loop (greedy ``medusa_generate``) for each tree
+    (its choices, or a :class:`MedusaTree`, e.g. one with a lookup chain), on the model's device: decode
+    time / steps, the fastest of ``repeats`` runs after one warm-up (the minimum is the estimate least
+    disturbed by other work on the machine)."""
     ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, P]
-    built = {n: MedusaTree.from_choices(c, num_heads=model.num_heads) for n, c in trees.items()}
+    built = {n: c if isinstance(c, MedusaTree) else MedusaTree.from_choices(c, num_heads=model.num_heads)
+             for n, c in trees.items()}
     samples: dict[int, list[float]] = {n: [] for n in built}
     for round_ in range(repeats + 1):  # sizes interleaved, so a busy moment does not hit one size only
         for n, tree in built.items():

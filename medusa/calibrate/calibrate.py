@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from medusa.calibrate.auto import AUTO_SIZES, choose_size, timing_prompt
+from medusa.calibrate.lookup import choose_lookup
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
 from medusa.modeling.config import TREE_NAME
@@ -72,8 +73,7 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
     depth = model.num_heads if max_depth is None else min(max_depth, model.num_heads)
     if depth < 1:
         raise MedusaError(f"max depth must be >= 1, got {max_depth}")
-    usable = [e for e in examples if len(e["input_ids"]) >= 2
-              and any(l != IGNORE_INDEX for l in e["labels"][1:])]
+    usable = usable_examples(examples)
     if not usable:
         raise DataError("no example has labelled (assistant) tokens to calibrate on")
     order = sorted(range(len(usable)), key=lambda i: len(usable[i]["input_ids"]))
@@ -109,6 +109,12 @@ def collect_hit_ranks(model: Any, examples: Sequence[dict], topk: int = 10, max_
     return HeadStats(ranks=[r for r in ranks if r is not None], starts=starts, topk=topk,
                      num_tokens=sum(len(e["input_ids"]) for e in usable),
                      logp=[lp for lp in logps if lp is not None])
+
+
+def usable_examples(examples: Sequence[dict]) -> list[dict]:
+    """The examples hit ranks are measured on, in :class:`HeadStats`' order: >= 2 tokens, one labelled."""
+    return [e for e in examples
+            if len(e["input_ids"]) >= 2 and any(l != IGNORE_INDEX for l in e["labels"][1:])]
 
 
 def _head_ranks(model: Any, hidden: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor, depth: int,
@@ -230,12 +236,15 @@ def build_choices(stats: HeadStats, tables: dict[str, Any], counts: Counter, tot
 # ---------------------------------------------------------------------------------------- top level
 def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk: int = 10,
               max_depth: int | None = None, method: str = "empirical", data_name: str = "",
-              batch_size: int = 8, progress: bool = True, stats: HeadStats | None = None) -> MedusaTree:
+              batch_size: int = 8, progress: bool = True, stats: HeadStats | None = None,
+              lookup_tokens: int | str = 0) -> MedusaTree:
     """Measure the heads on ``examples`` and return the accuracy-ranked tree with its calibration record.
 
     ``nodes="auto"``: the size among :data:`medusa.calibrate.auto.AUTO_SIZES` (<= 64 nodes) maximising
     predicted tokens per second (:func:`medusa.calibrate.auto.choose_size`). ``stats``: hit ranks already
     collected on ``examples`` (then ``topk`` / ``max_depth`` / ``batch_size`` are theirs).
+    ``lookup_tokens``: the tree's context-lookup chain length, fixed (0: off) or ``"auto"``
+    (:func:`medusa.calibrate.lookup.choose_lookup`); the record's ``lookup`` entry has its predictions.
     """
     if method not in METHODS:
         raise MedusaError(f"unknown tree method {method!r}; choose one of {', '.join(METHODS)}")
@@ -268,7 +277,10 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
             "calibrated": replay_dynamic(stats.logp, stats.ranks, stats.starts, len(choices) + 1, score)}
     labels = torch.tensor([t for e in examples for t in e["labels"]], dtype=torch.long)
     record.update(draft_vocab_summary(model.heads, labels))  # share of target tokens the draft covers
-    return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record)
+    prompt = timing_prompt(examples) if lookup_tokens == "auto" else None
+    record["lookup"] = choose_lookup(model, choices, stats, usable_examples(examples), lookup_tokens, prompt)
+    return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record,
+                                   lookup_tokens=record["lookup"]["chosen"])
 
 
 def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, tables: dict[str, Any],

@@ -9,6 +9,7 @@ from typing import Any
 from medusa.cli import MAX_NODES, Bounded, PathKind, add_overwrite, count
 
 PLOTS = ("calibration_accuracy.png", "tree.png")
+MAX_LOOKUP_TOKENS = 256  # medusa.calibrate.lookup.MAX_LOOKUP_TOKENS (not imported: the CLI loads no library)
 
 
 def _check_before_loading(args: argparse.Namespace) -> None:
@@ -54,7 +55,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     examples = data.examples[: args.max_examples] if args.max_examples else data.examples
     tree = calibrate(model, examples, nodes=args.nodes, topk=args.topk, max_depth=args.max_depth,
                      method=args.method, data_name=str(args.data), batch_size=args.batch_size,
-                     progress=not args.quiet)
+                     progress=not args.quiet, lookup_tokens=args.lookup_tokens)
     if data.skipped:
         tree.calibration["skipped_rows"] = dict(data.skipped)
     path = write_tree(args.heads, tree)
@@ -89,6 +90,10 @@ def _print_summary(cal: dict, tree: Any, path: Any, data: str) -> None:
     print(f"wrote {path}: {len(tree)} nodes, depth {tree.depth}, expected "
           f"{cal['expected_tokens_per_step']:.2f} tokens/step (independence formula: "
           f"{cal['independent_formula_tokens_per_step']:.2f})")
+    if cal.get("lookup"):
+        from medusa.calibrate.lookup import lookup_summary
+
+        print(lookup_summary(cal["lookup"]))
     if cal.get("dynamic_expected_tokens_per_step"):
         dyn = cal["dynamic_expected_tokens_per_step"]
         print(f"a dynamic tree of {len(tree)} nodes (--tree dynamic --nodes {len(tree)}) would give "
@@ -118,6 +123,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=Bounded(int, 1, MAX_NODES, also=("auto",)), default=64,
                    help=f"tree size including the root (1..{MAX_NODES}), or 'auto': the size (8..64) with "
                         "the most predicted tokens/s, decoding steps timed on this device")
+    p.add_argument("--lookup-tokens", type=Bounded(int, 0, MAX_LOOKUP_TOKENS, also=("auto",)), default="auto",
+                   help="context-lookup chain verified beside the tree (stored in tree.json): 'auto' (the "
+                        "length with the most predicted tokens/s, steps timed on this device) or N (0: off)")
     p.add_argument("--max-depth", type=count(64), default=None,
                    help="deepest tree level (default: all heads)")
     p.add_argument("--topk", type=count(1000), default=10, help="ranks measured per head (1..1000)")

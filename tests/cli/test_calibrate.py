@@ -138,3 +138,35 @@ def test_cli_calibrate_bad_input(stories_checkpoint, tmp_path, capsys):
         assert main(["calibrate", *argv, "--quiet", "--no-plots"]) == 2
         err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
         assert len(err) == 1 and needle in err[0], err
+
+
+def test_cli_calibrate_lookup_tokens(stories_checkpoint, capsys):
+    path, data = stories_checkpoint
+    base = ["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "6", "--topk", "2",
+            "--no-plots", "--quiet", "--overwrite"]
+    assert main([*base, "--lookup-tokens", "0"]) == 0
+    tree = MedusaTree.from_json(path / "tree.json")
+    assert tree.lookup_tokens == 0 and tree.calibration["lookup"]["chosen"] == 0
+    assert tree.calibration["lookup"]["relative_step_cost"] == {}  # a fixed length is not timed
+    assert "lookup chain: off -> predicted" in capsys.readouterr().out
+    assert main([*base, "--lookup-tokens", "3"]) == 0
+    tree = MedusaTree.from_json(path / "tree.json")
+    assert tree.lookup_tokens == 3 and MedusaModel.from_pretrained(path).tree.lookup_tokens == 3
+    assert "lookup chain: L=3 -> predicted" in capsys.readouterr().out
+    assert main(base) == 0  # auto: the default
+    tree = MedusaTree.from_json(path / "tree.json")
+    assert tree.lookup_tokens == tree.calibration["lookup"]["chosen"]
+    assert "lookup chain: " in capsys.readouterr().out
+    for bad in ("-1", "many", "1.5", "100000"):
+        before = (path / "tree.json").read_bytes()
+        assert main([*base, "--lookup-tokens", bad]) == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+        assert len(err) == 1 and err[0].startswith("error:") and "--lookup-tokens" in err[0], err
+        assert (path / "tree.json").read_bytes() == before
+
+
+def test_cli_lookup_bound_is_the_library_one():
+    from medusa.calibrate.lookup import MAX_LOOKUP_TOKENS
+    from medusa.cli import calibrate as cli
+
+    assert cli.MAX_LOOKUP_TOKENS == MAX_LOOKUP_TOKENS
