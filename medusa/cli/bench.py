@@ -39,8 +39,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)  # before any model loads: a bad file fails fast
     if args.limit is not None:
         prompts = prompts[: args.limit]
+    check_lookup(args.tree, args.lookup_tokens, args.compare_lookup)  # before any model loads
     tree = tree_option(args.tree, args.nodes, args.lookup_tokens)
-    check_lookup(tree, args.lookup_tokens, args.compare_lookup)  # before any model loads
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
     check_positions(model, tokenizer, prompts, args.max_new_tokens, args.chat)
     assistant, assistant_tok = None, None

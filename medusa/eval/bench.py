@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from medusa.config.enums import ACCEPTANCE
-from medusa.decoding.dynamic_tree import LOOKUP_TREE, resolve_dynamic
+from medusa.decoding.dynamic_tree import LOOKUP_TREE, DynamicTree
 from medusa.decoding.generate import sampling_defaults
 from medusa.errors import MedusaError
 from medusa.eval.bench_compiled import (
@@ -245,20 +245,20 @@ def prompt_row(prompt: str, prompt_len: int, best: dict[str, float], outputs: di
 # ---------------------------------------------------------------------------------------- top level
 def check_lookup(tree: Any, lookup_tokens: int | None, compare_lookup: int) -> None:
     """``compare_lookup`` (an integer >= 0) sets every row's lookup chain itself, and its hybrid row needs a
-    static tree; ``tree="lookup"`` needs ``lookup_tokens >= 1`` (as ``generate``)."""
+    static tree; ``tree="lookup"`` needs ``lookup_tokens >= 1`` (as ``generate``). ``tree``: as ``bench``
+    takes it, or as ``--tree`` names it (a tree.json path, ``lookup``, ``dynamic``, ``dynamic-raw``)."""
     if not isinstance(compare_lookup, int) or isinstance(compare_lookup, bool) or compare_lookup < 0:
         raise MedusaError(f"compare_lookup must be an integer >= 0, got {compare_lookup!r}")
     is_lookup = isinstance(tree, str) and tree == LOOKUP_TREE
-    if is_lookup and (lookup_tokens is None or lookup_tokens < 1):
-        raise MedusaError("tree='lookup' (the lookup chain alone) needs lookup_tokens >= 1")
-    if not compare_lookup:
-        return
-    if lookup_tokens:
-        raise MedusaError("--compare-lookup runs MEDUSA with heads only, then the lookup rows with its "
-                          "own L; drop --lookup-tokens")
-    if is_lookup or resolve_dynamic(tree, 1) is not None:
+    dynamic = isinstance(tree, DynamicTree) or (isinstance(tree, str) and tree.startswith("dynamic"))
+    if compare_lookup and (is_lookup or dynamic):
         raise MedusaError("--compare-lookup needs a static tree (a tree.json or the checkpoint's): its "
                           "hybrid row merges the lookup chain into it")
+    if compare_lookup and lookup_tokens:
+        raise MedusaError("--compare-lookup runs MEDUSA with heads only, then the lookup rows with its "
+                          "own L; drop --lookup-tokens")
+    if is_lookup and (lookup_tokens is None or lookup_tokens < 1):
+        raise MedusaError("--tree lookup (the lookup chain alone) needs --lookup-tokens L with L >= 1")
 
 
 def _check_args(acceptance: str, prompts: Sequence[str], max_new_tokens: int, repeats: int) -> None:

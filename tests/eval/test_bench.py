@@ -154,7 +154,7 @@ def test_bench_lookup_arguments_are_checked_before_measuring(stories_medusa):
     from medusa.eval.bench import bench
 
     tok = stories_tokenizer()
-    for kwargs, words in ((dict(tree="lookup"), "lookup_tokens >= 1"),
+    for kwargs, words in ((dict(tree="lookup"), "--tree lookup"),
                           (dict(compare_lookup=4, lookup_tokens=2), "drop --lookup-tokens"),
                           (dict(compare_lookup=4, tree="dynamic"), "static tree"),
                           (dict(compare_lookup=-1), "integer >= 0")):
