@@ -85,6 +85,7 @@ TEMPERATURE = Bounded(float, 0.0, 100.0, lo_open=True)
 TOP_K = count(1_000_000)
 TOP_P = Bounded(float, 0.0, 1.0, lo_open=True)
 NODES = count(MAX_NODES)
+LOOKUP_TOKENS = count(MAX_NODES, lo=0)  # --lookup-tokens: the lookup chain's length (0: off)
 THREADS = count(4096)
 
 
@@ -95,7 +96,7 @@ class PathKind:
 
     Kinds: ``file`` / ``dir`` / ``path`` (an existing file / directory / either); ``source`` (a data file or
     directory, or a hub dataset id); ``model`` (a model directory or a hub id); ``tree`` (a tree.json, or
-    ``dynamic`` / ``dynamic-raw``); ``template`` (Jinja text or a name, or a .jinja / .j2 file);
+    ``dynamic`` / ``dynamic-raw`` / ``lookup``); ``template`` (Jinja text or a name, or a .jinja / .j2 file);
     ``out_dir`` / ``out_file`` (outputs); ``out_into`` (a directory receiving named files).
     """
 
@@ -148,7 +149,7 @@ class PathKind:
             self._must(path, "path" if path.suffix == ".gguf" else "dir")
             if path.is_dir():
                 self._model_config(path)
-        elif self.kind == "tree" and text not in ("dynamic", "dynamic-raw"):
+        elif self.kind == "tree" and text not in ("dynamic", "dynamic-raw", "lookup"):
             self._must(path, "file")
         elif self.kind == "template" and text.endswith((".jinja", ".j2")):
             self._must(path, "file")

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from medusa.cli import (
+    LOOKUP_TOKENS,
+    MAX_NODES,
     NEW_TOKENS,
     NODES,
     SEED,
@@ -25,7 +27,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from medusa.data.readers import read_prompts
     from medusa.decoding.dynamic_tree import tree_option
-    from medusa.eval.bench import bench
+    from medusa.eval.bench import bench, check_lookup
     from medusa.eval.report import format_summary, report_paths, write_report
     from medusa.io import check_output_file
     from medusa.modeling.loading import check_positions, load_for_generation
@@ -37,7 +39,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)  # before any model loads: a bad file fails fast
     if args.limit is not None:
         prompts = prompts[: args.limit]
-    tree = tree_option(args.tree, args.nodes)
+    check_lookup(args.tree, args.lookup_tokens, args.compare_lookup)  # before any model loads
+    tree = tree_option(args.tree, args.nodes, args.lookup_tokens)
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
     check_positions(model, tokenizer, prompts, args.max_new_tokens, args.chat)
     assistant, assistant_tok = None, None
@@ -55,7 +58,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                    prompt_lookup=args.prompt_lookup,
                    prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, repeats=args.repeats,
                    ignore_eos=not args.stop_at_eos, seed=args.seed, progress=not args.quiet, chat=args.chat,
-                   compile=args.compile)
+                   compile=args.compile, lookup_tokens=args.lookup_tokens,
+                   compare_lookup=args.compare_lookup)
     report["config"]["heads"] = str(Path(args.heads).resolve())
     report["config"]["prompts_file"] = str(args.prompts)
     print(format_summary(report))
@@ -90,12 +94,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tree", default=None, type=PathKind("tree"),
                    help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
                         "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
-                        "the heads' raw probabilities) (default: the checkpoint's tree, else built-in)")
+                        "the heads' raw probabilities), or 'lookup': the context-lookup chain alone, no "
+                        "heads (needs --lookup-tokens >= 1) (default: the checkpoint's tree, else built-in)")
     p.add_argument("--nodes", type=NODES, default=None, help="nodes of the dynamic tree (default 32)")
+    p.add_argument("--lookup-tokens", type=LOOKUP_TOKENS, default=None, metavar="L",
+                   help="verify a chain of L context-lookup tokens beside the heads' tree in the same "
+                        "forward (0: heads only; default: the checkpoint tree's lookup_tokens)")
     p.add_argument("--assistant-model", default=None, type=PathKind("model"),
                    help="also measure HF assisted generation with this draft model (speculative decoding)")
     p.add_argument("--prompt-lookup", action="store_true", help="also measure HF prompt-lookup decoding")
     p.add_argument("--prompt-lookup-num-tokens", type=count(1000), default=10)
+    p.add_argument("--compare-lookup", type=count(MAX_NODES), default=0, metavar="L",
+                   help="(L >= 1) MEDUSA with heads only (lookup_tokens=0), and beside it our lookup chain "
+                        "of L tokens alone (--tree lookup) and with the heads (hybrid), each against the "
+                        "same HF run")
     p.add_argument("--repeats", type=count(1000), default=1,
                    help="runs per method and prompt; the fastest counts")
     p.add_argument("--stop-at-eos", action="store_true",

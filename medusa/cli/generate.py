@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from medusa.cli import NEW_TOKENS, NODES, SEED, TEMPERATURE, TOP_K, TOP_P, Bounded, PathKind
+from medusa.cli import LOOKUP_TOKENS, NEW_TOKENS, NODES, SEED, TEMPERATURE, TOP_K, TOP_P, Bounded, PathKind
 from medusa.config.enums import ACCEPTANCE
 from medusa.errors import MedusaError
 
@@ -21,7 +21,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from medusa.modeling.loading import check_positions, encode_prompt, load_for_generation
 
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
-    tree = tree_option(args.tree, args.nodes)  # before the model loads
+    tree = tree_option(args.tree, args.nodes, args.lookup_tokens)  # before the model loads
+    if args.profile and (args.lookup_tokens or tree == "lookup"):
+        raise MedusaError("--profile measures the heads' tree only; drop --lookup-tokens / --tree lookup")
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
     check_positions(model, tokenizer, prompts, args.max_new_tokens, args.chat)
     if args.profile:
@@ -43,7 +45,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                              posterior_threshold=args.posterior_threshold,
                              posterior_alpha=args.posterior_alpha,
                              tree=tree, return_dict_in_generate=True, streamer=streamer, generator=generator,
-                             compile=args.compile)
+                             compile=args.compile, lookup_tokens=args.lookup_tokens)
         new = out.sequences.shape[1] - ids.shape[1]
         if not args.stream:
             print(tokenizer.decode(out.sequences[0], skip_special_tokens=True))
@@ -83,8 +85,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tree", default=None, type=PathKind("tree"),
                    help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
                         "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
-                        "the heads' raw probabilities) (default: the checkpoint's tree, else built-in)")
+                        "the heads' raw probabilities), or 'lookup': the context-lookup chain alone, no "
+                        "heads (needs --lookup-tokens >= 1) (default: the checkpoint's tree, else built-in)")
     p.add_argument("--nodes", type=NODES, default=None, help="nodes of the dynamic tree (default 32)")
+    p.add_argument("--lookup-tokens", type=LOOKUP_TOKENS, default=None, metavar="L",
+                   help="verify a chain of L context-lookup tokens beside the heads' tree in the same "
+                        "forward (0: heads only; default: the checkpoint tree's lookup_tokens)")
     p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--seed", type=SEED, default=None)
     p.add_argument("--compile", action="store_true",

@@ -35,6 +35,7 @@ from medusa.tree.path_score import score_log_probs
 # (d, paths [B, W, d] tokens root first) -> (log-probs [B, W, c], tokens [B, W, c]) of head d's top-c
 ChildrenFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 TIE_BREAK = 1e-6
+LOOKUP_TREE = "lookup"  # --tree lookup: lookup.LOOKUP_ONLY, the lookup chain alone (no heads)
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,23 @@ class DynamicTree:
         return self.num_nodes
 
 
-def tree_option(tree: str | None, nodes: int | None = None) -> Any:
-    """The CLI's ``--tree`` / ``--nodes``: None (the checkpoint's tree), ``dynamic`` (a :class:`DynamicTree`
-    of ``nodes`` nodes, default 32, calibrated path score when the checkpoint has one), ``dynamic-raw``
-    (raw head probabilities) or a tree.json path."""
+def tree_option(tree: str | None, nodes: int | None = None, lookup_tokens: int | None = None) -> Any:
+    """The CLI's ``--tree`` / ``--nodes`` / ``--lookup-tokens``: None (the checkpoint's tree), ``dynamic`` (a
+    :class:`DynamicTree` of ``nodes`` nodes, default 32, calibrated path score when the checkpoint has one),
+    ``dynamic-raw`` (raw head probabilities), ``lookup`` (the string: the lookup chain alone, which needs
+    ``lookup_tokens >= 1``) or a tree.json path. A lookup chain (``lookup_tokens >= 1``) needs a static
+    tree or ``lookup``."""
     if tree in ("dynamic", "dynamic-raw"):
+        if lookup_tokens:
+            raise MedusaError("--lookup-tokens needs a static tree (a tree.json or the checkpoint's) or "
+                              "--tree lookup, not a dynamic one")
         return DynamicTree(nodes if nodes is not None else 32, calibrated=tree == "dynamic")
     if nodes is not None:
         raise MedusaError("--nodes applies to --tree dynamic only (a tree.json fixes its own size)")
+    if tree == LOOKUP_TREE:
+        if lookup_tokens is None or lookup_tokens < 1:
+            raise MedusaError("--tree lookup (the lookup chain alone) needs --lookup-tokens L with L >= 1")
+        return LOOKUP_TREE
     if tree is None:
         return None
     return MedusaTree.from_json(tree)

@@ -14,8 +14,6 @@ asserted.
 from __future__ import annotations
 
 import copy
-import datetime as _dt
-import platform
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,16 +22,23 @@ from typing import Any
 import torch
 
 from medusa.config.enums import ACCEPTANCE
-from medusa.decoding.compiled import compile_mode
-from medusa.decoding.dynamic_tree import tree_kind
+from medusa.decoding.dynamic_tree import LOOKUP_TREE, DynamicTree
 from medusa.decoding.generate import sampling_defaults
 from medusa.errors import MedusaError
+from medusa.eval.bench_compiled import (
+    compiled_fields,
+    compiled_summary,
+    format_compiled,
+    static_compiled_config,
+)
+from medusa.eval.bench_config import bench_config, lookup_config
 from medusa.eval.report import summarize
 from medusa.eval.timing import plain_step_time, timed
 from medusa.modeling.draft_vocab import draft_vocab_summary
 from medusa.modeling.loading import encode_prompt
 
-EXTRA_METHODS = ("assisted", "prompt_lookup")  # optional HF baselines, reported beside MEDUSA
+LOOKUP_METHODS = ("lookup_alone", "hybrid")  # compare_lookup: the lookup chain alone, and beside the heads
+EXTRA_METHODS = (*LOOKUP_METHODS, "assisted", "prompt_lookup")  # optional, reported beside MEDUSA
 
 
 def _generation_config(base: Any, ignore_eos: bool, pad_token_id: int | None, max_new_tokens: int,
@@ -86,12 +91,15 @@ class BenchSetup:
     generator: torch.Generator  # MEDUSA's sampling generator, reseeded per prompt
     assistant_model: Any = None
     assistant_tokenizer: Any = None
+    lookup_tokens: int | None = None  # MEDUSA's lookup chain (None: the tree's; 0 with compare_lookup)
+    compare_lookup: int = 0  # L of the lookup-alone and hybrid rows (0: not measured)
 
 
 def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str, temperature: float | None,
                top_k: int | None, top_p: float | None, tree: Any, ignore_eos: bool, seed: int,
                prompt_lookup_num_tokens: int, assistant_model: Any = None,
-               assistant_tokenizer: Any = None) -> BenchSetup:
+               assistant_tokenizer: Any = None, lookup_tokens: int | None = None,
+               compare_lookup: int = 0) -> BenchSetup:
     """HF generation configs matching MEDUSA's decoding parameters (unset temperature / top_k / top_p
     resolve as ``medusa_generate`` and HF resolve them) and the state the runners share."""
 
@@ -109,7 +117,8 @@ def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str,
         lookup_cfg=_generation_config(base, ignore_eos, pad, max_new_tokens, hf_sampling,
                                       prompt_lookup_num_tokens=prompt_lookup_num_tokens),
         generator=torch.Generator(device=model.device), assistant_model=assistant_model,
-        assistant_tokenizer=assistant_tokenizer)
+        assistant_tokenizer=assistant_tokenizer, lookup_tokens=0 if compare_lookup else lookup_tokens,
+        compare_lookup=compare_lookup)
 
 
 def run_baseline(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
@@ -118,12 +127,29 @@ def run_baseline(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
     return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=s.gen_cfg)
 
 
-def run_medusa(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
-    """MEDUSA decoding; returns the :class:`MedusaGenerateOutput` (``sequences [1, P + new]``)."""
+def _medusa_call(s: BenchSetup, ids: torch.Tensor, i: int, tree: Any, lookup_tokens: int | None,
+                 compile: bool = False) -> Any:
+    """``model.generate`` with the bench's settings, ``tree`` and ``lookup_tokens``."""
     s.generator.manual_seed(s.seed + i)
     return s.model.generate(ids, max_new_tokens=s.max_new_tokens, acceptance=s.acceptance,
-                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, tree=s.tree,
-                            eos_token_id=s.medusa_eos, return_dict_in_generate=True, generator=s.generator)
+                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, tree=tree,
+                            eos_token_id=s.medusa_eos, return_dict_in_generate=True, generator=s.generator,
+                            compile=compile, lookup_tokens=lookup_tokens)
+
+
+def run_medusa(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
+    """MEDUSA decoding; returns the :class:`MedusaGenerateOutput` (``sequences [1, P + new]``)."""
+    return _medusa_call(s, ids, i, s.tree, s.lookup_tokens)
+
+
+def run_lookup_alone(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
+    """MEDUSA's context-lookup chain of ``compare_lookup`` tokens alone (``tree="lookup"``, no heads)."""
+    return _medusa_call(s, ids, i, LOOKUP_TREE, s.compare_lookup)
+
+
+def run_hybrid(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
+    """The heads' tree and a lookup chain of ``compare_lookup`` tokens, verified in one forward."""
+    return _medusa_call(s, ids, i, s.tree, s.compare_lookup)
 
 
 def run_assisted(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
@@ -143,19 +169,6 @@ def run_prompt_lookup(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
                                        generation_config=s.lookup_cfg)
 
 
-def static_compiled_config(gen_cfg: Any, device: torch.device) -> Any:
-    """``gen_cfg`` with HF's static cache and its compiled forward (CUDA graphs on CUDA, inductor elsewhere):
-    the fair baseline of ``compile=True`` MEDUSA."""
-    from transformers.generation.configuration_utils import CompileConfig
-
-
-    cfg = copy.deepcopy(gen_cfg)
-    cfg.cache_implementation = "static"
-    cfg.compile_config = CompileConfig(dynamic=False, mode=compile_mode(device) or "default")
-    cfg.compile_config._compile_all_devices = True  # HF compiles on CUDA only unless told
-    return cfg
-
-
 def run_baseline_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
     """HF ``generate`` with ``cache_implementation="static"`` and a compiled forward."""
     torch.manual_seed(s.seed + i)
@@ -165,32 +178,14 @@ def run_baseline_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Ten
 
 def run_medusa_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
     """MEDUSA with the static cache and the compiled step (``compile=True``)."""
-    s.generator.manual_seed(s.seed + i)
-    return s.model.generate(ids, max_new_tokens=s.max_new_tokens, acceptance=s.acceptance,
-                            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, tree=s.tree,
-                            eos_token_id=s.medusa_eos, return_dict_in_generate=True, generator=s.generator,
-                            compile=True)
+    return _medusa_call(s, ids, i, s.tree, s.lookup_tokens, compile=True)
 
 
 RUNNERS: dict[str, Callable[[BenchSetup, torch.Tensor, int], Any]] = {"baseline": run_baseline,
-    "medusa": run_medusa, "assisted": run_assisted, "prompt_lookup": run_prompt_lookup,
+    "medusa": run_medusa, "lookup_alone": run_lookup_alone, "hybrid": run_hybrid,
+    "assisted": run_assisted, "prompt_lookup": run_prompt_lookup,
     "baseline_compiled": run_baseline_compiled, "medusa_compiled": run_medusa_compiled}
 COMPILED = ("baseline_compiled", "medusa_compiled")
-
-
-def compiled_fields(best: dict[str, float], outputs: dict[str, Any], prompt_len: int, greedy: bool
-                    ) -> dict[str, Any]:
-    """Compiled MEDUSA against compiled static-cache HF generate on one prompt (never against eager HF)."""
-    md, hf = outputs["medusa_compiled"], outputs["baseline_compiled"]
-    new_md, new_hf = md.sequences.shape[1] - prompt_len, hf.shape[1] - prompt_len
-    return {
-        "compiled_baseline_s": best["baseline_compiled"],
-        "compiled_medusa_s": best["medusa_compiled"],
-        "compiled_speedup": (new_md / best["medusa_compiled"]) / (new_hf / best["baseline_compiled"]),
-        "compiled_medusa_step_ms": 1e3 * md.decode_time_s / max(md.num_steps, 1),
-        "compiled_hf_step_ms": 1e3 * best["baseline_compiled"] / max(new_hf, 1),
-        "compiled_exact_match": bool(torch.equal(md.sequences[0].cpu(), hf[0].cpu())) if greedy else None,
-    }
 
 
 # ---------------------------------------------------------------------------------------- per prompt
@@ -214,8 +209,9 @@ def prompt_row(prompt: str, prompt_len: int, best: dict[str, float], outputs: di
                greedy: bool) -> dict[str, Any]:
     """One report row from the fastest run of each method on one prompt (``plain_s``: plain step seconds)."""
     md = outputs["medusa"]
-    new = {n: (out.sequences if n == "medusa" else out).shape[1] - prompt_len for n, out in outputs.items()}
-    base_seq = outputs["baseline"][0].cpu()
+    seqs = {n: getattr(out, "sequences", out) for n, out in outputs.items()}  # each [1, P + new]
+    new = {n: seq.shape[1] - prompt_len for n, seq in seqs.items()}
+    base_seq = seqs["baseline"][0].cpu()
     row: dict[str, Any] = {
         "prompt": prompt if len(prompt) <= 200 else prompt[:197] + "...",
         "prompt_tokens": int(prompt_len),
@@ -239,11 +235,32 @@ def prompt_row(prompt: str, prompt_len: int, best: dict[str, float], outputs: di
             row[f"{extra}_new_tokens"] = new[extra]
             row[f"{extra}_tokens_per_s"] = new[extra] / best[extra]
             row[f"{extra}_speedup"] = row[f"{extra}_tokens_per_s"] / row["baseline_tokens_per_s"]
-            row[f"{extra}_exact_match"] = torch.equal(outputs[extra][0].cpu(), base_seq) if greedy else None
+            row[f"{extra}_exact_match"] = torch.equal(seqs[extra][0].cpu(), base_seq) if greedy else None
+            if extra in LOOKUP_METHODS:
+                row[f"{extra}_steps"] = outputs[extra].num_steps
+                row[f"{extra}_tokens_per_step"] = outputs[extra].tokens_per_step
     return row
 
 
 # ---------------------------------------------------------------------------------------- top level
+def check_lookup(tree: Any, lookup_tokens: int | None, compare_lookup: int) -> None:
+    """``compare_lookup`` (an integer >= 0) sets every row's lookup chain itself, and its hybrid row needs a
+    static tree; ``tree="lookup"`` needs ``lookup_tokens >= 1`` (as ``generate``). ``tree``: as ``bench``
+    takes it, or as ``--tree`` names it (a tree.json path, ``lookup``, ``dynamic``, ``dynamic-raw``)."""
+    if not isinstance(compare_lookup, int) or isinstance(compare_lookup, bool) or compare_lookup < 0:
+        raise MedusaError(f"compare_lookup must be an integer >= 0, got {compare_lookup!r}")
+    is_lookup = isinstance(tree, str) and tree == LOOKUP_TREE
+    dynamic = isinstance(tree, DynamicTree) or (isinstance(tree, str) and tree.startswith("dynamic"))
+    if compare_lookup and (is_lookup or dynamic):
+        raise MedusaError("--compare-lookup needs a static tree (a tree.json or the checkpoint's): its "
+                          "hybrid row merges the lookup chain into it")
+    if compare_lookup and lookup_tokens:
+        raise MedusaError("--compare-lookup runs MEDUSA with heads only, then the lookup rows with its "
+                          "own L; drop --lookup-tokens")
+    if is_lookup and (lookup_tokens is None or lookup_tokens < 1):
+        raise MedusaError("--tree lookup (the lookup chain alone) needs --lookup-tokens L with L >= 1")
+
+
 def _check_args(acceptance: str, prompts: Sequence[str], max_new_tokens: int, repeats: int) -> None:
     if acceptance not in ACCEPTANCE:
         raise MedusaError(f"--acceptance must be one of {', '.join(ACCEPTANCE)}, got {acceptance!r}")
@@ -260,7 +277,8 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
           assistant_tokenizer: Any = None, prompt_lookup: bool = False, prompt_lookup_num_tokens: int = 10,
           repeats: int = 1, ignore_eos: bool = True, seed: int = 0, progress: bool = True,
           plain_step_samples: int = 32, chat: bool = False,
-          categories: Sequence[str] | None = None, compile: bool = False) -> dict[str, Any]:
+          categories: Sequence[str] | None = None, compile: bool = False, lookup_tokens: int | None = None,
+          compare_lookup: int = 0) -> dict[str, Any]:
     """Measure ``model`` (a :class:`MedusaModel`) against its base model on ``prompts``; returns the report.
 
     ``acceptance="greedy"`` compares with ``generate(do_sample=False)``; ``"sample"`` / ``"typical"`` with
@@ -271,6 +289,9 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     --chat``); ``categories``: one label per prompt, reported per category (``report["categories"]``).
     ``compile``: also compiled MEDUSA vs HF static-cache compiled generate (``report["compiled"]``); the
     warm-up call compiles both, so the timed runs exclude compilation.
+    ``lookup_tokens``: MEDUSA's context-lookup chain (as ``generate``; None: the tree's). ``compare_lookup=L``
+    (L >= 1): MEDUSA runs heads only (``lookup_tokens=0``) and, in the same loop, the lookup chain of L
+    tokens alone (``report["lookup_alone"]``) and beside the heads' tree (``report["hybrid"]``).
     """
     from tqdm.auto import tqdm
 
@@ -279,9 +300,11 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     if categories is not None and len(categories) != len(prompts):
         raise MedusaError(f"{len(categories)} categories for {len(prompts)} prompts")
     tree = tree if tree is not None else model.tree
+    check_lookup(tree, lookup_tokens, compare_lookup)
     s = make_setup(model, tokenizer, max_new_tokens, acceptance, temperature, top_k, top_p, tree, ignore_eos,
-                   seed, prompt_lookup_num_tokens, assistant_model, assistant_tokenizer)
-    names = method_names(assistant_model is not None, prompt_lookup, compile)
+                   seed, prompt_lookup_num_tokens, assistant_model, assistant_tokenizer, lookup_tokens,
+                   compare_lookup)
+    names = method_names(assistant_model is not None, prompt_lookup, compile, bool(compare_lookup))
     encoded = [encode_prompt(tokenizer, p, chat).to(model.device) for p in prompts]  # each [1, P]
     for name in names:  # warm-up: allocations, lazy imports, first-call paths
         RUNNERS[name](s, encoded[0], 0)
@@ -300,6 +323,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
         bar.set_postfix(speedup=f"{row['speedup']:.2f}", tps=f"{row['tokens_per_step']:.2f}", refresh=False)
     bar.close()
     config = bench_config(s, assistant_model, prompt_lookup, prompt_lookup_num_tokens, repeats, ignore_eos)
+    config.update(lookup_config(s))
     config["chat_template"] = chat
     config["compile"] = compile
     report = summarize(rows, accept_hist, config)
@@ -309,9 +333,11 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     return report
 
 
-def method_names(assisted: bool, prompt_lookup: bool, compile: bool) -> list[str]:
+def method_names(assisted: bool, prompt_lookup: bool, compile: bool, compare_lookup: bool = False
+                 ) -> list[str]:
     """The methods one bench run times, in order (keys of :data:`RUNNERS`)."""
-    return (["baseline", "medusa"] + (["assisted"] if assisted else [])
+    return (["baseline", "medusa"] + (list(LOOKUP_METHODS) if compare_lookup else [])
+            + (["assisted"] if assisted else [])
             + (["prompt_lookup"] if prompt_lookup else []) + (list(COMPILED) if compile else []))
 
 
@@ -331,69 +357,5 @@ def measure_prompt(s: BenchSetup, names: Sequence[str], prompt: str, ids: torch.
     return row, outputs["medusa"]
 
 
-def compiled_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Eager-vs-eager and compiled-vs-compiled speedups side by side (total time over all prompts)."""
-    tot = {k: sum(r[k] for r in rows) for k in ("baseline_s", "medusa_s", "compiled_baseline_s",
-                                                 "compiled_medusa_s")}
-    matches = [r["compiled_exact_match"] for r in rows if r["compiled_exact_match"] is not None]
-    return {
-        "eager_speedup": tot["baseline_s"] / tot["medusa_s"],
-        "compiled_speedup": tot["compiled_baseline_s"] / tot["compiled_medusa_s"],
-        "compiled_vs_eager_medusa": tot["medusa_s"] / tot["compiled_medusa_s"],
-        "compiled_vs_eager_hf": tot["baseline_s"] / tot["compiled_baseline_s"],
-        "compiled_medusa_step_ms": sum(r["compiled_medusa_step_ms"] for r in rows) / len(rows),
-        "compiled_hf_step_ms": sum(r["compiled_hf_step_ms"] for r in rows) / len(rows),
-        "compiled_exact_match": sum(matches) / len(matches) if matches else None,
-    }
-
-
-def format_compiled(c: dict[str, Any]) -> str:
-    """Two lines: eager-vs-eager and compiled-vs-compiled (same prompts, same run)."""
-    return (f"eager:    MEDUSA {c['eager_speedup']:.2f}x over HF generate\n"
-            f"compiled: MEDUSA {c['compiled_speedup']:.2f}x over HF static-cache compiled generate "
-            f"(MEDUSA step {c['compiled_medusa_step_ms']:.2f} ms, HF step {c['compiled_hf_step_ms']:.2f} ms, "
-            f"exact match {c['compiled_exact_match']})")
-
-
-def bench_config(s: BenchSetup, assistant_model: Any, prompt_lookup: bool, lookup_tokens: int, repeats: int,
-                 ignore_eos: bool) -> dict[str, Any]:
-    """The report's ``config``: what was measured, with which settings, on what."""
-    import transformers
-
-    model, tree = s.model, s.tree
-    params = next(model.base_model.parameters())
-    return {
-        "base_model": model.config.base_model_name_or_path,
-        "num_heads": model.num_heads,
-        "num_layers": model.config.num_layers,
-        "tree_nodes": len(tree) if tree is not None else None,
-        "tree_source": "given" if tree is not None else "built-in default",
-        "tree_kind": tree_kind(tree, model.tree),
-        "max_new_tokens": s.max_new_tokens,
-        "acceptance": s.acceptance,
-        "temperature": None if s.acceptance == "greedy" else s.temperature,
-        "top_k": s.top_k, "top_p": s.top_p,
-        "ignore_eos": ignore_eos, "repeats": repeats,
-        "seed": s.seed,
-        "dtype": str(params.dtype).removeprefix("torch."),
-        "device": str(params.device),
-        "torch_threads": torch.get_num_threads(),
-        "assistant_model": str(getattr(getattr(assistant_model, "config", None), "name_or_path", "") or "")
-        if assistant_model is not None else None,
-        "prompt_lookup_num_tokens": lookup_tokens if prompt_lookup else None,
-        "hardware": _hardware(params.device),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-
-
-def _hardware(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import os
-
-    return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores visible"
-
-
-__all__ = ["BenchSetup", "RUNNERS", "bench", "bench_config", "make_setup", "prompt_row", "time_methods"]
+__all__ = ["BenchSetup", "RUNNERS", "bench", "bench_config", "check_lookup", "format_compiled", "make_setup",
+           "prompt_row", "time_methods"]

@@ -5,6 +5,9 @@ Report keys: ``baseline_tokens_per_s``, ``medusa_tokens_per_s`` (total new token
 ``speedup`` (median of per-prompt ratios), ``tokens_per_step``, ``overhead`` (MEDUSA verification step
 time / a plain single-token forward with a KV cache), ``greedy_exact_match`` (fraction of prompts whose
 greedy MEDUSA output equals the baseline's; None when sampling), ``rows`` (per prompt), and more.
+Optional methods, each a dict of ``tokens_per_s`` / ``speedup`` / ``greedy_exact_match`` when measured:
+``assisted`` and ``prompt_lookup`` (HF), ``lookup_alone`` and ``hybrid`` (MEDUSA's context-lookup chain
+alone and beside the heads, ``bench(compare_lookup=L)``; also ``tokens_per_step``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from medusa.calibrate.plot import pyplot
+
+LOOKUP_LABELS = {"lookup_alone": "lookup alone", "hybrid": "hybrid"}  # bench(compare_lookup=L)'s methods
 
 
 def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -40,7 +45,7 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                if rows[0]["exact_match"] is not None else None),
     }
     report["overhead"] = report["medusa_step_ms"] / report["plain_step_ms"]
-    for extra in ("assisted", "prompt_lookup"):
+    for extra in (*LOOKUP_LABELS, "assisted", "prompt_lookup"):
         if f"{extra}_s" in rows[0]:
             report[extra] = {
                 "tokens_per_s": total(f"{extra}_new_tokens") / total(f"{extra}_s"),
@@ -48,6 +53,10 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "greedy_exact_match": (sum(r[f"{extra}_exact_match"] for r in rows) / len(rows)
                                        if rows[0][f"{extra}_exact_match"] is not None else None),
             }
+        if f"{extra}_steps" in rows[0]:  # MEDUSA's lookup methods: tokens gained per verification step
+            e_steps = total(f"{extra}_steps")
+            gained_e = sum(r[f"{extra}_tokens_per_step"] * r[f"{extra}_steps"] for r in rows)
+            report[extra]["tokens_per_step"] = gained_e / e_steps if e_steps else 0.0
     return report
 
 
@@ -66,15 +75,21 @@ def summarize(rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str
 
 def category_table(report: dict[str, Any]) -> str:
     """Spec-Bench-style markdown: a row per category and overall — tokens/step, speedup over HF generate
-    (median of per-prompt ratios), greedy exact match, and HF prompt lookup's speedup when measured."""
+    (median of per-prompt ratios), greedy exact match; then, when measured, MEDUSA's lookup chain alone and
+    the hybrid (tokens/step, speedup, exact match) and HF prompt lookup (speedup, exact match)."""
+    ours = [m for m in LOOKUP_LABELS if m in report]
     lookup = "prompt_lookup" in report
     head = "| category | prompts | tokens/step | speedup | exact match |"
+    head += "".join(f" {LOOKUP_LABELS[m]} {c} |" for m in ours
+                    for c in ("tokens/step", "speedup", "exact match"))
     lines = [head + (" prompt lookup speedup | lookup exact match |" if lookup else ""),
-             "|---" * (7 if lookup else 5) + "|"]
+             "|---" * (5 + 3 * len(ours) + (2 if lookup else 0)) + "|"]
     groups = {**report.get("categories", {}), "overall": report}
     for name, g in groups.items():
         cells = [name, str(g["prompts"]), f"{g['tokens_per_step']:.2f}", f"{g['speedup']:.2f}x",
                  _frac(g["greedy_exact_match"])]
+        for m in ours:
+            cells += _lookup_cells(g[m])
         if lookup:
             cells += [f"{g['prompt_lookup']['speedup']:.2f}x",
                       _frac(g["prompt_lookup"]["greedy_exact_match"])]
@@ -95,10 +110,16 @@ def markdown_table(report: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|",
         f"| HF generate | {report['baseline_tokens_per_s']:.1f} | 1.00x | 1.00 | "
         f"{report['hf_step_ms']:.2f} | — |",
-        (f"| MEDUSA | {report['medusa_tokens_per_s']:.1f} | {report['speedup']:.2f}x | "
+        (f"| MEDUSA{' heads only' if any(m in report for m in LOOKUP_LABELS) else ''} | "
+        f"{report['medusa_tokens_per_s']:.1f} | {report['speedup']:.2f}x | "
         f"{report['tokens_per_step']:.2f} | {report['medusa_step_ms']:.2f} | "
         f"{_frac(report['greedy_exact_match'])} |"),
     ]
+    for m in (m for m in LOOKUP_LABELS if report.get(m)):
+        e, n = report[m], c.get("compare_lookup")
+        tps, speedup, exact = _lookup_cells(e)
+        lines.append(f"| MEDUSA {LOOKUP_LABELS[m]}{f' (L={n})' if n else ''} | {e['tokens_per_s']:.1f} | "
+                     f"{speedup} | {tps} | — | {exact} |")
     for extra, label in (("assisted", "HF assisted (draft model)"), ("prompt_lookup", "HF prompt lookup")):
         if report.get(extra):
             e = report[extra]
@@ -118,6 +139,11 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def _frac(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
+
+
+def _lookup_cells(e: dict[str, Any]) -> list[str]:
+    """A lookup method's tokens/step, speedup and greedy exact match, as table cells."""
+    return [f"{e['tokens_per_step']:.2f}", f"{e['speedup']:.2f}x", _frac(e["greedy_exact_match"])]
 
 
 def plot_report(report: dict[str, Any], stem: str | Path) -> list[Path]:
@@ -179,8 +205,9 @@ def write_report(report: dict[str, Any], out: str | Path, plots: bool = True) ->
 
 def format_summary(report: dict[str, Any]) -> str:
     """A short plain-text summary for the terminal."""
+    medusa = "MEDUSA heads only" if any(report.get(m) for m in LOOKUP_LABELS) else "MEDUSA"
     lines = [f"HF generate          {report['baseline_tokens_per_s']:8.1f} tokens/s",
-             f"MEDUSA               {report['medusa_tokens_per_s']:8.1f} tokens/s",
+             f"{medusa:<20} {report['medusa_tokens_per_s']:8.1f} tokens/s",
              (f"speedup (median)     {report['speedup']:8.2f}x   (range {report['speedup_min']:.2f}-"
              f"{report['speedup_max']:.2f})"),
              f"tokens/step          {report['tokens_per_step']:8.2f}",
@@ -192,6 +219,11 @@ def format_summary(report: dict[str, Any]) -> str:
     if report.get("draft_vocab_coverage") is not None:
         lines.append(f"draft vocabulary     {report['draft_vocab_coverage']:8.2%}   of the generated tokens "
                      f"({report['draft_vocab']} draft tokens)")
+    for m in (m for m in LOOKUP_LABELS if report.get(m)):
+        e = report[m]
+        tps, speedup, exact = _lookup_cells(e)
+        lines.append(f"{'MEDUSA ' + LOOKUP_LABELS[m]:<20} {e['tokens_per_s']:8.1f} tokens/s, {speedup}, "
+                     f"{tps} tokens/step, exact match {exact}")
     for extra, label in (("assisted", "HF assisted"), ("prompt_lookup", "HF prompt lookup")):
         if report.get(extra):
             lines.append(f"{label:<20} {report[extra]['tokens_per_s']:8.1f} tokens/s, "

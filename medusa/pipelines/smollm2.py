@@ -11,7 +11,9 @@ Resumable stages (a finished stage is reused; delete ``--out`` to start over):
 4. ``calibrate``: ``--nodes auto`` (<= 64 nodes) on the held-out conversations, tree.json in the heads;
 5. ``export``: the vLLM layout;
 6. ``bench``: Spec-Bench public (MT-bench + translation, summarization, qa, math_reasoning, rag) through the
-   chat template, stopping at EOS, against HF ``generate`` and HF prompt lookup, a row per category;
+   chat template, stopping at EOS, against HF ``generate``, a row per category: the heads only, our
+   context-lookup chain alone, the hybrid (both in one forward; L = tree.json's ``lookup_tokens``, else
+   ``--compare-lookup-tokens``) and HF prompt lookup;
 7. unless ``--no-hydra``: Hydra heads (the MEDUSA-1 recipe with ``heads.head_type=hydra``, from the same
    hidden-state cache; Hydra heads have their own projections, never the shared LM head), calibrated at
    MEDUSA-1's node count and benchmarked per category, and the dynamic tree of that many nodes with either
@@ -34,11 +36,13 @@ from medusa.errors import DataError, MedusaError
 from medusa.eval.report import category_table
 from medusa.eval.timing import forward_cost_curve
 from medusa.modeling.base import load_base_model
+from medusa.modeling.config import TREE_NAME
 from medusa.pipelines import stages as S
 from medusa.pipelines.chat_data import MT_BENCH, reply_stats, spec_bench  # noqa: F401  (re-exported)
 from medusa.pipelines.chat_model import fetch_smollm2
 from medusa.pipelines.head_types import HeadTypePlan, hydra_overrides, run_head_types
 from medusa.pipelines.ship import ship_heads
+from medusa.tree import MedusaTree
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recorded as the shipped heads' base_model_name_or_path
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
@@ -70,6 +74,7 @@ class Settings:
     max_new_tokens: int = 128
     repeats: int = 1
     prompt_lookup_num_tokens: int = 10
+    compare_lookup_tokens: int = 8  # L of the lookup-alone / hybrid rows when tree.json has no lookup_tokens
     threads: int | None = None
     device: str | None = None
     shipped: str | None = None  # benchmark these shipped head sets (medusa1/, hydra/) instead of training
@@ -141,16 +146,26 @@ def cost_curve_stage(model_path: str) -> dict[str, Any]:
             "relative": {str(n): s / curve[1] for n, s in curve.items()}}
 
 
+def compare_lookup_tokens(s: Settings, heads: Path) -> int:
+    """L of the lookup-alone and hybrid rows: the heads' tree.json ``lookup_tokens`` when > 0, else
+    ``s.compare_lookup_tokens``."""
+    path = Path(heads) / TREE_NAME
+    calibrated = MedusaTree.from_json(path).lookup_tokens if path.is_file() else 0
+    return calibrated if calibrated > 0 else s.compare_lookup_tokens
+
+
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path,
                       tree: Any = None, prompt_lookup: bool = True) -> dict[str, Any]:
-    """``medusa bench --chat --stop-at-eos --prompt-lookup`` on the Spec-Bench rows, per category (``tree``:
-    None for the checkpoint's tree.json, or a DynamicTree; ``prompt_lookup=False``: no HF prompt-lookup
-    column, when another bench of the same run measures it)."""
+    """``medusa bench --chat --stop-at-eos --prompt-lookup --compare-lookup L`` on the Spec-Bench rows, per
+    category: heads only, our lookup chain alone, the hybrid and HF prompt lookup (``tree``: None for the
+    checkpoint's tree.json, or a DynamicTree, then heads only; ``prompt_lookup=False``: neither the lookup
+    nor the HF prompt-lookup columns, when another bench of the same run measures them)."""
 
+    compare = compare_lookup_tokens(s, heads) if prompt_lookup and tree is None else 0
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
                            progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
-                           categories=[r["category"] for r in rows], tree=tree)
+                           categories=[r["category"] for r in rows], tree=tree, compare_lookup=compare)
     result["table"] = category_table(json.loads(report.read_text()))
     return result
 
@@ -341,6 +356,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
     parser.add_argument("--calib-data", default=None,
                         help="held-out self-distilled conversations (with --train-data)")
     parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
+    parser.add_argument("--compare-lookup-tokens", type=int, default=Settings.compare_lookup_tokens,
+                        metavar="L", help="lookup chain of the lookup-alone and hybrid rows when the "
+                                          "tree.json has no lookup_tokens")
     parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
     parser.add_argument("--synthesize", type=int, default=Settings.synthesize, metavar="N",
                         help="also train on N user requests the model writes itself (Magpie)")
@@ -357,7 +375,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                  per_category=args.per_category, max_new_tokens=args.max_new_tokens, nodes=args.nodes,
                  sharegpt_prompts=args.sharegpt_prompts, alpaca_prompts=args.alpaca_prompts,
                  calib_prompts=args.calib_prompts, train_data=args.train_data, calib_data=args.calib_data,
-                 threads=args.threads, medusa2=args.medusa2, hydra=not args.no_hydra,
+                 threads=args.threads, medusa2=args.medusa2,
+                 compare_lookup_tokens=args.compare_lookup_tokens, hydra=not args.no_hydra,
                  synthesize=args.synthesize, shipped=args.shipped, ship=args.ship,
                  hydra_overrides=tuple(args.hydra_set),
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)

@@ -229,7 +229,8 @@ def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str 
     files = write_report(report, report_path)
     keys = ("baseline_tokens_per_s", "medusa_tokens_per_s", "speedup", "tokens_per_step", "overhead",
             "greedy_exact_match", "medusa_step_ms", "plain_step_ms", "hf_step_ms", "prompts")
-    optional = {k: report[k] for k in ("categories", "prompt_lookup", "assisted") if k in report}
+    optional = {k: report[k] for k in ("categories", "prompt_lookup", "assisted", "lookup_alone", "hybrid")
+                if k in report}
     return {**{k: report[k] for k in keys}, **optional, "files": [str(f) for f in files]}
 
 

@@ -40,3 +40,47 @@ def test_cli_bench_bad_prompts_file_is_one_line_error(tmp_path, capsys):
     rc = main(["bench", "--heads", str(tmp_path), "--prompts", str(bad), "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error:") and f"{bad}:2" in err and "\n" not in err
+
+
+def test_cli_bench_compare_lookup_rows(stories_medusa, tmp_path, capsys):
+    from medusa.cli import main
+
+    heads = tmp_path / "heads"
+    stories_medusa.save_pretrained(heads)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS[:2]) + "\n")
+    out = tmp_path / "report.json"
+    rc = main(["bench", "--heads", str(heads), "--prompts", str(prompts), "--max-new-tokens", "12",
+               "--compare-lookup", "3", "--prompt-lookup", "--threads", "1", "--quiet", "--no-plots",
+               "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["compare_lookup"] == 3 and report["config"]["lookup_tokens"] == 0
+    assert report["greedy_exact_match"] == 1.0
+    for key in ("lookup_alone", "hybrid", "prompt_lookup"):
+        assert report[key]["greedy_exact_match"] == 1.0
+    assert report["hybrid"]["tokens_per_step"] >= 1.0 and report["lookup_alone"]["tokens_per_step"] >= 1.0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in printed if line.startswith(("MEDUSA", "HF prompt"))] == [
+        "MEDUSA heads only", "MEDUSA lookup alone", "MEDUSA hybrid", "HF prompt lookup"]
+    assert "| MEDUSA hybrid (L=3) |" in out.with_suffix(".md").read_text()
+
+
+def test_cli_bench_lookup_option_errors_are_one_line(tmp_path, capsys):
+    from medusa.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("fine\n")
+    base = ["bench", "--heads", str(tmp_path), "--prompts", str(prompts), "--out", str(tmp_path / "r.json")]
+    # --heads: a directory but no checkpoint: every one fails before any model loads
+    for extra, words in ((["--tree", "lookup"], "--tree lookup"),
+                         (["--tree", "lookup", "--lookup-tokens", "0"], "--lookup-tokens L with L >= 1"),
+                         (["--compare-lookup", "0"], "--compare-lookup"),
+                         (["--compare-lookup", "4", "--lookup-tokens", "2"], "drop --lookup-tokens"),
+                         (["--compare-lookup", "4", "--tree", "dynamic"], "static tree"),
+                         (["--compare-lookup", "4", "--tree", "lookup"], "static tree"),
+                         (["--lookup-tokens", "-1"], "--lookup-tokens"),
+                         (["--lookup-tokens", "2", "--tree", "dynamic"], "static tree")):
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error:") and words in err and "\n" not in err, (extra, err)

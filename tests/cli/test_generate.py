@@ -48,3 +48,40 @@ def test_no_prompt_is_a_user_error(tmp_path, capsys):
     assert main(["generate", "--heads", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: give --prompt TEXT or --prompts FILE"]
+
+
+def test_lookup_options_reach_generate(heads, capsys, monkeypatch):
+    """--lookup-tokens L (the hybrid) and --tree lookup reach model.generate; greedy, the text stays HF's."""
+    seen = []
+    original = MedusaModel.generate
+
+    def recording(self, *args, **kwargs):
+        seen.append((kwargs.get("tree"), kwargs.get("lookup_tokens")))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MedusaModel, "generate", recording)
+    tok = stories_tokenizer()
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    expected = tok.decode(MedusaModel.from_pretrained(heads).base_model.generate(
+        ids, max_new_tokens=8, do_sample=False)[0], skip_special_tokens=True)
+    for extra in (["--lookup-tokens", "3"], ["--tree", "lookup", "--lookup-tokens", "2"],
+                  ["--lookup-tokens", "0"], []):
+        capsys.readouterr()
+        assert main(["generate", "--heads", str(heads), "--prompt", PROMPT, "--max-new-tokens", "8",
+                     *extra]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        stats = r"\[8 tokens, \d+ steps, [0-9.]+ tokens/step, .*\]"
+        assert lines[0] == expected and re.fullmatch(stats, lines[1]), lines
+    assert seen == [(None, 3), ("lookup", 2), (None, 0), (None, None)]
+
+
+def test_lookup_option_errors_are_one_line(tmp_path, capsys):
+    # --heads names a directory that is no checkpoint: the options are refused before it is read
+    needs = "needs --lookup-tokens L with L >= 1"
+    for extra, words in ((["--tree", "lookup"], needs), (["--tree", "lookup", "--lookup-tokens", "0"], needs),
+                         (["--lookup-tokens", "x"], "--lookup-tokens"),
+                         (["--lookup-tokens", "2", "--tree", "dynamic"], "static tree"),
+                         (["--lookup-tokens", "2", "--profile"], "--profile")):
+        assert main(["generate", "--heads", str(tmp_path), "--prompt", PROMPT, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and words in err[0], (extra, err)

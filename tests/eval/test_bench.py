@@ -116,3 +116,47 @@ def test_bench_reports_draft_vocab_coverage_of_generated_tokens():
     assert report["draft_vocab"] == 200
     assert report["draft_vocab_coverage"] == pytest.approx(coverage(tm, new))
     assert 0 < report["draft_vocab_coverage"] < 1
+
+
+def test_bench_compare_lookup_rows_are_exact_and_reported_per_category(stories_medusa):
+    """compare_lookup=L: MEDUSA heads only, the lookup chain alone and the hybrid, each against the same HF
+    run; greedy, all three equal HF's tokens, and the summary and per-category table show them."""
+    from medusa.eval.bench import bench
+    from medusa.eval.report import category_table, format_summary, markdown_table
+
+    report = bench(stories_medusa, stories_tokenizer(), PROMPTS[:2], max_new_tokens=16, prompt_lookup=True,
+                   compare_lookup=4, categories=["a", "b"], progress=False)
+    assert report["config"]["compare_lookup"] == 4 and report["config"]["lookup_tokens"] == 0
+    assert report["greedy_exact_match"] == 1.0
+    for key in ("lookup_alone", "hybrid"):
+        assert report[key]["greedy_exact_match"] == 1.0
+        assert report[key]["tokens_per_step"] >= 1.0 and report[key]["speedup"] > 0
+        assert report["categories"]["a"][key]["greedy_exact_match"] == 1.0
+        for row in report["rows"]:
+            assert row[f"{key}_new_tokens"] == 16 and row[f"{key}_exact_match"] is True
+            assert row[f"{key}_tokens_per_step"] == pytest.approx((16 - 1) / row[f"{key}_steps"])
+    summary = format_summary(report).splitlines()
+    assert [line.split(maxsplit=2)[1] for line in summary if line.startswith("MEDUSA ")] == [
+        "heads", "lookup", "hybrid"]
+    assert summary[-1].startswith("HF prompt lookup")
+    table = category_table(report).splitlines()
+    assert table[0].endswith("| lookup alone tokens/step | lookup alone speedup | lookup alone exact match "
+                             "| hybrid tokens/step | hybrid speedup | hybrid exact match "
+                             "| prompt lookup speedup | lookup exact match |")
+    assert all(len(line.split("|")) == len(table[0].split("|")) for line in table)
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["a", "b", "overall"]
+    md = markdown_table(report)
+    assert all(f"| MEDUSA {m} |" in md for m in ("heads only", "lookup alone (L=4)", "hybrid (L=4)"))
+
+
+def test_bench_lookup_arguments_are_checked_before_measuring(stories_medusa):
+    from medusa.errors import MedusaError
+    from medusa.eval.bench import bench
+
+    tok = stories_tokenizer()
+    for kwargs, words in ((dict(tree="lookup"), "--tree lookup"),
+                          (dict(compare_lookup=4, lookup_tokens=2), "drop --lookup-tokens"),
+                          (dict(compare_lookup=4, tree="dynamic"), "static tree"),
+                          (dict(compare_lookup=-1), "integer >= 0")):
+        with pytest.raises(MedusaError, match=words):
+            bench(stories_medusa, tok, PROMPTS[:1], max_new_tokens=4, progress=False, **kwargs)

@@ -10,6 +10,7 @@ from medusa.eval.report import (
     aggregate,
     category_table,
     format_summary,
+    markdown_table,
     report_paths,
     summarize,
     write_report,
@@ -77,3 +78,50 @@ def test_format_summary_lines():
     report["greedy_exact_match"] = None
     del report["prompt_lookup"]
     assert not any(line.startswith(("greedy", "HF prompt")) for line in format_summary(report).splitlines())
+
+
+def _with_lookup(row, lookup_s, hybrid_s, steps):
+    """``row`` with the lookup-alone and hybrid methods (bench(compare_lookup=L)), both exact."""
+    for key, seconds in (("lookup_alone", lookup_s), ("hybrid", hybrid_s)):
+        row.update({f"{key}_s": seconds, f"{key}_new_tokens": row["new_tokens"],
+                    f"{key}_speedup": row["baseline_s"] / seconds, f"{key}_exact_match": True,
+                    f"{key}_steps": steps, f"{key}_tokens_per_step": (row["new_tokens"] - 1) / steps})
+    return row
+
+
+def test_lookup_methods_aggregate_and_show_in_every_table():
+    rows = [_with_lookup(_row("qa", 10, 2.0, 21, 1.0, 0.5, True, 0.9), 0.8, 0.4, 5),
+            _with_lookup(_row("rag", 5, 3.0, 16, 2.0, 0.5, True, 1.0), 1.0, 0.5, 10)]
+    report = summarize(rows, Counter({2: 15}), {"compare_lookup": 4})
+    hybrid = report["hybrid"]
+    assert hybrid["tokens_per_step"] == pytest.approx((20 + 15) / 15)  # gained tokens / steps, pooled
+    assert hybrid["speedup"] == pytest.approx((2.5 + 4.0) / 2) and hybrid["greedy_exact_match"] == 1.0
+    assert hybrid["tokens_per_s"] == pytest.approx(37 / 0.9)
+    assert report["categories"]["rag"]["lookup_alone"]["tokens_per_step"] == pytest.approx(1.5)
+    lines = format_summary(report).splitlines()
+    assert lines[1].startswith("MEDUSA heads only ")
+    hybrid_line = f"MEDUSA hybrid        {37 / 0.9:8.1f} tokens/s, 3.25x, 2.33 tokens/step, exact match 1.00"
+    assert hybrid_line in lines
+    assert lines[-1].startswith("HF prompt lookup")
+    table = category_table(report).splitlines()
+    assert table[1].count("|---") == 5 + 3 + 3 + 2
+    # qa: lookup alone, then hybrid (tokens/step, speedup, exact match)
+    assert table[2].split(" | ")[5:11] == ["4.00", "1.25x", "1.00", "4.00", "2.50x", "1.00"]
+    for r in rows:
+        r.update(prompt_tokens=5, baseline_tokens_per_s=21.0, medusa_tokens_per_s=42.0)
+    report["config"] = {"base_model": "m", "num_heads": 3, "tree_nodes": 8, "max_new_tokens": 21,
+                        "acceptance": "greedy", "dtype": "float32", "hardware": "cpu", "torch_threads": 1,
+                        "date": "2026-11-24", "compare_lookup": 4}
+    md = markdown_table(report)
+    assert f"| MEDUSA hybrid (L=4) | {37 / 0.9:.1f} | 3.25x | 2.33 | — | 1.00 |" in md
+    assert "| MEDUSA heads only |" in md
+
+
+def test_reports_without_lookup_methods_are_unchanged():
+    rows = [_row("qa", 10, 2.0, 21, 1.0, 0.5, True, 0.9)]
+    report = summarize(rows, Counter({2: 10}), {})
+    assert "lookup_alone" not in report and "hybrid" not in report
+    assert category_table(report).splitlines()[0] == (
+        "| category | prompts | tokens/step | speedup | exact match | prompt lookup speedup "
+        "| lookup exact match |")
+    assert format_summary(report).splitlines()[1].startswith("MEDUSA               ")

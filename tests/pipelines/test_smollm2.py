@@ -74,3 +74,38 @@ def test_parse_settings():
     assert (default.alpaca_prompts, default.per_category, default.nodes) == (4800, 10, "auto")
     with pytest.raises(SystemExit):
         smollm2.parse_settings(["--per-category", "many"])
+
+
+def test_bench_by_category_compares_lookup_with_the_trees_length(tmp_path, monkeypatch):
+    """The per-category bench measures heads only, lookup alone, hybrid and HF prompt lookup: L is the
+    tree.json's lookup_tokens, else the settings' default; none with a dynamic tree or without prompt
+    lookup."""
+    import json
+
+    from medusa.tree import MedusaTree
+
+    calls = []
+
+    def fake_bench_stage(heads, prompts, report, max_new_tokens, **kwargs):
+        calls.append(kwargs)
+        report.write_text("{}")
+        return {}
+
+    monkeypatch.setattr(smollm2.S, "bench_stage", fake_bench_stage)
+    monkeypatch.setattr(smollm2, "category_table", lambda report: "table")
+    s = smollm2.Settings(out=str(tmp_path))
+    assert s.compare_lookup_tokens == 8 and s.prompt_lookup_num_tokens == 10
+    rows = [{"prompt": "hi", "category": "qa"}]
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    report = tmp_path / "report.json"
+    assert smollm2.bench_by_category(s, heads, rows, report) == {"table": "table"}  # no tree.json: default
+    for lookup_tokens in (0, 5):  # 0: the default too
+        tree = MedusaTree.from_choices([[0], [1]], lookup_tokens=lookup_tokens)
+        (heads / "tree.json").write_text(json.dumps(tree.to_dict()))
+        smollm2.bench_by_category(s, heads, rows, report)
+    smollm2.bench_by_category(s, heads, rows, report, tree="dynamic")
+    smollm2.bench_by_category(s, heads, rows, report, prompt_lookup=False)
+    assert [c["compare_lookup"] for c in calls] == [8, 8, 5, 0, 0]
+    assert [c["prompt_lookup"] for c in calls] == [True, True, True, True, False]
+    assert smollm2.parse_settings(["--compare-lookup-tokens", "6"])[0].compare_lookup_tokens == 6
