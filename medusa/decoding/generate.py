@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -246,6 +247,10 @@ def medusa_generate(
     run = _start(model, input_ids, mask2d, tree, lookup, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, hf=hf, generator=generator,
         posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha))
+    if isinstance(run.dt, HybridTree):  # the eager CPU path verifies only the chain rows can accept
+        eager_cpu = (not compile and cache_implementation in (None, "dynamic")
+                     and input_ids.device.type == "cpu")
+        run.dt = dataclasses.replace(run.dt, trim=eager_cpu)
     out = _timed_decode(model, run, input_ids, mask2d, streamer,
                         _path(model, run, input_ids.shape, compile, cache_implementation))
     return out if return_dict_in_generate else out.sequences

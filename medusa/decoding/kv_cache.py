@@ -125,9 +125,9 @@ class DynamicKV:
         self.mask = grown
 
     def write_tree(self, float_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        n = float_mask.shape[-1]
-        self.mask[:, 0, :, self.past_len:self.past_len + n] = float_mask  # [N, N] or [B, N, N]
-        return self.mask[..., :self.past_len + n], self.hf  # [B, 1, N, past_len + N]
+        n = float_mask.shape[-1]  # <= the buffer's rows (a trimmed lookup chain verifies fewer nodes)
+        self.mask[:, 0, :n, self.past_len:self.past_len + n] = float_mask  # [N, N] or [B, N, N]
+        return self.mask[:, :, :n, :self.past_len + n], self.hf  # [B, 1, N, past_len + N]
 
     def compact(self, path: torch.Tensor, keep: torch.Tensor, result: Any) -> None:
         b = path.shape[0]

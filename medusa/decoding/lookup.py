@@ -113,6 +113,9 @@ class HybridTree:
     room: int
     max_ngram: int = MAX_NGRAM
     lookup_only: bool = False
+    # cut each step's chain to the rows' longest acceptable one (a host read: the eager CPU path, where it
+    # costs nothing and saves verifying nodes that cannot be accepted; fixed shapes elsewhere)
+    trim: bool = False
 
     @property
     def num_nodes(self) -> int:
@@ -148,16 +151,22 @@ def merge_point(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tenso
 
 
 def hybrid_tree(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tensor, valid: torch.Tensor,
-                lookup_tokens: int) -> StepTree:
+                lookup_tokens: int, trim: bool = False) -> StepTree | None:
     """Each row's tree: the heads' ``head_tokens [B, N]`` on ``heads`` plus ``lookup_tokens`` (L) chain
     nodes merged where the chain (``chain [B, D+L]``, ``valid [B, D+L]``) follows a heads path. Nodes
-    N .. N+L-1 are the chain; invalid ones are in no candidate path and no node's child."""
+    N .. N+L-1 are the chain; invalid ones are in no candidate path and no node's child. ``trim``: L cut to
+    the rows' longest valid chain (a host read); None when no row has one (the heads' tree alone)."""
     b, n = head_tokens.shape
     device = head_tokens.device
-    ar = torch.arange(lookup_tokens, device=device)  # [L]
     node, m = merge_point(head_tokens, heads, chain, valid)  # [B]
-    at = m.view(b, 1) + ar  # [B, L] the chain's tokens after the merged prefix
+    at = m.view(b, 1) + torch.arange(lookup_tokens, device=device)  # [B, L] the chain past the merge
     chain_ok = valid.gather(1, at)  # [B, L]
+    if trim:
+        lookup_tokens = int(chain_ok.sum(dim=1).max())  # valid entries are a prefix of each row's chain
+        if lookup_tokens == 0:
+            return None
+        at, chain_ok = at[:, :lookup_tokens], chain_ok[:, :lookup_tokens]
+    ar = torch.arange(lookup_tokens, device=device)  # [L]
     tokens = torch.cat([head_tokens, torch.where(chain_ok, chain.gather(1, at), 0)], dim=1)  # [B, N+L]
     parents = torch.cat([heads.parents.expand(b, n), node.view(b, 1), (n + ar[:-1]).expand(b, -1)], dim=1)
     depths = torch.cat([heads.depths.expand(b, n), m.view(b, 1) + 1 + ar], dim=1)  # [B, N+L]

@@ -154,7 +154,9 @@ class HybridProposer:
         ht, length = self.tree.heads, self.tree.lookup_tokens
         head_tokens = root.view(-1, 1) if self.heads is None else self.heads.propose(root, hidden).tokens
         chain, valid = lookup_chain(self.context, ht.depth + length, self.tree.max_ngram)  # [B, D+L]
-        tree = hybrid_tree(head_tokens, ht, chain, valid, length)
+        tree = hybrid_tree(head_tokens, ht, chain, valid, length, self.tree.trim)
+        if tree is None:  # trimmed: no row has a chain to verify this step
+            return Proposal(head_tokens, ht)
         return Proposal(tree.tokens, tree)
 
     def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:

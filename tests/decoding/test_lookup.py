@@ -70,6 +70,13 @@ def test_chain_merges_into_the_heads_path_it_follows():
     assert step.children[0, 4].tolist()[:1] == [5]  # the chain hangs from a-b (it had no children)
     allowed = step.float_mask[0] == 0  # [N, N]: node 7 sees root, a, a-b and the chain above it
     assert allowed[7].nonzero().view(-1).tolist() == [0, 1, 4, 5, 6, 7]
+    # trim (the eager CPU path): the chain cut to the rows' longest valid one; None when no row has one
+    cut = valid.clone()
+    cut[0, 4:] = False  # row 0: chain tokens 2..3 (after the merged 2) valid, so 2 nodes
+    cut[1, 1:] = False  # row 1: 1 node
+    trimmed = hybrid_tree(head_tokens, heads, chain, cut, 3, trim=True)
+    assert trimmed.num_nodes == 7 and trimmed.tokens[0, 5:].tolist() == [40, 41]
+    assert hybrid_tree(head_tokens, heads, chain, torch.zeros_like(valid), 3, trim=True) is None
     # An invalid chain node is in no candidate path and no node's child.
     valid[1, 1:] = False
     step = hybrid_tree(head_tokens, heads, chain, valid, 3)
