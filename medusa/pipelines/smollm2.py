@@ -158,10 +158,10 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
                       tree: Any = None, prompt_lookup: bool = True) -> dict[str, Any]:
     """``medusa bench --chat --stop-at-eos --prompt-lookup --compare-lookup L`` on the Spec-Bench rows, per
     category: heads only, our lookup chain alone, the hybrid and HF prompt lookup (``tree``: None for the
-    checkpoint's tree.json, or a DynamicTree, then heads only; ``prompt_lookup=False``: neither the lookup
-    nor the HF prompt-lookup columns, when another bench of the same run measures them)."""
+    checkpoint's tree.json, or a DynamicTree, then heads only; ``prompt_lookup=False``: no HF prompt-lookup
+    column, when another bench of the same run measures it)."""
 
-    compare = compare_lookup_tokens(s, heads) if prompt_lookup and tree is None else 0
+    compare = compare_lookup_tokens(s, heads) if tree is None else 0
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
                            progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
