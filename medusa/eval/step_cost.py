@@ -91,7 +91,7 @@ def step_op_counts(model: Any, input_ids: torch.Tensor, max_new_tokens: int = 64
     """Compute ops per MEDUSA step (prefill included, spread over the steps) and per token of HF greedy
     ``generate`` on the same prompt ``[1, P]``, and the ops MEDUSA adds beyond the base forward."""
     base = model.base_model
-    model.generate(input_ids, max_new_tokens=4, tree=tree, lookup_tokens=0)  # lazy imports, caches: not counted
+    model.generate(input_ids, max_new_tokens=4, tree=tree, lookup_tokens=0)  # warm-up: not counted
     base.generate(input_ids, max_new_tokens=4, do_sample=False)
     out, medusa = compute_ops(lambda: model.generate(input_ids, max_new_tokens=max_new_tokens, tree=tree,
                                                      lookup_tokens=0, return_dict_in_generate=True))
