@@ -247,13 +247,18 @@ def medusa_generate(
     run = _start(model, input_ids, mask2d, tree, lookup, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, hf=hf, generator=generator,
         posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha))
-    if isinstance(run.dt, HybridTree):  # the eager CPU path verifies only the chain rows can accept
-        eager_cpu = (not compile and cache_implementation in (None, "dynamic")
-                     and input_ids.device.type == "cpu")
-        run.dt = dataclasses.replace(run.dt, trim=eager_cpu)
+    _trim_lookup(run, compile, cache_implementation, input_ids.device)
     out = _timed_decode(model, run, input_ids, mask2d, streamer,
                         _path(model, run, input_ids.shape, compile, cache_implementation))
     return out if return_dict_in_generate else out.sequences
+
+
+def _trim_lookup(run: _Run, compile: bool, cache_implementation: str | None, device: torch.device) -> None:
+    """A lookup chain on the eager CPU path verifies, each step, only the nodes some row can accept (a host
+    read, free on a CPU); the static / compiled paths keep its fixed length."""
+    if isinstance(run.dt, HybridTree):
+        eager_cpu = not compile and cache_implementation in (None, "dynamic") and device.type == "cpu"
+        run.dt = dataclasses.replace(run.dt, trim=eager_cpu)
 
 
 def _timed_decode(model: Any, run: _Run, input_ids: torch.Tensor, mask2d: torch.Tensor, streamer: Any,
