@@ -1,5 +1,5 @@
 """``medusa bench --compile``'s pieces: the fair compiled HF baseline's generation config, one prompt's
-compiled fields and the eager-vs-compiled summary (compiled decoding itself: tests/decoding/test_compiled.py)."""
+compiled fields and the eager-vs-compiled summary (compiled decoding: tests/decoding/test_compiled.py)."""
 
 from types import SimpleNamespace
 
