@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from decoding_helpers import greedy_examples
 
 from medusa import MedusaModel
 from medusa.calibrate.calibrate import (
@@ -162,21 +163,10 @@ def _naive_replay(tree, ranks, examples):
     return tokens / steps
 
 
-def _greedy_examples(model, tokenizer, prompts, new_tokens):
-    rows = []
-    for p in prompts:
-        ids = tokenizer(p, return_tensors="pt").input_ids  # [1, P]
-        with torch.no_grad():
-            out = model.base_model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
-        seq, n = out[0].tolist(), ids.shape[1]
-        rows.append({"input_ids": seq, "labels": [-100] * n + seq[n:]})
-    return rows
-
-
 def test_hydra_hit_ranks_read_the_true_tokens():
     model = fitted_stories_heads(4, 1, head_type="hydra")
     tokenizer = stories_tokenizer()
-    ex = _greedy_examples(model, tokenizer, stories_prompts(1), 24)
+    ex = greedy_examples(model, tokenizer, stories_prompts(1), 24)
     stats = collect_hit_ranks(model, ex, topk=5, progress=False)
     ids = torch.tensor([ex[0]["input_ids"]])
     with torch.no_grad():

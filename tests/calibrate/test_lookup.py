@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from decoding_helpers import greedy_examples
 
 from medusa.calibrate.calibrate import HeadStats, calibrate, collect_hit_ranks, simulated_tokens_per_step
 from medusa.calibrate.lookup import (
@@ -76,24 +77,13 @@ def test_matches_and_replay_by_hand():
     assert replay_lookup([], stats, [match], 0) == simulated_tokens_per_step([], stats) == 1.0
 
 
-def _greedy_examples(model, tokenizer, prompts, new_tokens):
-    rows = []
-    for p in prompts:
-        ids = tokenizer(p, return_tensors="pt").input_ids  # [1, P]
-        with torch.no_grad():
-            out = model.base_model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
-        seq, n = out[0].tolist(), ids.shape[1]
-        rows.append({"input_ids": seq, "labels": [-100] * n + seq[n:]})
-    return rows
-
-
 @pytest.fixture(scope="module")
 def stories():
     model = fitted_stories_heads(4, 1)
     tokenizer = stories_tokenizer()
     prompts = stories_prompts(6)
     new = 64
-    examples = _greedy_examples(model, tokenizer, prompts, new)
+    examples = greedy_examples(model, tokenizer, prompts, new)
     return model, tokenizer, prompts, examples, new
 
 

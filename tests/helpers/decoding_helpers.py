@@ -237,3 +237,16 @@ def check_compaction_equals_prefill(arch: str, new_cache=None):
                 ours = getattr(layer, name)[row][:, :valid.shape[1]][:, valid[row]]  # [H, T_row, hd]
                 torch.testing.assert_close(ours, getattr(fresh_layer, name)[0], rtol=1e-4, atol=1e-5)
     return state
+
+
+def greedy_examples(model, tokenizer, prompts, new_tokens):
+    """Calibration examples from the base model's own greedy continuations of ``prompts`` (``input_ids`` and
+    ``labels``, the prompt masked): on them calibration's replay predicts decoding's tokens/step exactly."""
+    rows = []
+    for p in prompts:
+        ids = tokenizer(p, return_tensors="pt").input_ids  # [1, P]
+        with torch.no_grad():
+            out = model.base_model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
+        seq, n = out[0].tolist(), ids.shape[1]
+        rows.append({"input_ids": seq, "labels": [-100] * n + seq[n:]})
+    return rows

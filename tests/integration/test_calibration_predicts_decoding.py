@@ -5,22 +5,12 @@ equals HF greedy ``generate``."""
 
 import pytest
 import torch
+from decoding_helpers import greedy_examples
 
 from medusa.calibrate.calibrate import calibrate
 
 from fit_heads import fitted_stories_heads, stories_prompts
 from tiny_models import stories_tokenizer
-
-
-def _greedy_examples(model, tokenizer, prompts, new_tokens):
-    rows = []
-    for p in prompts:
-        ids = tokenizer(p, return_tensors="pt").input_ids  # [1, P]
-        with torch.no_grad():
-            out = model.base_model.generate(ids, max_new_tokens=new_tokens, do_sample=False)
-        seq, n = out[0].tolist(), ids.shape[1]
-        rows.append({"input_ids": seq, "labels": [-100] * n + seq[n:]})
-    return rows
 
 
 def test_prediction_within_15_percent_of_measured_greedy_decoding():
@@ -29,7 +19,7 @@ def test_prediction_within_15_percent_of_measured_greedy_decoding():
     model = fitted_stories_heads(4, 1)
     tokenizer = stories_tokenizer()
     prompts = stories_prompts(24)
-    examples = _greedy_examples(model, tokenizer, prompts[:12], 64)
+    examples = greedy_examples(model, tokenizer, prompts[:12], 64)
     def measured(tree, ps):
         lengths = []
         for p in ps:
@@ -52,7 +42,7 @@ def test_hydra_calibration_predicts_greedy_decoding():
     model = fitted_stories_heads(4, 1, head_type="hydra")
     tokenizer = stories_tokenizer()
     prompts = stories_prompts(24)
-    examples = _greedy_examples(model, tokenizer, prompts[:12], 64)
+    examples = greedy_examples(model, tokenizer, prompts[:12], 64)
 
     def measured(tree, ps):
         lengths = []
