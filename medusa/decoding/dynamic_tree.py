@@ -35,7 +35,7 @@ from medusa.tree.path_score import score_log_probs
 # (d, paths [B, W, d] tokens root first) -> (log-probs [B, W, c], tokens [B, W, c]) of head d's top-c
 ChildrenFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 TIE_BREAK = 1e-6
-LOOKUP_TREE = "lookup"  # --tree lookup: lookup.LOOKUP_ONLY, the lookup chain alone (no heads)
+LOOKUP_TREE = "lookup"  # tree="lookup" / --tree lookup: the lookup chain alone, no heads (decoding.lookup)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from medusa.decoding.dynamic_tree import StepTree, tree_structure
 from medusa.decoding.static_cache import cache_bucket
 
 MAX_NGRAM = 3  # the longest context suffix looked up (then shorter ones)
-LOOKUP_ONLY = "lookup"  # generate(tree="lookup"): the lookup chain alone, no heads
 
 
 @dataclass
@@ -181,5 +180,5 @@ def hybrid_tree(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tenso
     return tree
 
 
-__all__ = ["LOOKUP_ONLY", "MAX_NGRAM", "HybridTree", "LookupContext", "hybrid_tree", "lookup_chain",
+__all__ = ["MAX_NGRAM", "HybridTree", "LookupContext", "hybrid_tree", "lookup_chain",
            "merge_point", "new_context", "observe", "root_only_tree"]
