@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -277,10 +277,62 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
             "calibrated": replay_dynamic(stats.logp, stats.ranks, stats.starts, len(choices) + 1, score)}
     labels = torch.tensor([t for e in examples for t in e["labels"]], dtype=torch.long)
     record.update(draft_vocab_summary(model.heads, labels))  # share of target tokens the draft covers
+    if getattr(model.heads, "token_map", None) is not None:
+        record["draft_vocab_loss"] = draft_vocab_loss(choices, stats, usable_examples(examples),
+                                                      model.heads.token_map)
     prompt = timing_prompt(examples) if lookup_tokens == "auto" else None
     record["lookup"] = choose_lookup(model, choices, stats, usable_examples(examples), lookup_tokens, prompt)
     return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record,
                                    lookup_tokens=record["lookup"]["chosen"])
+
+
+# ---------------------------------------------------------------------------------------- draft vocabulary
+# What a draft vocabulary costs these heads, from the hit ranks alone (no full-vocabulary heads to train).
+# A head over N target ids never proposes a token outside them: each position where head k's true token is
+# out of the vocabulary is a miss whatever the head learned. The *oracle* replay counts each such miss as the
+# head's top guess (rank 0) and keeps every other rank as measured. ``1 - measured / oracle`` bounds what
+# full-vocabulary heads could gain over these, assuming they rank in-vocabulary tokens no better than the
+# draft heads (a full-vocabulary softmax only adds competitors); it credits them with a perfect guess at
+# every out-of-vocabulary position. candidate_rows' perfect-chain bound is looser: perfect heads everywhere.
+def out_of_vocab(examples: Sequence[dict], token_map: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """Per example ``[T_e, D]`` bool: head k's true token at t (``input_ids[t + k + 2]``, a labelled one)
+    lies outside the draft vocabulary ``token_map [N]`` (target ids). ``examples``: in
+    :class:`HeadStats`' order (:func:`medusa.calibrate.calibrate.usable_examples`)."""
+    inside = torch.zeros(int(token_map.max()) + 1, dtype=torch.bool)
+    inside[token_map.cpu().long()] = True
+    masks = []
+    for ex in examples:
+        ids = torch.tensor(ex["input_ids"], dtype=torch.long)  # [T]
+        labelled = torch.tensor(ex["labels"], dtype=torch.long) != IGNORE_INDEX  # [T]
+        oov = ~inside[ids.clamp(max=inside.numel() - 1)] | (ids >= inside.numel())  # [T]
+        mask = torch.zeros(len(ids), depth, dtype=torch.bool)  # [T, D]
+        for k in range(depth):
+            shift = k + 2
+            if len(ids) > shift:
+                mask[:-shift, k] = oov[shift:] & labelled[shift:]
+        masks.append(mask)
+    return masks
+
+
+def oracle_stats(stats: HeadStats, oov: Sequence[torch.Tensor]) -> HeadStats:
+    """``stats`` with every out-of-vocabulary miss counted as a top-1 hit (rank 0)."""
+    ranks = [torch.where(m & (r == MISS), torch.zeros_like(r), r) for r, m in zip(stats.ranks, oov)]
+    return replace(stats, ranks=ranks)
+
+
+def draft_vocab_loss(choices: Sequence[Sequence[int]], stats: HeadStats, examples: Sequence[dict],
+                     token_map: torch.Tensor) -> dict[str, Any]:
+    """The replayed tokens/step of ``choices`` as measured and with the out-of-vocabulary oracle, and the
+    bound ``lost_upper_bound = 1 - measured / oracle``; ``oov_share``: the share of (position, head)
+    targets outside the vocabulary."""
+    masks = out_of_vocab(examples, token_map, stats.depth)
+    measured = simulated_tokens_per_step(choices, stats)
+    oracle = simulated_tokens_per_step(choices, oracle_stats(stats, masks))
+    targets = sum(int((r >= MISS).sum()) for r in stats.ranks)  # hit or miss: a target exists
+    oov = sum(int((m & (r >= MISS)).sum()) for r, m in zip(stats.ranks, masks))
+    return {"tokens_per_step": measured, "oracle_tokens_per_step": oracle,
+            "lost_upper_bound": 1.0 - measured / oracle if oracle > 0 else 0.0,
+            "oov_share": oov / targets if targets else 0.0}
 
 
 def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, tables: dict[str, Any],

@@ -83,6 +83,12 @@ def _print_summary(cal: dict, tree: Any, path: Any, data: str) -> None:
     if cal.get("draft_vocab_coverage") is not None:
         print(f"draft vocabulary: {cal['draft_vocab']} tokens cover {cal['draft_vocab_coverage']:.2%} of the "
               "target tokens")
+    if cal.get("draft_vocab_loss"):
+        loss = cal["draft_vocab_loss"]
+        print(f"  tokens/step lost to it: at most {loss['lost_upper_bound']:.2%} "
+              f"({loss['tokens_per_step']:.2f} vs {loss['oracle_tokens_per_step']:.2f} with every "
+              "out-of-vocabulary target guessed; "
+              f"{loss['oov_share']:.2%} of the heads' targets are outside it)")
     if cal["auto"]:
         for n, t, e, s in zip(cal["auto"]["sizes"], cal["auto"]["step_time_s"],
                               cal["auto"]["expected_tokens_per_step"], cal["auto"]["tokens_per_s"]):

@@ -38,6 +38,11 @@ TIE_BREAK = 1e-6
 LOOKUP_TREE = "lookup"  # tree="lookup" / --tree lookup: the lookup chain alone, no heads (decoding.lookup)
 
 
+def is_lookup_tree(tree: Any) -> bool:
+    """Whether ``tree`` asks for the lookup chain alone (``tree="lookup"``)."""
+    return isinstance(tree, str) and tree == LOOKUP_TREE
+
+
 @dataclass(frozen=True)
 class DynamicTree:
     """``tree="dynamic"``: every step, each row's tree of the ``num_nodes`` nodes (root included) of highest
@@ -276,5 +281,6 @@ def tree_structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Te
                     valid[..., 1:], anc * valid, float_mask)
 
 
-__all__ = ["DynamicTree", "StepTree", "build_step_tree", "hydra_children", "is_per_row", "medusa_children",
-           "resolve_dynamic", "rows_at", "tree_kind", "tree_option", "tree_structure"]
+__all__ = ["LOOKUP_TREE", "DynamicTree", "StepTree", "build_step_tree", "hydra_children", "is_lookup_tree",
+           "is_per_row", "medusa_children", "resolve_dynamic", "rows_at", "tree_kind", "tree_option",
+           "tree_structure"]

@@ -17,7 +17,7 @@ from medusa.config.enums import ACCEPTANCE
 from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
 from medusa.decoding.candidates import DecodeTree
 from medusa.decoding.compiled import compact_function, step_functions
-from medusa.decoding.dynamic_tree import LOOKUP_TREE, DynamicTree, resolve_dynamic
+from medusa.decoding.dynamic_tree import DynamicTree, is_lookup_tree, resolve_dynamic
 from medusa.decoding.kv_cache import TreeCache, check_supported, dynamic_prefill
 from medusa.decoding.lookup import HybridTree, new_context, root_only_tree
 from medusa.decoding.processors import (
@@ -88,8 +88,8 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | N
         raise MedusaError(f"input_ids must be [batch, length>0], got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 1:
         raise MedusaError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    lookup = _lookup_tokens(model, tree, lookup_tokens)
-    if not (isinstance(tree, str) and tree == LOOKUP_TREE):
+    lookup = resolve_lookup_tokens(model, tree, lookup_tokens)
+    if not is_lookup_tree(tree):
         tree = resolve_dynamic(tree, model.num_heads, model.tree) or tree  # "dynamic[:N]" -> DynamicTree
         tree = tree if tree is not None else (model.tree if model.tree is not None else model.default_tree())
         if tree.depth > model.num_heads:
@@ -107,7 +107,7 @@ def _check_arguments(model: Any, input_ids: torch.Tensor, mask: torch.Tensor | N
     return tree, lookup, input_ids, mask2d
 
 
-def _lookup_tokens(model: Any, tree: Any, lookup_tokens: int | None) -> int:
+def resolve_lookup_tokens(model: Any, tree: Any, lookup_tokens: int | None) -> int:
     """The lookup chain's length: ``lookup_tokens``, else the calibrated tree's (``tree.json``'s
     ``lookup_tokens``; 0 when it has none). ``tree="lookup"`` needs one."""
     if lookup_tokens is None:
@@ -115,7 +115,7 @@ def _lookup_tokens(model: Any, tree: Any, lookup_tokens: int | None) -> int:
         lookup_tokens = 0 if isinstance(source, str) else getattr(source, "lookup_tokens", 0)
     if not isinstance(lookup_tokens, int) or isinstance(lookup_tokens, bool) or lookup_tokens < 0:
         raise MedusaError(f"lookup_tokens must be an integer >= 0, got {lookup_tokens!r}")
-    if isinstance(tree, str) and tree == LOOKUP_TREE and lookup_tokens < 1:
+    if is_lookup_tree(tree) and lookup_tokens < 1:
         raise MedusaError("tree='lookup' (the lookup chain alone) needs lookup_tokens >= 1")
     return lookup_tokens
 
@@ -136,7 +136,7 @@ def _start(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, tree: Any,
         # history: [B, P + new]
         history = torch.zeros(b, p + max_new_tokens, dtype=torch.long, device=input_ids.device)
         history[:, :p] = input_ids
-    lookup_only = isinstance(tree, str) and tree == LOOKUP_TREE
+    lookup_only = is_lookup_tree(tree)
     device = input_ids.device
     dt = root_only_tree(device, dtype) if lookup_only else decoding_tree(tree, device, dtype)
     if lookup:  # room: how far a row's context grows (the run's tokens, then one step's overshoot)
@@ -368,4 +368,4 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["ACCEPTANCE", "MedusaGenerateOutput", "medusa_generate", "prefill"]
+__all__ = ["ACCEPTANCE", "MedusaGenerateOutput", "medusa_generate", "prefill", "resolve_lookup_tokens"]

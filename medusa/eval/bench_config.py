@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from medusa.decoding.dynamic_tree import LOOKUP_TREE, tree_kind
+from medusa.decoding.dynamic_tree import LOOKUP_TREE, is_lookup_tree, tree_kind
+from medusa.decoding.generate import resolve_lookup_tokens
 
 
 def bench_config(s: Any, assistant_model: Any, prompt_lookup: bool, lookup_tokens: int, repeats: int,
@@ -23,10 +24,10 @@ def bench_config(s: Any, assistant_model: Any, prompt_lookup: bool, lookup_token
         "base_model": model.config.base_model_name_or_path,
         "num_heads": model.num_heads,
         "num_layers": model.config.num_layers,
-        "tree_nodes": (s.lookup_tokens or 0) + 1 if tree == LOOKUP_TREE else len(tree) if tree is not None
+        "tree_nodes": (s.lookup_tokens or 0) + 1 if is_lookup_tree(tree) else len(tree) if tree is not None
         else None,
         "tree_source": "given" if tree is not None else "built-in default",
-        "tree_kind": "lookup" if tree == LOOKUP_TREE else tree_kind(tree, model.tree),
+        "tree_kind": LOOKUP_TREE if is_lookup_tree(tree) else tree_kind(tree, model.tree),
         "max_new_tokens": s.max_new_tokens,
         "acceptance": s.acceptance,
         "temperature": None if s.acceptance == "greedy" else s.temperature,
@@ -49,11 +50,8 @@ def bench_config(s: Any, assistant_model: Any, prompt_lookup: bool, lookup_token
 def lookup_config(s: Any) -> dict[str, Any]:
     """The report config's lookup keys: the MEDUSA row's lookup chain (``lookup_tokens``) and the L of the
     lookup-alone / hybrid rows (``compare_lookup``; None when not measured)."""
-    lookup = s.lookup_tokens
-    if lookup is None:
-        lookup = 0 if isinstance(s.tree, str) else getattr(s.tree if s.tree is not None else s.model.tree,
-                                                           "lookup_tokens", 0)
-    return {"lookup_tokens": lookup, "compare_lookup": s.compare_lookup or None}
+    return {"lookup_tokens": resolve_lookup_tokens(s.model, s.tree, s.lookup_tokens),
+            "compare_lookup": s.compare_lookup or None}
 
 
 def _hardware(device: torch.device) -> str:

@@ -36,13 +36,11 @@ from medusa.errors import DataError, MedusaError
 from medusa.eval.report import category_table
 from medusa.eval.timing import forward_cost_curve
 from medusa.modeling.base import load_base_model
-from medusa.modeling.config import TREE_NAME
 from medusa.pipelines import stages as S
 from medusa.pipelines.chat_data import MT_BENCH, reply_stats, spec_bench  # noqa: F401  (re-exported)
 from medusa.pipelines.chat_model import fetch_smollm2
 from medusa.pipelines.head_types import HeadTypePlan, hydra_overrides, run_head_types
 from medusa.pipelines.ship import ship_heads
-from medusa.tree import MedusaTree
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recorded as the shipped heads' base_model_name_or_path
 RECIPES = Path(__file__).resolve().parent / "recipes"  # package data: they travel with the wheel
@@ -146,14 +144,6 @@ def cost_curve_stage(model_path: str) -> dict[str, Any]:
             "relative": {str(n): s / curve[1] for n, s in curve.items()}}
 
 
-def compare_lookup_tokens(s: Settings, heads: Path) -> int:
-    """L of the lookup-alone and hybrid rows: the heads' tree.json ``lookup_tokens`` when > 0, else
-    ``s.compare_lookup_tokens``."""
-    path = Path(heads) / TREE_NAME
-    calibrated = MedusaTree.from_json(path).lookup_tokens if path.is_file() else 0
-    return calibrated if calibrated > 0 else s.compare_lookup_tokens
-
-
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path,
                       tree: Any = None, prompt_lookup: bool = True) -> dict[str, Any]:
     """``medusa bench --chat --stop-at-eos --prompt-lookup --compare-lookup L`` on the Spec-Bench rows, per
@@ -161,7 +151,7 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
     checkpoint's tree.json, or a DynamicTree, then heads only; ``prompt_lookup=False``: no HF prompt-lookup
     column, when another bench of the same run measures it)."""
 
-    compare = compare_lookup_tokens(s, heads) if tree is None else 0
+    compare = S.compare_lookup_tokens(heads, s.compare_lookup_tokens) if tree is None else 0
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
                            progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,

@@ -28,6 +28,7 @@ from medusa.modeling.config import TREE_NAME
 from medusa.modeling.loading import load_for_generation
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 from medusa.training.loop import train
+from medusa.tree import MedusaTree
 
 
 class StageError(MedusaError):
@@ -211,12 +212,21 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
     return {"final_dir": str(final_dir), "nodes": len(tree), "depth": tree.depth,
             "top1": cal["top1"], "expected_tokens_per_step": cal["expected_tokens_per_step"],
             "position_mean_tokens_per_step": cal.get("position_mean_tokens_per_step"),
-            "auto": cal.get("auto"), "num_positions": cal["num_positions"]}
+            "auto": cal.get("auto"), "num_positions": cal["num_positions"],
+            "draft_vocab_loss": cal.get("draft_vocab_loss")}
 
 
 def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:
 
     return export_checkpoint(str(heads_dir), str(out), format, overwrite=True)  # the stage's own directory
+
+
+def compare_lookup_tokens(heads: str | Path, default: int) -> int:
+    """L of the lookup-alone and hybrid benchmark rows: the heads' tree.json ``lookup_tokens`` when > 0,
+    else ``default``."""
+    path = Path(heads) / TREE_NAME
+    calibrated = MedusaTree.from_json(path).lookup_tokens if path.is_file() else 0
+    return calibrated if calibrated > 0 else default
 
 
 def bench_stage(heads_dir: str | Path, prompts: Sequence[str], report_path: str | Path, max_new_tokens: int,

@@ -17,7 +17,10 @@ from medusa.calibrate.calibrate import (
     build_choices,
     calibrate,
     collect_hit_ranks,
+    draft_vocab_loss,
     empirical_tokens_per_step,
+    oracle_stats,
+    out_of_vocab,
     path_counts,
     simulated_tokens_per_step,
 )
@@ -234,3 +237,26 @@ def test_hit_ranks_are_over_target_ids_and_coverage_is_recorded():
     assert tree.calibration["draft_vocab"] == 32
     assert tree.calibration["draft_vocab_coverage"] == pytest.approx(coverage(tm, labels))
     assert 0 < tree.calibration["draft_vocab_coverage"] < 1
+    loss = tree.calibration["draft_vocab_loss"]  # the examples hold tokens outside the vocabulary
+    assert loss["oov_share"] > 0
+    assert loss["oracle_tokens_per_step"] >= loss["tokens_per_step"] == pytest.approx(
+        simulated_tokens_per_step(tree.choices, stats))
+    ratio = loss["tokens_per_step"] / loss["oracle_tokens_per_step"]
+    assert loss["lost_upper_bound"] == pytest.approx(1 - ratio)
+
+
+def test_draft_vocab_loss_by_hand():
+    """One example, one head, tree [(0,)]; token 9 is outside the vocabulary {1}: head 0's target at t=1
+    (ids[3]) is a forced miss. Decoding starts at hidden position 1 and ends at 8."""
+    ids = [0, 1, 1, 9, 1, 1, 1, 1, 1]
+    example = {"input_ids": ids, "labels": [-100, -100] + ids[2:]}
+    tm = torch.tensor([1])
+    assert out_of_vocab([example], tm, 1)[0][:, 0].tolist() == [False, True] + [False] * 7
+    ranks = torch.tensor([[0], [-1], [0], [0], [0], [0], [0], [NO_TARGET], [NO_TARGET]], dtype=torch.int8)
+    stats = HeadStats(ranks=[ranks], starts=[2], topk=4, num_tokens=len(ids))
+    loss = draft_vocab_loss([(0,)], stats, [example], tm)
+    # measured: s=1 misses (+1), s=2 -> 4 -> 6 (+2 each), s=6 keeps 1 at the end: 6 tokens in 4 steps;
+    # oracle: s=1 -> 3 -> 5 (+2 each), s=5 -> 7 (+2): 6 tokens in 3 steps
+    assert loss == {"tokens_per_step": 1.5, "oracle_tokens_per_step": 2.0, "lost_upper_bound": 0.25,
+                    "oov_share": pytest.approx(1 / 7)}
+    assert oracle_stats(stats, out_of_vocab([example], tm, 1)).ranks[0][1, 0] == 0

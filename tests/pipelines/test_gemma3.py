@@ -64,7 +64,15 @@ def test_targets_say_what_is_unmeasured():
     assert t["tokens_per_step"]["met"] and t["greedy_exact_match"]["met"] and t["heads_share"]["met"]
     assert t["draft_vocab"]["met"] and t["tokens_per_step_lost"] == {"target": "< 0.03", "measured": None,
                                                                        "met": None}
-    summary["full_vocab"] = {"tokens_per_step_lost": 0.05}
+    summary["calibrate"]["draft_vocab_loss"] = {"lost_upper_bound": 0.02}  # the oracle bound decides when low
+    assert targets(summary)["tokens_per_step_lost"] == {"target": "< 0.03", "measured": 0.02,
+                                                       "upper_bound": True, "met": True}
+    summary["calibrate"]["draft_vocab_loss"] = {"lost_upper_bound": 0.04}  # and cannot say "missed"
+    assert targets(summary)["tokens_per_step_lost"]["met"] is None
+    assert "(upper bound)" in format_summary({**summary, "targets": targets(summary)})
+    bench["hybrid"] = {"tokens_per_step": 1.9}
+    assert targets(summary)["hybrid_tokens_per_step"] == {"target": ">= 2.0", "measured": 1.9, "met": False}
+    summary["full_vocab"] = {"tokens_per_step_lost": 0.05}  # a measured reference wins over the bound
     summary["targets"] = targets(summary)
     assert summary["targets"]["tokens_per_step_lost"]["met"] is False
     text = format_summary(summary)
@@ -74,7 +82,9 @@ def test_targets_say_what_is_unmeasured():
 def test_parse_settings():
     from medusa.pipelines.gemma3 import parse_settings
 
-    s, _ = parse_settings(["--candidates", "1024,2048", "--per-category", "1", "--set", "train.epochs=1"])
+    s, _ = parse_settings(["--candidates", "1024,2048", "--per-category", "1", "--set", "train.epochs=1",
+                           "--compare-lookup-tokens", "6"])
     assert s.candidates == (1024, 2048) and s.per_category == 1 and s.recipe_overrides == ("train.epochs=1",)
+    assert s.compare_lookup_tokens == 6 and parse_settings([])[0].compare_lookup_tokens == 8
     with pytest.raises(SystemExit):
         parse_settings(["--medusa2"])
