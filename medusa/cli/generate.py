@@ -29,7 +29,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.profile:
         from medusa.eval.profile import format_profile, profile_decoding
 
-        print(format_profile(profile_decoding(model, tokenizer, prompts, args.max_new_tokens, tree=tree)))
+        print(format_profile(profile_decoding(model, tokenizer, prompts, args.max_new_tokens, tree=tree,
+                                              chat=args.chat)))
         return 0
     generator = torch.Generator(device=model.device).manual_seed(args.seed) if args.seed is not None else None
     total_tokens = total_steps = 0

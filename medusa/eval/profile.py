@@ -20,27 +20,31 @@ import torch
 
 from medusa.data.readers import read_prompts
 from medusa.decoding.dynamic_tree import resolve_dynamic
+from medusa.errors import MedusaError
 from medusa.eval.step_cost import step_op_counts, verify_floor
 from medusa.eval.timing import plain_step_time, timed
-from medusa.modeling.loading import load_for_generation
+from medusa.modeling.loading import encode_prompt, load_for_generation
 from medusa.tree import default_tree
 
 
 @torch.no_grad()
 def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 128,
-                     tree: Any = None, repeats: int = 2, step_cost: bool = True) -> dict[str, Any]:
+                     tree: Any = None, repeats: int = 2, step_cost: bool = True,
+                     chat: bool = False) -> dict[str, Any]:
     """MEDUSA vs plain decoding on ``prompts`` (greedy, batch 1); the best of ``repeats`` runs per prompt.
-    ``step_cost``: also the overhead's floor and the op counts, on the first prompt."""
+    ``step_cost``: also the overhead's floor and the op counts, on the first prompt. ``chat``: each prompt
+    is a user turn in the tokenizer's chat template (``medusa generate --chat``)."""
     from tqdm.auto import tqdm
 
     base = model.base_model
     device = model.device
     rows = []
-    warm = tokenizer(prompts[0], return_tensors="pt").input_ids.to(device)
+    encode = lambda prompt: encode_prompt(tokenizer, prompt, chat).to(device)  # [1, T]
+    warm = encode(prompts[0])
     model.generate(warm, max_new_tokens=8, tree=tree, lookup_tokens=0)  # warm-up (allocations, lazy imports)
     base.generate(warm, max_new_tokens=8, do_sample=False)
     for prompt in tqdm(prompts, desc="profile", leave=False):
-        ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+        ids = encode(prompt)
         best_hf, best_md, best_plain, md_out = float("inf"), float("inf"), float("inf"), None
         for _ in range(repeats):
             ref, seconds = timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens,
@@ -59,9 +63,13 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
             "hf_tokens_per_s": (ref.shape[1] - ids.shape[1]) / best_hf,
             "medusa_tokens_per_s": new / best_md,
             "tokens_per_step": md_out.tokens_per_step,
+            "steps": md_out.num_steps,
             "medusa_step_s": md_out.decode_time_s / max(md_out.num_steps, 1),
             "plain_step_s": best_plain,
         })
+    if not any(r["steps"] for r in rows):  # EOS (or the budget) at the first token: only the prefill ran
+        raise MedusaError("--profile: no decoding step ran (every reply ended at its first token"
+                          + (")" if chat else "; a chat model needs --chat)"))
     mean = lambda key: sum(r[key] for r in rows) / len(rows)
     summary = {
         "prompts": len(rows),
@@ -77,8 +85,7 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
     }
     summary["speedup_vs_hf_generate"] = summary["medusa_tokens_per_s"] / summary["hf_tokens_per_s"]
     if step_cost:
-        summary.update(_step_cost(model, tokenizer(prompts[0], return_tensors="pt").input_ids.to(device),
-                                  max_new_tokens, tree))
+        summary.update(_step_cost(model, encode(prompts[0]), max_new_tokens, tree))
     return summary
 
 
@@ -122,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", default=None, help="prompts file (.txt lines or .jsonl)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--nodes", type=int, default=None, help="use the default tree with this many nodes")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -131,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.nodes:
 
         tree = default_tree(model.num_heads, args.nodes)
-    summary = profile_decoding(model, tokenizer, prompts, args.max_new_tokens, tree=tree)
+    summary = profile_decoding(model, tokenizer, prompts, args.max_new_tokens, tree=tree, chat=args.chat)
     print(json.dumps(summary, indent=2) if args.json else format_profile(summary))
     return 0
 

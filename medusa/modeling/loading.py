@@ -8,15 +8,23 @@ from typing import Any
 from medusa.errors import MedusaError
 from medusa.modeling.base import load_tokenizer, text_config
 from medusa.modeling.config import MedusaConfig, base_location
+from medusa.modeling.cpu_linear import auto_pack, pack_linears
 from medusa.modeling.model import MedusaModel
 
 
 def load_for_generation(heads: str | Path, base: str | None = None, dtype: str | None = None,
-                        tokenizer: str | None = None) -> tuple[MedusaModel, Any]:
+                        tokenizer: str | None = None,
+                        cpu_pack: bool | None = None) -> tuple[MedusaModel, Any]:
     """The MedusaModel (eval mode) and its tokenizer (from ``tokenizer``, ``base``, the merged backbone,
-    or the checkpoint's recorded base, in that order)."""
+    or the checkpoint's recorded base, in that order). ``cpu_pack``: pre-pack the float32 CPU linear layers
+    for few-row matmuls (:mod:`medusa.modeling.cpu_linear`); None: unless ``MEDUSA_CPU_PACK=0`` or memory
+    is short (:func:`medusa.modeling.cpu_linear.auto_pack`)."""
     config = MedusaConfig.load(Path(heads))
     model = MedusaModel.from_pretrained(heads, base_model=base, dtype=dtype).eval()
+    if cpu_pack is None:
+        auto_pack(model)
+    elif cpu_pack:
+        pack_linears(model)
     source = tokenizer or base_location(heads, config, base, hint="pass --base")
     return model, load_tokenizer(source)
 

@@ -21,6 +21,19 @@ def test_generate_profile_cli_prints_the_floor_and_the_ops(tmp_path, capsys):
     assert tokens_per_step > 1.5  # identical with tree paths accepted, not by the root alone
 
 
+def test_profile_without_a_decoding_step_is_an_error():
+    import pytest
+
+    from medusa.errors import MedusaError
+    from medusa.eval.profile import profile_decoding
+
+    from tiny_models import stories_tokenizer
+
+    with pytest.raises(MedusaError, match="no decoding step ran .*a chat model needs --chat"):
+        profile_decoding(fitted_stories_heads(4, 1), stories_tokenizer(), stories_prompts(1),
+                         max_new_tokens=1)
+
+
 def test_format_profile_lays_out_the_figures():
     s = {"tree_nodes": None, "prompts": 2, "max_new_tokens": 16, "tokens_per_step": 2.5,
          "medusa_step_ms": 3.0, "plain_step_ms": 2.0, "overhead": 1.5, "medusa_tokens_per_s": 700.4,

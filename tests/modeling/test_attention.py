@@ -183,3 +183,17 @@ def test_tiny_gemma3_greedy_equals_hf_batch_of_1(gemma3_tiny, tree):
         assert torch.equal(out.sequences[0], seq), (row, tree)
         runs.append(max(out.accept_lengths[0]))
     assert runs[0] >= 3  # the memorised row is accepted in runs
+
+
+@pytest.mark.parametrize("tree", [None, "lookup"])
+def test_tiny_gemma3_lookup_chain_across_the_window(gemma3_tiny, tree):
+    """The hybrid tree (heads + a lookup chain of 4) and the chain alone on a prompt that repeats itself: the
+    chain's nodes attend through the sliding layers' window like the heads' nodes."""
+    model, *_ = gemma3_tiny
+    torch.manual_seed(5)
+    prompt = torch.randint(3, 96, (1, 10)).repeat(1, 3)  # [1, 30]: past the window of 16, repeating
+    with torch.no_grad():
+        ref = model.base_model.generate(prompt, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    out = model.generate(prompt, max_new_tokens=NEW, tree=tree, lookup_tokens=4, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref), tree
+    assert len(out.accept_lengths[0]) < NEW  # more than one token per step somewhere

@@ -1,0 +1,111 @@
+"""medusa/modeling/cpu_linear.py: pre-packed float32 linear layers for CPU decoding. The packed path is
+taken only where it is meant to be (2..64 rows, no gradient, the weight it packed), gives F.linear's
+values, leaves parameters and state dicts alone, and greedy MEDUSA decoding on a packed model still equals
+HF ``generate``."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from medusa import MedusaModel
+from medusa.modeling import cpu_linear
+from medusa.modeling.cpu_linear import (
+    MAX_ROWS,
+    linear_bytes,
+    pack_linears,
+    packed_count,
+    packing_supported,
+    unpack_linears,
+)
+from medusa.modeling.loading import load_for_generation
+
+from tiny_models import STORIES, require_shared, stories_model, tiny_model
+
+pytestmark = pytest.mark.skipif(not packing_supported(), reason="no oneDNN weight reorder in torch")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many times the packed matmul ran."""
+    seen = []
+    real = cpu_linear.packed_matmul
+
+    def counting(x, packed, bias):
+        seen.append(x.shape[0])
+        return real(x, packed, bias)
+
+    monkeypatch.setattr(cpu_linear, "packed_matmul", counting)
+    return seen
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_rows_give_f_linear_and_others_are_stock(calls, bias):
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 200, bias=bias)
+    ref = nn.Linear(48, 200, bias=bias)
+    ref.load_state_dict(layer.state_dict())
+    assert pack_linears(layer) == 1 and packed_count(layer) == 1
+    with torch.no_grad():
+        for rows in (1, 2, 8, 3 * 7, MAX_ROWS, MAX_ROWS + 1):
+            x = torch.randn(3, 7, 48) if rows == 21 else torch.randn(rows, 48)  # any leading shape
+            y = layer(x)
+            assert y.shape == ref(x).shape
+            if rows in (1, MAX_ROWS + 1):  # not packed: the very same computation
+                assert torch.equal(y, ref(x))
+            else:
+                torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
+    assert calls == [2, 8, 21, MAX_ROWS]
+    assert list(layer.state_dict()) == list(ref.state_dict())  # nothing saved, nothing renamed
+
+
+def test_gradients_and_a_changed_weight_take_the_stock_path(calls):
+    torch.manual_seed(1)
+    layer = nn.Linear(16, 32)
+    pack_linears(layer)
+    x = torch.randn(8, 16)
+    layer(x).sum().backward()  # training: F.linear, gradients flow
+    assert calls == [] and layer.weight.grad is not None
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # in place: the packed copy is stale and is re-packed
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        layer.weight = nn.Parameter(torch.randn(32, 16))  # replaced: the same
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        assert layer.to(torch.bfloat16)(x.bfloat16()).dtype == torch.bfloat16  # another dtype: stock
+    assert calls == [8, 8]
+    assert unpack_linears(layer) == 1 and packed_count(layer) == 0 and "forward" not in layer.__dict__
+
+
+def test_only_float32_cpu_linears_are_packed_and_shared_weights_counted_once():
+    model = tiny_model("llama")  # tied embeddings: the LM head shares the embedding's weight
+    n = sum(isinstance(m, nn.Linear) for m in model.modules())
+    assert pack_linears(model) == n
+    tied = model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    sizes = {m.weight.data_ptr(): m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear)}
+    assert linear_bytes(model) == sum(sizes.values()) and (tied or len(sizes) == n)
+    half = nn.Linear(8, 8).to(torch.bfloat16)
+    assert pack_linears(half) == 0
+
+
+def test_greedy_equals_hf_generate_on_a_packed_model(calls, stories_medusa):
+    model = stories_medusa
+    prompt = torch.tensor([[1, 403, 407, 261, 378]])
+    with torch.no_grad():
+        ref = model.base_model.generate(prompt, max_new_tokens=40, do_sample=False)
+    try:
+        assert pack_linears(model) > 0
+        out = model.generate(prompt, max_new_tokens=40, return_dict_in_generate=True)
+    finally:
+        unpack_linears(model)
+    assert torch.equal(out.sequences, ref)
+    assert max(out.accept_lengths[0]) >= 2 and any(rows > 1 for rows in calls)  # tree verification packed
+
+
+def test_load_for_generation_packs_unless_told_not_to(tmp_path, monkeypatch):
+    require_shared(STORIES)
+    MedusaModel.from_base(stories_model(), num_heads=2).save_pretrained(tmp_path / "ck")
+    model, _ = load_for_generation(tmp_path / "ck", base=str(STORIES))
+    assert packed_count(model.base_model) > 0
+    assert packed_count(load_for_generation(tmp_path / "ck", base=str(STORIES), cpu_pack=False)[0]) == 0
+    monkeypatch.setenv("MEDUSA_CPU_PACK", "0")
+    assert packed_count(load_for_generation(tmp_path / "ck", base=str(STORIES))[0]) == 0
