@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from medusa.errors import DataError, MedusaError
+from medusa.eval.forward_cost import format_curves, stock_vs_packed
 from medusa.eval.report import category_table
-from medusa.eval.timing import forward_cost_curve
 from medusa.modeling.base import load_base_model
 from medusa.pipelines import stages as S
 from medusa.pipelines.chat_data import MT_BENCH, reply_stats, spec_bench  # noqa: F401  (re-exported)
@@ -133,15 +133,18 @@ def given_data(s: Settings, data: Path) -> dict[str, Any]:
 
 
 def cost_curve_stage(model_path: str) -> dict[str, Any]:
-    """One forward of 1..64 tokens over a 200-token cache, in milliseconds, and relative to 1 token."""
+    """One forward of 1..64 tokens over a 200-token cache, in milliseconds and relative to 1 token, with the
+    stock linear layers and pre-packed ones (:mod:`medusa.eval.forward_cost`, side by side)."""
     import torch
 
-
     base = load_base_model(model_path, dtype=torch.float32).eval()
-    curve = forward_cost_curve(base)
+    curves = stock_vs_packed(base)
+    curve = curves["stock"]
     return {"cache_len": 200, "torch_threads": torch.get_num_threads(),
             "ms": {str(n): 1e3 * s for n, s in curve.items()},
-            "relative": {str(n): s / curve[1] for n, s in curve.items()}}
+            "relative": {str(n): s / curve[1] for n, s in curve.items()},
+            "packed_ms": {str(n): 1e3 * s for n, s in curves["packed"].items()},
+            "table": format_curves(curves)}
 
 
 def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Path,

@@ -41,6 +41,22 @@ def test_compiled_greedy_equals_hf(gen):
     assert torch._dynamo.utils.counters["graph_break"] == {}  # whole functions compiled, no fallbacks
 
 
+def test_compiled_greedy_on_packed_cpu_linears():
+    """A model loaded for generation has pre-packed CPU linears (medusa.modeling.cpu_linear): the compiled
+    functions trace the stock F.linear, the eager prefill uses the packed weights."""
+    from medusa.modeling.cpu_linear import pack_linears, unpack_linears
+
+    model, ids, mask, ref, _ = fitted_llama()
+    try:
+        pack_linears(model)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, compile=True,
+                             return_dict_in_generate=True)
+    finally:
+        unpack_linears(model)
+    assert torch.equal(out.sequences, ref)
+    assert torch._dynamo.utils.counters["graph_break"] == {}
+
+
 @pytest.mark.slow  # two tree sizes x three compiled functions (~60 s on 2 shared cores)
 def test_recompiles_once_per_tree_size():
     small = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
