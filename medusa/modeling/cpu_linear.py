@@ -1,7 +1,7 @@
 """Pre-packed float32 linear layers for CPU decoding: tree verification's few-row matmuls at the speed of
 oneDNN's blocked weights.
 
-``F.linear`` on a CPU re-packs the whole weight on every call whose input has a few rows (2..64): for
+``F.linear`` on a CPU re-packs the whole weight on every call whose input has a few rows: for
 SmolLM2's 49,152 x 576 LM head, 8 rows cost 21 ms against 4.9 ms for 1 row, while the same product against
 a weight reordered once into oneDNN's blocked layout costs 8 ms (1 thread, `docs/results/cpu-linear.md`).
 A MEDUSA step verifies 8-40 tree nodes at batch 1 -- exactly those shapes -- so the verification forward
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MIN_ROWS, MAX_ROWS = 2, 64  # rows (tokens) per call that use the packed weight
-PACK_HINT = 8  # the row count oneDNN lays the blocked weight out for (best over 2..64 rows on this CPU)
+MIN_ROWS, MAX_ROWS = 3, 64  # rows (tokens) per call that use the packed weight (2 rows: no gain measured)
+PACK_HINT = 8  # the row count oneDNN lays the blocked weight out for (best over 4..64 rows on this CPU)
 PACK_ATTR = "_medusa_cpu_pack"  # (packed weight, weight data_ptr, weight _version)
 ENV = "MEDUSA_CPU_PACK"  # "0": never pack (load_for_generation's default is "auto")
 

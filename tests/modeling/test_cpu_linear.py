@@ -1,5 +1,5 @@
 """medusa/modeling/cpu_linear.py: pre-packed float32 linear layers for CPU decoding. The packed path is
-taken only where it is meant to be (2..64 rows, no gradient, the weight it packed), gives F.linear's
+taken only where it is meant to be (3..64 rows, no gradient, the weight it packed), gives F.linear's
 values, leaves parameters and state dicts alone, and greedy MEDUSA decoding on a packed model still equals
 HF ``generate``."""
 
@@ -12,6 +12,7 @@ from medusa import MedusaModel
 from medusa.modeling import cpu_linear
 from medusa.modeling.cpu_linear import (
     MAX_ROWS,
+    MIN_ROWS,
     linear_bytes,
     pack_linears,
     packed_count,
@@ -47,15 +48,15 @@ def test_packed_rows_give_f_linear_and_others_are_stock(calls, bias):
     ref.load_state_dict(layer.state_dict())
     assert pack_linears(layer) == 1 and packed_count(layer) == 1
     with torch.no_grad():
-        for rows in (1, 2, 8, 3 * 7, MAX_ROWS, MAX_ROWS + 1):
+        for rows in (1, MIN_ROWS - 1, MIN_ROWS, 8, 3 * 7, MAX_ROWS, MAX_ROWS + 1):
             x = torch.randn(3, 7, 48) if rows == 21 else torch.randn(rows, 48)  # any leading shape
             y = layer(x)
             assert y.shape == ref(x).shape
-            if rows in (1, MAX_ROWS + 1):  # not packed: the very same computation
+            if rows < MIN_ROWS or rows > MAX_ROWS:  # not packed: the very same computation
                 assert torch.equal(y, ref(x))
             else:
                 torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
-    assert calls == [2, 8, 21, MAX_ROWS]
+    assert calls == [MIN_ROWS, 8, 21, MAX_ROWS]
     assert list(layer.state_dict()) == list(ref.state_dict())  # nothing saved, nothing renamed
 
 
