@@ -16,10 +16,9 @@ Resumable stages (a finished stage is reused; delete ``--out`` to start over):
    loses, :func:`medusa.calibrate.calibrate.draft_vocab_loss`), ``export`` (vLLM), ``bench`` per category
    (stops at EOS, as HF), with our lookup chain alone, the hybrid and HF prompt lookup in the same loop;
 7. unless ``--no-hydra``: Hydra heads from the same cache and the dynamic tree (:mod:`head_types`);
-8. with ``--full-vocab-reference``: the same recipe with the full vocabulary, calibrated at the same node
-   count: tokens/step lost to the draft vocabulary (calibration's expected tokens/step; costly on CPU: each
-   training token runs four 262,144-row heads).
-"""
+8. ``full_vocab_twin``: the MEDUSA-1 heads over all 262,144 rows, calibrated at the same node count
+   (:mod:`medusa.calibrate.full_vocab`); with ``--full-vocab-reference`` also full-vocabulary heads trained
+   by the same recipe (costly on CPU: each training token runs four 262,144-row heads)."""
 
 from __future__ import annotations
 
@@ -232,6 +231,9 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
                                    **_medusa1(s, out, model, common, rows["bench"], log)}
         if s.hydra:
             summary.update(_head_types(s, out, common, summary, rows["bench"], log))
+        summary["full_vocab_twin"] = S.run_stage(out, "full_vocab_twin", lambda: S.full_vocab_twin_stage(
+            summary["calibrate"]["final_dir"], data / "calib.jsonl", summary["calibrate"]["nodes"],
+            progress=s.progress), log)
         if s.full_vocab_reference:
             summary["full_vocab"] = _full_vocab(s, out, [*common[:-1], "heads.draft_vocab=0"],
                                                 summary["calibrate"], log)
@@ -320,7 +322,8 @@ def _lost_target(summary: dict[str, Any]) -> dict[str, Any]:
     bound = (summary["calibrate"].get("draft_vocab_loss") or {}).get("lost_upper_bound")
     if bound is None:
         return {"target": target, "measured": None, "met": None}
-    return {"target": target, "measured": bound, "upper_bound": True,
+    twin = summary.get("full_vocab_twin", {}).get("lost")  # the same heads over the full vocabulary
+    return {"target": target, "measured": bound, "upper_bound": True, "twin_estimate": twin,
             "met": True if bound < MAX_TOKENS_PER_STEP_LOST else None}
 
 
@@ -353,6 +356,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         measured = "unmeasured" if m is None else f"{m:,}" if isinstance(m, int) else f"{m:.4g}"
         state = "" if t["met"] is None else (" (met)" if t["met"] else " (missed)")
         bound = " (upper bound)" if t.get("upper_bound") else ""
+        if t.get("twin_estimate") is not None:
+            bound += f"; the same heads over the full vocabulary: {t['twin_estimate']:.4g}"
         lines.append(f"target {key} {t['target']}: {measured}{bound}{state}")
     return "\n".join(lines)
 

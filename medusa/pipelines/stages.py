@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.calibrate.calibrate import calibrate
+from medusa.calibrate.full_vocab import draft_vs_full_vocab
 from medusa.calibrate.plot import plot_accuracy
 from medusa.config import load_recipe
 from medusa.data import load_tokenized
@@ -214,6 +215,15 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
             "position_mean_tokens_per_step": cal.get("position_mean_tokens_per_step"),
             "auto": cal.get("auto"), "num_positions": cal["num_positions"],
             "draft_vocab_loss": cal.get("draft_vocab_loss")}
+
+
+def full_vocab_twin_stage(heads_dir: str | Path, data: str | Path, nodes: int, max_length: int = 512,
+                          progress: bool = True) -> dict[str, Any]:
+    """Draft-vocabulary shared-LM-head heads against their full-vocabulary twin, each calibrated at ``nodes``
+    nodes on ``data`` (:func:`medusa.calibrate.full_vocab.draft_vs_full_vocab`)."""
+    model, tokenizer = load_for_generation(str(heads_dir))
+    examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples
+    return draft_vs_full_vocab(model, examples, nodes, progress=progress)
 
 
 def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:

@@ -65,11 +65,15 @@ def test_targets_say_what_is_unmeasured():
     assert t["draft_vocab"]["met"] and t["tokens_per_step_lost"] == {"target": "< 0.03", "measured": None,
                                                                        "met": None}
     summary["calibrate"]["draft_vocab_loss"] = {"lost_upper_bound": 0.02}  # the oracle bound decides when low
-    assert targets(summary)["tokens_per_step_lost"] == {"target": "< 0.03", "measured": 0.02,
-                                                       "upper_bound": True, "met": True}
+    lost = targets(summary)["tokens_per_step_lost"]
+    assert lost == {"target": "< 0.03", "measured": 0.02, "upper_bound": True, "twin_estimate": None,
+                    "met": True}
     summary["calibrate"]["draft_vocab_loss"] = {"lost_upper_bound": 0.04}  # and cannot say "missed"
     assert targets(summary)["tokens_per_step_lost"]["met"] is None
     assert "(upper bound)" in format_summary({**summary, "targets": targets(summary)})
+    summary["full_vocab_twin"] = {"lost": -0.01}
+    assert "0.04 (upper bound); the same heads over the full vocabulary: -0.01" in format_summary(
+        {**summary, "targets": targets(summary)})
     bench["hybrid"] = {"tokens_per_step": 1.9}
     assert targets(summary)["hybrid_tokens_per_step"] == {"target": ">= 2.0", "measured": 1.9, "met": False}
     summary["full_vocab"] = {"tokens_per_step_lost": 0.05}  # a measured reference wins over the bound
