@@ -18,6 +18,7 @@ import torch
 from medusa.errors import ConfigError, MedusaError
 from medusa.modeling.base import fast_dtype, load_base_model
 from medusa.modeling.base import load_tokenizer as _load_tokenizer
+from medusa.modeling.cpu_linear import auto_pack
 from medusa.modeling.quantization import bnb_config
 from medusa.selfdistill.backends.base import Request, Result, Sampling
 from medusa.selfdistill.backends.refill import generate_refill, refill_supported
@@ -70,6 +71,7 @@ class LocalBackend:
             self.model = load_base_model(str(model), dtype=dtype, **kwargs)
             if not load_in_4bit:
                 self.model.to(device)
+                auto_pack(self.model)  # float32 on a CPU: batched decode steps are few-row matmuls
         else:
             self.model = model
             self.model_name = model_name or getattr(model.config, "name_or_path", "") or type(model).__name__

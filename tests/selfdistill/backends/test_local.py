@@ -46,3 +46,26 @@ def test_local_backend_in_4bit(tmp_path):
                                 Sampling(max_new_tokens=3)))
     assert sorted(got) == [0, 1] and all(r.completion_tokens == 3 and r.finish_reason == "length"
                                          for r in got.values())
+
+
+def test_local_backend_from_a_path_packs_its_cpu_linears(tmp_path, monkeypatch):
+    """A float32 model loaded by path runs its batched decode steps on pre-packed linears
+    (medusa.modeling.cpu_linear); MEDUSA_CPU_PACK=0 keeps them stock. The replies are the same."""
+    from medusa.modeling.cpu_linear import packed_count, packing_supported
+    from medusa.selfdistill.backends import Request
+
+    from tiny_models import tiny_model
+
+    path = tmp_path / "m"
+    tiny_model("llama", vocab_size=512, hidden_size=64, layers=1, intermediate_size=128).save_pretrained(path)
+    chat_tokenizer().save_pretrained(path)
+    requests = [Request(prompt="Once"), Request(prompt="Once upon"), Request(prompt="A")]
+    packed = LocalBackend(str(path), batch_size=3, dtype="float32")
+    assert (packed_count(packed.model) > 0) == packing_supported()
+    monkeypatch.setenv("MEDUSA_CPU_PACK", "0")
+    stock = LocalBackend(str(path), batch_size=3, dtype="float32")
+    assert packed_count(stock.model) == 0
+    sampling = Sampling(max_new_tokens=6)
+    got = {i: (r.text, r.completion_tokens) for i, r in packed.generate(requests, sampling)}
+    assert got == {i: (r.text, r.completion_tokens) for i, r in stock.generate(requests, sampling)}
+    assert sorted(got) == [0, 1, 2] and all(n > 0 for _, n in got.values())
