@@ -277,11 +277,11 @@ def calibrate(model: Any, examples: Sequence[dict], nodes: int | str = 64, topk:
             "calibrated": replay_dynamic(stats.logp, stats.ranks, stats.starts, len(choices) + 1, score)}
     labels = torch.tensor([t for e in examples for t in e["labels"]], dtype=torch.long)
     record.update(draft_vocab_summary(model.heads, labels))  # share of target tokens the draft covers
+    usable = usable_examples(examples)  # in HeadStats' order
     if getattr(model.heads, "token_map", None) is not None:
-        record["draft_vocab_loss"] = draft_vocab_loss(choices, stats, usable_examples(examples),
-                                                      model.heads.token_map)
+        record["draft_vocab_loss"] = draft_vocab_loss(choices, stats, usable, model.heads.token_map)
     prompt = timing_prompt(examples) if lookup_tokens == "auto" else None
-    record["lookup"] = choose_lookup(model, choices, stats, usable_examples(examples), lookup_tokens, prompt)
+    record["lookup"] = choose_lookup(model, choices, stats, usable, lookup_tokens, prompt)
     return MedusaTree.from_choices(choices, num_heads=model.num_heads, calibration=record,
                                    lookup_tokens=record["lookup"]["chosen"])
 

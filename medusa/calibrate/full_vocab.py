@@ -36,11 +36,14 @@ def full_vocab_twin(model: Any) -> MedusaModel:
     return twin.eval()
 
 
-def draft_vs_full_vocab(model: Any, examples: Sequence[dict], nodes: int,
-                        progress: bool = True) -> dict[str, Any]:
+def draft_vs_full_vocab(model: Any, examples: Sequence[dict], nodes: int, progress: bool = True,
+                        draft: dict[str, Any] | None = None) -> dict[str, Any]:
     """Calibrated tokens/step at ``nodes`` nodes of the draft heads and of their full-vocabulary twin, and
-    ``lost = 1 - draft / full`` (negative: the twin does worse)."""
-    draft = calibrate(model, examples, nodes=nodes, progress=progress).calibration
+    ``lost = 1 - draft / full`` (negative: the twin does worse). ``draft``: the draft heads' calibration on
+    the same ``examples`` at ``nodes`` nodes when already made (its ``expected_tokens_per_step`` and
+    ``top1``); else they are calibrated here."""
+    if draft is None:
+        draft = calibrate(model, examples, nodes=nodes, progress=progress).calibration
     full = calibrate(full_vocab_twin(model), examples, nodes=nodes, progress=progress).calibration
     d, f = draft["expected_tokens_per_step"], full["expected_tokens_per_step"]
     return {"nodes": nodes, "draft_tokens_per_step": d, "full_vocab_tokens_per_step": f, "lost": 1 - d / f,

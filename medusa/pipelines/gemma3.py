@@ -232,8 +232,7 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
         if s.hydra:
             summary.update(_head_types(s, out, common, summary, rows["bench"], log))
         summary["full_vocab_twin"] = S.run_stage(out, "full_vocab_twin", lambda: S.full_vocab_twin_stage(
-            summary["calibrate"]["final_dir"], data / "calib.jsonl", summary["calibrate"]["nodes"],
-            progress=s.progress), log)
+            summary["calibrate"], data / "calib.jsonl", progress=s.progress), log)
         if s.full_vocab_reference:
             summary["full_vocab"] = _full_vocab(s, out, [*common[:-1], "heads.draft_vocab=0"],
                                                 summary["calibrate"], log)

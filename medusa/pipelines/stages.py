@@ -217,13 +217,14 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
             "draft_vocab_loss": cal.get("draft_vocab_loss")}
 
 
-def full_vocab_twin_stage(heads_dir: str | Path, data: str | Path, nodes: int, max_length: int = 512,
+def full_vocab_twin_stage(calibrated: dict[str, Any], data: str | Path, max_length: int = 512,
                           progress: bool = True) -> dict[str, Any]:
-    """Draft-vocabulary shared-LM-head heads against their full-vocabulary twin, each calibrated at ``nodes``
-    nodes on ``data`` (:func:`medusa.calibrate.full_vocab.draft_vs_full_vocab`)."""
-    model, tokenizer = load_for_generation(str(heads_dir))
+    """Draft-vocabulary shared-LM-head heads against their full-vocabulary twin at the node count the
+    ``calibrate`` stage's summary (``calibrated``, on the same ``data``) chose; the twin is calibrated here
+    (:func:`medusa.calibrate.full_vocab.draft_vs_full_vocab`)."""
+    model, tokenizer = load_for_generation(str(calibrated["final_dir"]))
     examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples
-    return draft_vs_full_vocab(model, examples, nodes, progress=progress)
+    return draft_vs_full_vocab(model, examples, int(calibrated["nodes"]), progress=progress, draft=calibrated)
 
 
 def export_stage(heads_dir: str | Path, out: str | Path, format: str = "vllm") -> dict[str, Any]:

@@ -45,6 +45,8 @@ def test_draft_vs_full_vocab_calibrates_both_and_refuses_other_heads():
     assert out["draft_vocab"] == 40 and out["nodes"] == 4
     assert out["lost"] == pytest.approx(1 - out["draft_tokens_per_step"] / out["full_vocab_tokens_per_step"])
     assert out["full_vocab_tokens_per_step"] >= 1.0 and out["draft_tokens_per_step"] >= 1.0
+    known = {"expected_tokens_per_step": out["draft_tokens_per_step"], "top1": out["draft_top1"]}
+    assert draft_vs_full_vocab(model, examples, nodes=4, progress=False, draft=known) == out  # not redone
     linear = MedusaModel.from_base(tiny_model("llama"), num_heads=2, token_map=tm)
     with pytest.raises(MedusaError, match="needs shared_lm_head heads with a draft vocabulary"):
         full_vocab_twin(linear)
