@@ -34,11 +34,14 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m medusa.pipelines.stories260k --medusa2
 
-# The heads shipped for SmolLM2-135M-Instruct (data/heads/smollm2-135m-instruct), benchmarked on Spec-Bench
-# public (10 prompts per category) against HF generate and HF prompt lookup, one thread.
+# The heads shipped for SmolLM2-135M-Instruct (data/heads/smollm2-135m-instruct), each with its tree.json as it
+# is (heads + lookup chain), benchmarked on Spec-Bench public (10 prompts per category) against HF generate and
+# HF prompt lookup, 2 threads. Drop --no-lookup-rows for heads-only / lookup-alone / hybrid rows (5 decodes
+# per prompt instead of 3).
 bench-chat: $(STAMP)
 	$(BIN)/python -m medusa.pipelines.chat_model
-	$(BIN)/python -m medusa.pipelines.smollm2 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat --threads 1
+	$(BIN)/python -m medusa.pipelines.smollm2 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat --threads 2 \
+		--no-lookup-rows
 
 # Reproduce the shipped heads end to end (resumable; delete out/heads/smollm2 to start over): self-distil
 # every Alpaca prompt + 600 requests the model writes itself, hidden cache, MEDUSA-1 (2 epochs) + Hydra (1 epoch)

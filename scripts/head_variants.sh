@@ -72,10 +72,23 @@ train linear_self   "$OUT/data/self.jsonl"             cache_self heads.head_typ
 train hydra_self    "$OUT/data/self.jsonl"             cache_self heads.head_type=hydra
 train shared_human  "$OUT/data/prompts_train.jsonl"    cache_human
 train shared_human_budget "$OUT/data/human_budget.jsonl" cache_human_budget
-# teacher_loss needs the full vocabulary (the KL to the base distribution): hard labels vs KL, both full-vocabulary
-# (one epoch each: a full-vocabulary step costs ~9 s here against ~1 s with the draft vocabulary)
-train full_hard     "$OUT/data/self.jsonl"             cache_self heads.draft_vocab=0 train.epochs=1
-train full_teacher  "$OUT/data/self.jsonl"             cache_self heads.draft_vocab=0 heads.teacher_loss=1.0 train.epochs=1
+# heads.teacher_loss: the KL to the base distribution over the draft vocabulary (renormalised there) in place of
+# (w = 1, Hydra++) or beside (w = 0.5) the hard labels; same data, cache and budget as shared_self / hydra_self
+train shared_teacher      "$OUT/data/self.jsonl"       cache_self heads.teacher_loss=1.0
+train shared_teacher_half "$OUT/data/self.jsonl"       cache_self heads.teacher_loss=0.5
+train hydra_teacher       "$OUT/data/self.jsonl"       cache_self heads.head_type=hydra heads.teacher_loss=1.0
+# MEDUSA-2 (LoRA backbone + heads, self-distilled) from the shared_self heads, one epoch on the same replies:
+# online backbone forward + backward (no cache), so it is by far the slowest row
+if [ "${MEDUSA2:-1}" = 1 ]; then
+  if [ ! -d "$OUT/medusa2/final" ]; then
+    $MEDUSA train medusa/pipelines/recipes/smollm2_medusa2.yaml model="$MODEL" data.train="$OUT/data/self.jsonl" \
+      data.eval="$OUT/data/eval.jsonl" heads.init_from="$OUT/shared_self/final" heads.draft_vocab=8192 \
+      train.save_steps=20 output_dir="$OUT/medusa2" 2>&1 | tee "$OUT/medusa2.log" | grep -v "it/s"
+  fi
+  if [ ! -f "$OUT/medusa2/final/tree.json" ]; then
+    $MEDUSA calibrate --heads "$OUT/medusa2/final" --data "$OUT/data/eval.jsonl" --nodes 16 --no-plots --quiet
+  fi
+fi
 
 $PY - "$OUT" <<'PYEOF'
 import json, sys
@@ -89,8 +102,10 @@ for name, what, data in (("shared_self", "MEDUSA-1, shared LM head", "self-disti
                          ("shared_human", "MEDUSA-1, shared LM head", "human (Alpaca answers), same prompts"),
                          ("shared_human_budget", "MEDUSA-1, shared LM head",
                           "human (Alpaca answers), same token budget"),
-                         ("full_hard", "MEDUSA-1, shared LM head, full vocabulary, hard labels, 1 epoch", "self-distilled"),
-                         ("full_teacher", "MEDUSA-1, shared LM head, full vocabulary, `teacher_loss: 1.0`, 1 epoch",
+                         ("shared_teacher", "MEDUSA-1, shared LM head, `teacher_loss: 1.0`", "self-distilled"),
+                         ("shared_teacher_half", "MEDUSA-1, shared LM head, `teacher_loss: 0.5`", "self-distilled"),
+                         ("hydra_teacher", "Hydra, shared LM head, `teacher_loss: 1.0`", "self-distilled"),
+                         ("medusa2", "MEDUSA-2 (LoRA r=16, self-distilled KL) from the shared LM head row, 1 epoch",
                           "self-distilled")):
     d = out / name
     if not (d / "final" / "tree.json").exists():

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from medusa.cli import MAX_NODES, Bounded, PathKind, add_overwrite, count
+from medusa.cli import MAX_NODES, THREADS, Bounded, PathKind, add_overwrite, count
 
 PLOTS = ("calibration_accuracy.png", "tree.png")
 MAX_LOOKUP_TOKENS = 256  # medusa.calibrate.lookup.MAX_LOOKUP_TOKENS (not imported: the CLI loads no library)
@@ -44,10 +44,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from medusa.modeling import MedusaModel
     from medusa.modeling.base import load_tokenizer
     from medusa.modeling.config import base_location
+    from medusa.modeling.cpu_linear import auto_pack
 
     _check_before_loading(args)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model = MedusaModel.from_pretrained(args.heads, base_model=args.base, dtype=args.dtype,
                                         device_map=args.device)
+    auto_pack(model)  # --nodes/--lookup-tokens auto time decode steps as `medusa generate` runs them
     tokenizer = load_tokenizer(args.tokenizer or base_location(args.heads, model.config, args.base,
                                                                hint="pass --base"))
     data = load_tokenized(args.data, tokenizer, max_length=args.max_length, format=args.format,
@@ -154,5 +160,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="directory for the PNGs (default: the checkpoint)")
     p.add_argument("--no-plots", action="store_true")
     add_overwrite(p, "tree.json or a plot")
+    p.add_argument("--threads", type=THREADS, default=None,
+                   help="torch CPU threads for the run and the timed steps of auto (default: torch's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_calibrate)

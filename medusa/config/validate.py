@@ -121,9 +121,6 @@ def _validate_heads(recipe: Recipe) -> None:
     check_head_fields(h.num_heads, h.num_layers, h.head_type, h.draft_vocab, h.hydra_projection)
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
     _range("heads.teacher_loss", h.teacher_loss, 0.0, 1.0)
-    if h.teacher_loss and h.draft_vocab:
-        raise ConfigError("heads.teacher_loss: the KL to the base distribution needs the full vocabulary "
-                          "(heads.draft_vocab: 0)")
     if h.init_from and not Path(h.init_from).expanduser().exists():
         raise ConfigError(f"heads.init_from: {h.init_from} does not exist")
 

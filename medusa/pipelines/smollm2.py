@@ -73,6 +73,7 @@ class Settings:
     repeats: int = 1
     prompt_lookup_num_tokens: int = 10
     compare_lookup_tokens: int = 8  # L of the lookup-alone / hybrid rows when tree.json has no lookup_tokens
+    lookup_rows: bool = True  # heads-only, lookup-alone and hybrid rows (False: each tree.json as it is)
     threads: int | None = None
     device: str | None = None
     shipped: str | None = None  # benchmark these shipped head sets (medusa1/, hydra/) instead of training
@@ -152,9 +153,10 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
     """``medusa bench --chat --stop-at-eos --prompt-lookup --compare-lookup L`` on the Spec-Bench rows, per
     category: heads only, our lookup chain alone, the hybrid and HF prompt lookup (``tree``: None for the
     checkpoint's tree.json, or a DynamicTree, then heads only; ``prompt_lookup=False``: no HF prompt-lookup
-    column, when another bench of the same run measures it)."""
+    column, when another bench of the same run measures it). ``s.lookup_rows=False``: the checkpoint's
+    tree.json as it is (its lookup chain included) instead of the three MEDUSA rows."""
 
-    compare = S.compare_lookup_tokens(heads, s.compare_lookup_tokens) if tree is None else 0
+    compare = S.compare_lookup_tokens(heads, s.compare_lookup_tokens) if tree is None and s.lookup_rows else 0
     result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
                            progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
@@ -352,6 +354,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
     parser.add_argument("--compare-lookup-tokens", type=int, default=Settings.compare_lookup_tokens,
                         metavar="L", help="lookup chain of the lookup-alone and hybrid rows when the "
                                           "tree.json has no lookup_tokens")
+    parser.add_argument("--no-lookup-rows", action="store_true",
+                        help="time each tree.json as it is (heads + its lookup chain) instead of heads-only, "
+                             "lookup-alone and hybrid rows (make bench-chat: 3 decodes per prompt, not 5)")
     parser.add_argument("--nodes", default="auto", help="tree size (<= 64) or auto")
     parser.add_argument("--synthesize", type=int, default=Settings.synthesize, metavar="N",
                         help="also train on N user requests the model writes itself (Magpie)")
@@ -370,6 +375,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                  calib_prompts=args.calib_prompts, train_data=args.train_data, calib_data=args.calib_data,
                  threads=args.threads, medusa2=args.medusa2,
                  compare_lookup_tokens=args.compare_lookup_tokens, hydra=not args.no_hydra,
+                 lookup_rows=not args.no_lookup_rows,
                  synthesize=args.synthesize, shipped=args.shipped, ship=args.ship,
                  hydra_overrides=tuple(args.hydra_set),
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)

@@ -18,7 +18,10 @@ so the forward keeps one chunk's logits alive and the backward recomputes one ch
 Draft vocabulary (``label_map [V]``: target id -> draft id, -1 outside; ``MedusaHeads.target_to_draft()``):
 the heads' logits are over the N draft ids, labels are mapped to them, and a label outside the draft
 vocabulary is a miss: it has no CE term (no gradient target for that head at that position) but is
-counted in ``count`` (so top-1 / top-5 count it as wrong) and in ``missed``.
+counted in ``count`` (so top-1 / top-5 count it as wrong) and in ``missed``. With a teacher, the teacher's
+``logits_fn`` then returns the base logits of the N draft tokens only (the base distribution restricted to the
+draft vocabulary and renormalised, as EAGLE-3 trains its draft-vocabulary head), and the KL is taken at the
+positions that have a CE term.
 
 MEDUSA-2: ``L = L_LM + lambda_0(step) * L_heads`` (:func:`medusa2_loss`), ``L_LM`` being
 :func:`causal_lm_loss` or, with self-distillation, :func:`self_distill_kl` to the teacher's logits.
@@ -105,15 +108,18 @@ def head_targets(hidden: torch.Tensor, labels: torch.Tensor, k: int) -> tuple[to
     return h, y[keep]
 
 
-def draft_targets(h: torch.Tensor, y: torch.Tensor, label_map: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Keep the targets inside the draft vocabulary, as draft ids: ``(h [M, d], y_draft [M], missed)``
-    with ``missed = N - M`` (everything kept, unchanged, when ``label_map`` is None)."""
+def draft_targets(h: torch.Tensor, y: torch.Tensor, label_map: torch.Tensor | None,
+                  t_h: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    """Keep the targets inside the draft vocabulary, as draft ids: ``(h [M, d], y_draft [M], missed,
+    t_h [M, d])`` with ``missed = N - M`` and the teacher's states ``t_h [N, d]`` (or None) kept alike
+    (everything kept, unchanged, when ``label_map`` is None)."""
     if label_map is None:
-        return h, y, 0
+        return h, y, 0, t_h
     mapped = label_map.to(y.device)[y]  # [N] draft ids, -1 outside
     inside = mapped >= 0
-    return h[inside], mapped[inside], int(y.shape[0] - int(inside.sum()))
+    return (h[inside], mapped[inside], int(y.shape[0] - int(inside.sum())),
+            None if t_h is None else t_h[inside])
 
 
 def teacher_kl(head_logits: torch.Tensor, base_logits: torch.Tensor) -> torch.Tensor:
@@ -152,12 +158,6 @@ def _chunk_stats(fn: HeadFn, k: int, h: torch.Tensor, y: torch.Tensor, t_h: torc
     return loss, ce, c1, c5
 
 
-def _check_teacher(teacher: Teacher | None, label_map: torch.Tensor | None) -> None:
-    if teacher is not None and label_map is not None:
-        raise ConfigError("heads.teacher_loss: the KL to the base distribution needs the full vocabulary "
-                          "(heads.draft_vocab: 0)")
-
-
 def medusa_head_loss(
     hidden: torch.Tensor,
     labels: torch.Tensor,
@@ -176,16 +176,15 @@ def medusa_head_loss(
     labelled target still runs on an empty chunk so that its parameters stay in the graph (DDP).
     ``label_map [V]`` (target id -> draft id, -1 outside): heads over a draft vocabulary (``head_fn``
     returns ``[N, N_draft]``); each head's CE is the mean over its targets inside the draft vocabulary.
-    The teacher KL needs the full vocabulary (``label_map`` None).
+    With both, ``teacher.logits_fn`` returns the base logits of the draft tokens (``[N, N_draft]``).
     """
-    _check_teacher(teacher, label_map)
     weights = head_weights(num_heads, decay)
     total = hidden.new_zeros((), dtype=torch.float32)
     stats = torch.zeros(STATS_ROWS, num_heads, dtype=torch.float32)  # ce_sum, top1, top5, count, missed
     for k in range(num_heads):
         h, y = head_targets(hidden, labels, k)  # [N_k, d], [N_k]
-        h, y, missed = draft_targets(h, y, label_map)  # [M_k, d], [M_k]
         t_h = None if teacher is None else teacher_states(teacher.hidden, labels, k)  # [N_k, d]
+        h, y, missed, t_h = draft_targets(h, y, label_map, t_h)  # [M_k, d], [M_k], [M_k, d]
         n = y.shape[0]
         ce_k = hidden.new_zeros((), dtype=torch.float32)
         loss_k = hidden.new_zeros((), dtype=torch.float32)
@@ -218,8 +217,7 @@ def naive_head_loss(
     teacher: Teacher | None = None,
 ) -> HeadLossOutput:
     """Reference implementation: all ``[K, B, T, V]`` logits at once, shifted CE (and KL) per head (labels
-    outside a draft vocabulary ``label_map`` become ignored for the CE and misses for the counts)."""
-    _check_teacher(teacher, label_map)
+    outside a draft vocabulary ``label_map`` become ignored for the CE, the KL and misses for the counts)."""
     weights = head_weights(num_heads, decay)
     B, T, d = hidden.shape
     labelled = labels != IGNORE_INDEX  # [B, T]

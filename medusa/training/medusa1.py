@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from medusa.config import Recipe
@@ -19,7 +20,7 @@ from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
 from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
-from medusa.training.losses import Teacher, medusa_head_loss
+from medusa.training.losses import Teacher, TeacherFn, medusa_head_loss
 from medusa.training.setup import load_backbone, param_groups
 
 
@@ -42,13 +43,26 @@ class HeadsLoss(nn.Module):
                 input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         teacher = None
         if self.teacher_loss > 0:
-            head = self._teacher_head.module
-            teacher = Teacher(hidden, lambda h: head(h.to(head.weight.dtype)), self.teacher_loss)
+            teacher = Teacher(hidden, draft_teacher_logits(self._teacher_head.module, self.heads.token_map),
+                              self.teacher_loss)
         inputs = self.heads.teacher_inputs(hidden, input_ids)  # hidden, or Hydra's wide input
         out = medusa_head_loss(inputs, labels, self.heads.head_logits, self.heads.num_heads,
                                decay=self.decay, chunk_size=self.chunk_size,
                                label_map=self.heads.target_to_draft(), teacher=teacher)
         return out.loss, out.stats()
+
+
+def draft_teacher_logits(lm_head: nn.Module, token_map: torch.Tensor | None) -> TeacherFn:
+    """The teacher's logits: the base LM head on hidden states ``[N, d]`` -> ``[N, V]``, or, with a draft
+    vocabulary (``token_map [N_draft]``: draft id -> target id), only its draft rows -> ``[N, N_draft]`` (one
+    ``[N_draft, d]`` matmul, not the full ``[V, d]`` one)."""
+    weight, bias = lm_head.weight, getattr(lm_head, "bias", None)  # [V, d], [V] or None
+    if token_map is None:
+        return lambda h: F.linear(h.to(weight.dtype), weight, bias)
+    tm = token_map.to(weight.device)
+    w = weight.detach().index_select(0, tm)  # [N_draft, d]
+    b = None if bias is None else bias.detach().index_select(0, tm)  # [N_draft]
+    return lambda h: F.linear(h.to(w.dtype), w, b)
 
 
 def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, HeadsLoss]:

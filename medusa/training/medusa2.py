@@ -162,7 +162,9 @@ class Medusa2Module(nn.Module):
         heads_in = self.model.heads.teacher_inputs(hidden, input_ids)  # [B, T, d] (Hydra: [B, T, d * (K+1)])
         kl_to = None
         if self.teacher_loss > 0:
-            kl_to = Teacher(hidden, lambda h: base_logits(base, h), self.teacher_loss)
+            tm = self.model.heads.token_map  # [N_draft] or None: the KL over the heads' vocabulary
+            kl_to = Teacher(hidden, lambda h: base_logits(base, h) if tm is None
+                            else base_logits(base, h).index_select(-1, tm), self.teacher_loss)
         heads = medusa_head_loss(heads_in, labels, self.model.heads.head_logits, self.model.heads.num_heads,
                                  decay=self.decay, chunk_size=self.chunk_size,
                                  label_map=self.model.heads.target_to_draft(), teacher=kl_to)

@@ -108,15 +108,27 @@ def test_cli_calibrate_writes_tree_and_plots(stories_checkpoint, tmp_path, capsy
     assert "expected" in capsys.readouterr().out
 
 
-def test_cli_calibrate_auto_nodes(stories_checkpoint, tmp_path, capsys):
+def test_cli_calibrate_auto_nodes(stories_checkpoint, tmp_path, capsys, monkeypatch):
+    import torch
+
+    from medusa.modeling import cpu_linear
+
+    packed = []  # the timed steps run on the model as `medusa generate` loads it: linears packed
+    monkeypatch.setattr(cpu_linear, "auto_pack", lambda model: packed.append(cpu_linear.pack_linears(model)))
+    threads = torch.get_num_threads()
     path, data = stories_checkpoint
     if (path / "tree.json").exists():  # an earlier calibration is replaced only with --overwrite
         before = (path / "tree.json").read_bytes()
         assert main(["calibrate", "--heads", str(path), "--data", str(data), "--no-plots", "--quiet"]) == 2
         assert "tree.json: exists; pass --overwrite" in capsys.readouterr().err
         assert (path / "tree.json").read_bytes() == before
-    assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "auto", "--no-plots",
-                 "--quiet", "--overwrite"]) == 0
+    try:
+        assert main(["calibrate", "--heads", str(path), "--data", str(data), "--nodes", "auto", "--no-plots",
+                     "--quiet", "--overwrite", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert len(packed) == 1 and (packed[0] > 0 or not cpu_linear.packing_supported())
     cal = MedusaTree.from_json(path / "tree.json").calibration
     auto = cal["auto"]
     assert auto["chosen"] in auto["sizes"] and len(auto["step_time_s"]) == len(auto["sizes"])

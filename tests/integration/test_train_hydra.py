@@ -89,7 +89,7 @@ def test_medusa_train_hydra_shared_lm_head_with_a_draft_vocab(tmp_path, monkeypa
     out = tmp_path / "run"
     code = cli_main(["train", str(TINY), f"output_dir={out}", "data.max_length=64", "train.logging_steps=5",
                      "data.eval_split=0.02", "train.eval_steps=0", "train.max_steps=30", "train.lr=5e-3",
-                     *HYDRA])
+                     *HYDRA, "heads.teacher_loss=0.5"])  # the KL over the 200 draft tokens
     assert code == 0, capsys.readouterr().err
     assert "draft vocabulary: 200 of 512 tokens" in capsys.readouterr().out
     result = results[0]
@@ -107,6 +107,7 @@ def test_medusa_train_hydra_shared_lm_head_with_a_draft_vocab(tmp_path, monkeypa
     cfg = json.loads((Path(result.final_dir) / "medusa_config.json").read_text())
     assert (cfg["hydra_projection"], cfg["draft_vocab"]) == ("shared_lm_head", 200)
     assert cfg["recipe"]["heads"]["hydra_projection"] == "shared_lm_head"
+    assert cfg["recipe"]["heads"]["teacher_loss"] == 0.5
     trained = MedusaModel.from_pretrained(result.final_dir, base_model=fresh)
     assert trained.heads.projection == "shared_lm_head"
     assert torch.equal(trained.heads.token_map, heads.token_map.cpu())

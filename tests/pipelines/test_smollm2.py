@@ -109,3 +109,7 @@ def test_bench_by_category_compares_lookup_with_the_trees_length(tmp_path, monke
     assert [c["compare_lookup"] for c in calls] == [8, 8, 5, 0, 5]  # every checkpoint tree compares
     assert [c["prompt_lookup"] for c in calls] == [True, True, True, True, False]
     assert smollm2.parse_settings(["--compare-lookup-tokens", "6"])[0].compare_lookup_tokens == 6
+    plain = smollm2.parse_settings(["--no-lookup-rows"])[0]  # make bench-chat: each tree.json as it is
+    assert plain.lookup_rows is False and smollm2.parse_settings([])[0].lookup_rows is True
+    smollm2.bench_by_category(plain, heads, rows, report)
+    assert calls[-1]["compare_lookup"] == 0 and calls[-1]["prompt_lookup"] is True

@@ -126,6 +126,65 @@ def test_chunked_equals_naive_with_draft_vocab(chunk):
     assert out.missed.sum() > 0 and (out.missed < out.count).all()
 
 
+def _draft_teacher(heads, seed=1):
+    from medusa.training.medusa1 import draft_teacher_logits
+
+    base_head = torch.nn.Linear(D, V, bias=True)
+    torch.nn.init.normal_(base_head.weight, std=0.5, generator=torch.Generator().manual_seed(seed))
+    return base_head, draft_teacher_logits(base_head, heads.token_map)
+
+
+def test_draft_teacher_logits_are_the_base_logits_of_the_draft_tokens():
+    heads, hidden, _ = _draft_setup()
+    base_head, fn = _draft_teacher(heads)
+    h = torch.randn(7, D)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(h), base_head(h)[:, heads.token_map])  # [7, N]
+    from medusa.training.medusa1 import draft_teacher_logits
+
+    torch.testing.assert_close(draft_teacher_logits(base_head, None)(h), base_head(h))
+
+
+@pytest.mark.parametrize("chunk", [1, 1000])
+def test_chunked_equals_naive_with_draft_vocab_and_teacher(chunk):
+    heads, hidden, labels = _draft_setup()
+    t2d = heads.target_to_draft()
+    base_head, fn = _draft_teacher(heads)
+    teacher = Teacher(hidden.detach(), fn, 0.5)
+    naive = naive_head_loss(hidden, labels, heads.head_logits, heads.num_heads, label_map=t2d,
+                            teacher=teacher)
+    naive.loss.backward()
+    ref = [p.grad.clone() for p in heads.parameters()]
+    heads.zero_grad()
+    out = medusa_head_loss(hidden, labels, heads.head_logits, heads.num_heads, chunk_size=chunk,
+                           label_map=t2d, teacher=teacher)
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, naive.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.stats(), naive.stats(), rtol=1e-5, atol=1e-4)
+    for g, r in zip([p.grad for p in heads.parameters()], ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    assert base_head.weight.grad is None  # the teacher is a fixed target
+
+
+def test_draft_teacher_kl_by_hand():
+    """Head 0 at t reads h_t, target labels[t + 2]; the teacher is the base on h_{t+1} over the draft
+    tokens only (renormalised there), at the positions whose target is inside the draft vocabulary."""
+    heads, hidden, labels = _draft_setup(K=1)
+    t2d = heads.target_to_draft()
+    base_head, fn = _draft_teacher(heads)
+    w = 0.25
+    out = medusa_head_loss(hidden, labels, heads.head_logits, 1, decay=1.0, chunk_size=4, label_map=t2d,
+                           teacher=Teacher(hidden, fn, w))
+    y = labels[:, 2:]  # [B, T-2]
+    inside = (y != -100) & (t2d[y.clamp(min=0)] >= 0)
+    logits = heads.head_logits(0, hidden[:, :-2][inside])  # [M, N]
+    with torch.no_grad():
+        base = base_head(hidden[:, 1:-1][inside])[:, heads.token_map]  # [M, N]
+    ce = F.cross_entropy(logits, t2d[y[inside]], reduction="sum")
+    kl = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(base, -1), log_target=True, reduction="sum")
+    torch.testing.assert_close(out.loss, ((1 - w) * ce + w * kl) / int(inside.sum()), rtol=1e-5, atol=1e-6)
+
+
 def test_outside_labels_are_excluded_exactly():
     heads, hidden, labels = _draft_setup(K=1)
     t2d = heads.target_to_draft()
