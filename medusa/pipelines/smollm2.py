@@ -312,8 +312,12 @@ def format_summary(summary: dict[str, Any]) -> str:
                              f"{summary['hydra']['calibrate']['expected_tokens_per_step']:.2f} tokens/step"]
                             if "hydra" in summary else []))
     c = summary["cost_curve"]
-    lines = ["one forward over a 200-token cache: " + ", ".join(
+    lines = ["one forward over a 200-token cache, stock linears: " + ", ".join(
         f"{n} tok {ms:.1f} ms ({c['relative'][n]:.2f}x)" for n, ms in c["ms"].items())]
+    if c.get("packed_ms"):  # decoding's default on a CPU (medusa.modeling.cpu_linear)
+        one = c["packed_ms"]["1"]
+        lines.append("the same, pre-packed linears: " + ", ".join(
+            f"{n} tok {ms:.1f} ms ({ms / one:.2f}x)" for n, ms in c["packed_ms"].items()))
     if "shipped" in summary:
         lines += [f"shipped heads {summary['shipped']}:"]
         if "bench" in summary:

@@ -54,11 +54,13 @@ def test_format_summary_of_a_shipping_run_and_of_a_benchmark():
         "shipped to data/heads/x: medusa1, hydra",
         "MEDUSA-1 calibration: 24 nodes, predicted 2.35 tokens/step",
         "Hydra calibration: 32 nodes, predicted 3.10 tokens/step"]
-    bench = {"cost_curve": {"ms": {1: 2.0, 8: 3.0}, "relative": {1: 1.0, 8: 1.5}},
+    bench = {"cost_curve": {"ms": {1: 2.0, 8: 3.0}, "relative": {1: 1.0, 8: 1.5},
+                            "packed_ms": {"1": 2.0, "8": 2.5}},
              "calibrate": {"nodes": 8}, "bench": {"table": "| MEDUSA-1 table |"},
              "targets": {"best_speedup": {"target": 1.5, "measured": 1.2, "met": False}}}
     assert smollm2.format_summary(bench).splitlines() == [
-        "one forward over a 200-token cache: 1 tok 2.0 ms (1.00x), 8 tok 3.0 ms (1.50x)",
+        "one forward over a 200-token cache, stock linears: 1 tok 2.0 ms (1.00x), 8 tok 3.0 ms (1.50x)",
+        "the same, pre-packed linears: 1 tok 2.0 ms (1.00x), 8 tok 2.5 ms (1.25x)",
         "MEDUSA-1 (8-node tree):", "| MEDUSA-1 table |",
         "target best_speedup >= 1.5: measured 1.20 (missed by 0.30)"]
 
