@@ -70,15 +70,12 @@ train() {  # name data cache [overrides...]
 train shared_self   "$OUT/data/self.jsonl"             cache_self
 train linear_self   "$OUT/data/self.jsonl"             cache_self heads.head_type=linear
 train hydra_self    "$OUT/data/self.jsonl"             cache_self heads.head_type=hydra
-train shared_human  "$OUT/data/prompts_train.jsonl"    cache_human
-train shared_human_budget "$OUT/data/human_budget.jsonl" cache_human_budget
 # heads.teacher_loss: the KL to the base distribution over the draft vocabulary (renormalised there) in place of
 # (w = 1, Hydra++) or beside (w = 0.5) the hard labels; same data, cache and budget as shared_self / hydra_self
 train shared_teacher      "$OUT/data/self.jsonl"       cache_self heads.teacher_loss=1.0
-train shared_teacher_half "$OUT/data/self.jsonl"       cache_self heads.teacher_loss=0.5
 train hydra_teacher       "$OUT/data/self.jsonl"       cache_self heads.head_type=hydra heads.teacher_loss=1.0
 # MEDUSA-2 (LoRA backbone + heads, self-distilled) from the shared_self heads, one epoch on the same replies:
-# online backbone forward + backward (no cache), so it is by far the slowest row
+# online backbone forward + backward (no cache), so it is by far the slowest row (MEDUSA2=0 skips it)
 if [ "${MEDUSA2:-1}" = 1 ]; then
   if [ ! -d "$OUT/medusa2/final" ]; then
     $MEDUSA train medusa/pipelines/recipes/smollm2_medusa2.yaml model="$MODEL" data.train="$OUT/data/self.jsonl" \
@@ -89,6 +86,9 @@ if [ "${MEDUSA2:-1}" = 1 ]; then
     $MEDUSA calibrate --heads "$OUT/medusa2/final" --data "$OUT/data/eval.jsonl" --nodes 16 --no-plots --quiet
   fi
 fi
+train shared_teacher_half "$OUT/data/self.jsonl"       cache_self heads.teacher_loss=0.5
+train shared_human  "$OUT/data/prompts_train.jsonl"    cache_human
+train shared_human_budget "$OUT/data/human_budget.jsonl" cache_human_budget
 
 $PY - "$OUT" <<'PYEOF'
 import json, sys
