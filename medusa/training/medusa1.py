@@ -43,7 +43,7 @@ class HeadsLoss(nn.Module):
                 input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         teacher = None
         if self.teacher_loss > 0:
-            teacher = Teacher(hidden, draft_teacher_logits(self._teacher_head.module, self.heads.token_map),
+            teacher = Teacher(hidden, draft_teacher_logits(self._teacher_head.module, self.heads),
                               self.teacher_loss)
         inputs = self.heads.teacher_inputs(hidden, input_ids)  # hidden, or Hydra's wide input
         out = medusa_head_loss(inputs, labels, self.heads.head_logits, self.heads.num_heads,
@@ -52,17 +52,19 @@ class HeadsLoss(nn.Module):
         return out.loss, out.stats()
 
 
-def draft_teacher_logits(lm_head: nn.Module, token_map: torch.Tensor | None) -> TeacherFn:
-    """The teacher's logits: the base LM head on hidden states ``[N, d]`` -> ``[N, V]``, or, with a draft
-    vocabulary (``token_map [N_draft]``: draft id -> target id), only its draft rows -> ``[N, N_draft]`` (one
-    ``[N_draft, d]`` matmul, not the full ``[V, d]`` one)."""
-    weight, bias = lm_head.weight, getattr(lm_head, "bias", None)  # [V, d], [V] or None
-    if token_map is None:
-        return lambda h: F.linear(h.to(weight.dtype), weight, bias)
-    tm = token_map.to(weight.device)
-    w = weight.detach().index_select(0, tm)  # [N_draft, d]
-    b = None if bias is None else bias.detach().index_select(0, tm)  # [N_draft]
-    return lambda h: F.linear(h.to(w.dtype), w, b)
+def draft_teacher_logits(lm_head: nn.Module, heads: nn.Module) -> TeacherFn:
+    """The teacher's logits: the base LM head on hidden states ``[N, d]`` -> ``[N, V]``, or, when ``heads``
+    have a draft vocabulary, only its ``heads.token_map`` rows -> ``[N, N_draft]`` (one ``[N_draft, d]``
+    matmul; the rows come from :meth:`~medusa.modeling.draft_vocab.DraftVocab.shared_rows`, cached while the
+    frozen weight is unchanged)."""
+    if heads.token_map is None:
+        return lambda h: lm_head(h.to(lm_head.weight.dtype))
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        weight, bias = heads.vocab.shared_rows(lm_head, heads.token_map)  # [N_draft, d], [N_draft] or None
+        return F.linear(h.to(weight.dtype), weight, bias)
+
+    return logits
 
 
 def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, HeadsLoss]:

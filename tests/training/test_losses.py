@@ -131,7 +131,7 @@ def _draft_teacher(heads, seed=1):
 
     base_head = torch.nn.Linear(D, V, bias=True)
     torch.nn.init.normal_(base_head.weight, std=0.5, generator=torch.Generator().manual_seed(seed))
-    return base_head, draft_teacher_logits(base_head, heads.token_map)
+    return base_head, draft_teacher_logits(base_head, heads)
 
 
 def test_draft_teacher_logits_are_the_base_logits_of_the_draft_tokens():
@@ -142,7 +142,8 @@ def test_draft_teacher_logits_are_the_base_logits_of_the_draft_tokens():
         torch.testing.assert_close(fn(h), base_head(h)[:, heads.token_map])  # [7, N]
     from medusa.training.medusa1 import draft_teacher_logits
 
-    torch.testing.assert_close(draft_teacher_logits(base_head, None)(h), base_head(h))
+    full = MedusaHeads(D, V, 3, 1)  # no draft vocabulary: every row
+    torch.testing.assert_close(draft_teacher_logits(base_head, full)(h), base_head(h))
 
 
 @pytest.mark.parametrize("chunk", [1, 1000])
