@@ -16,7 +16,7 @@ LAMBDA0_SCHEDULES = ("constant", "linear", "sine", "sine_<fraction>")
 
 # ------------------------------------------------------------------------------ heads
 MEDUSA_HEAD_TYPES = ("linear", "shared_lm_head")  # MEDUSA heads (medusa.modeling.heads)
-HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra",)  # hydra: medusa.modeling.hydra.HydraHeads
+HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra", "eagle3")  # hydra: HydraHeads; eagle3: medusa.modeling.eagle3
 HYDRA_PROJECTIONS = ("own", "shared_lm_head")  # hydra heads' W2: their own, or the (frozen) base LM head
 
 # ------------------------------------------------------------------------------ data

@@ -18,6 +18,7 @@ class HeadsConfig:
     decay: float = 0.8
     init_from: str | None = None  # a MEDUSA heads checkpoint to start from (MEDUSA-2 stage 2)
     draft_vocab: int = 0  # > 0: heads predict only the N target tokens most frequent in the training labels
+    feature_layers: list[int] | None = None  # eagle3: the 3 base hidden-state indices fused (None: EAGLE-3's)
     teacher_loss: float = 0.0  # weight w of the KL to the base distribution (over the draft vocabulary when
     # draft_vocab > 0, renormalised there): (1 - w) CE + w KL (Hydra++: 1)
 

@@ -121,8 +121,31 @@ def _validate_heads(recipe: Recipe) -> None:
     check_head_fields(h.num_heads, h.num_layers, h.head_type, h.draft_vocab, h.hydra_projection)
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
     _range("heads.teacher_loss", h.teacher_loss, 0.0, 1.0)
+    _validate_eagle3(recipe)
     if h.init_from and not Path(h.init_from).expanduser().exists():
         raise ConfigError(f"heads.init_from: {h.init_from} does not exist")
+
+
+def _validate_eagle3(recipe: Recipe) -> None:
+    """``heads.head_type: eagle3``: one draft layer, trained with a frozen base (MEDUSA-1), CE loss."""
+    h = recipe.heads
+    if h.head_type != "eagle3":
+        if h.feature_layers is not None:
+            raise ConfigError(f"heads.feature_layers: only for heads.head_type: eagle3 (got {h.head_type})")
+        return
+    if h.num_layers != 1:
+        raise ConfigError(f"heads.num_layers: eagle3 heads have exactly 1 draft decoder layer, "
+                          f"got {h.num_layers}")
+    if recipe.method != "medusa1":
+        raise ConfigError(f"method: eagle3 heads train on a frozen base (method: medusa1), "
+                          f"got {recipe.method}")
+    if h.teacher_loss:
+        raise ConfigError("heads.teacher_loss: not supported for eagle3 heads (they train on the base's own "
+                          "tokens, CE per unrolled step); set it to 0")
+    layers = h.feature_layers
+    if layers is not None and (not isinstance(layers, list) or len(layers) != 3 or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in layers)):
+        raise ConfigError(f"heads.feature_layers: expected three layer indices (ints >= 0), got {layers!r}")
 
 
 def _validate_data(recipe: Recipe) -> None:

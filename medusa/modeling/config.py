@@ -36,6 +36,9 @@ class MedusaConfig:
     # hydra heads only: "own" (W2 of their own, saved as lm_heads.{k}) or "shared_lm_head" (the base LM
     # head). None for MEDUSA heads, and then left out of the JSON; a hydra config without it reads "own".
     hydra_projection: str | None = None
+    # eagle3 heads only: the base hidden-state indices they fuse (HF's output_hidden_states numbering);
+    # None for other heads, and then left out of the JSON.
+    feature_layers: list[int] | None = None
     dtype: str = "float32"
     format_version: int = FORMAT_VERSION
     # Set when the (merged) backbone is stored inside the checkpoint, e.g. after MEDUSA-2.
@@ -48,6 +51,8 @@ class MedusaConfig:
         data = dataclasses.asdict(self)
         if data["hydra_projection"] is None:  # MEDUSA heads: their JSON is what it was before the key
             del data["hydra_projection"]
+        if data["feature_layers"] is None:
+            del data["feature_layers"]
         return data
 
     @classmethod

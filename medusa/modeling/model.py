@@ -36,6 +36,7 @@ from medusa.modeling.config import (
     base_location,
 )
 from medusa.modeling.draft_vocab import check_token_map
+from medusa.modeling.eagle3 import Eagle3Heads
 from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.hydra import HydraHeads
 from medusa.modeling.packaged import check_packaged_base
@@ -105,6 +106,7 @@ class MedusaModel(nn.Module):
         quantization_config: Any = None,
         token_map: torch.Tensor | None = None,
         hydra_projection: str = "own",
+        feature_layers: Any = None,
         **load_kwargs: Any,
     ) -> "MedusaModel":
         """New heads on ``base`` (a loaded model, a local path or a hub id).
@@ -114,6 +116,8 @@ class MedusaModel(nn.Module):
         dtype (fp32 when the base is quantised). ``token_map [N]`` (draft id -> target id): heads with a
         draft vocabulary of N tokens, W2 starting as those rows of the LM head. ``hydra_projection``
         (``head_type="hydra"`` only): ``"own"`` W2 per head, or ``"shared_lm_head"`` (the base LM head).
+        ``feature_layers`` (``head_type="eagle3"`` only): the three base hidden-state indices the drafter
+        fuses (default: EAGLE-3's early / middle / late choice); ``num_heads`` is then its draft depth.
         """
         if isinstance(base, (str, Path)):
             base = load_base_model(str(base), dtype=dtype, device_map=device_map,
@@ -129,7 +133,7 @@ class MedusaModel(nn.Module):
             raise ValueError(f"hydra_projection={hydra_projection!r} is for head_type='hydra', "
                              f"got {head_type!r}")
         heads = build_heads(base, cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
-                            draft_vocab, hydra_projection=projection)
+                            draft_vocab, hydra_projection=projection, feature_layers=feature_layers)
         if token_map is not None:
             heads.set_token_map(token_map)
         heads.to(device=weight.device, dtype=heads_dtype)
@@ -147,6 +151,7 @@ class MedusaModel(nn.Module):
             head_type=head_type,
             draft_vocab=draft_vocab,
             hydra_projection=projection,
+            feature_layers=list(heads.feature_layers) if head_type == "eagle3" else None,
             dtype=dtype_name(heads_dtype),
         )
         return cls(base, heads, config)
@@ -274,7 +279,7 @@ class MedusaModel(nn.Module):
         state = read_heads_file(weights_path)
         heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,
                             config.num_layers, config.head_type, config.draft_vocab,
-                            hydra_projection=config.hydra_projection)
+                            hydra_projection=config.hydra_projection, feature_layers=config.feature_layers)
         check_state_keys(heads, state, source=str(weights_path))
         if "token_map" in state:
             try:
@@ -301,12 +306,15 @@ class MedusaModel(nn.Module):
 
 
 def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int,
-                head_type: str, draft_vocab: int = 0, hydra_projection: str | None = None
-                ) -> Heads:
+                head_type: str, draft_vocab: int = 0, hydra_projection: str | None = None,
+                feature_layers: Any = None) -> Heads:
     """Fresh heads of ``head_type`` for ``base`` (not yet initialised from its LM head): MedusaHeads for
     linear / shared_lm_head (the latter reading the base LM head), HydraHeads (reading the base input
     embeddings, and the base LM head when ``hydra_projection`` is ``"shared_lm_head"``; None: ``"own"``)
-    for hydra."""
+    for hydra, Eagle3Heads (a draft decoder layer of the base's own class) for eagle3."""
+    if head_type == "eagle3":
+        layers = None if feature_layers is None else tuple(feature_layers)
+        return Eagle3Heads(base, num_heads, feature_layers=layers, draft_vocab=draft_vocab)
     if head_type == "hydra":
         projection = hydra_projection or "own"
         return HydraHeads(hidden_size, vocab_size, num_heads, num_layers,

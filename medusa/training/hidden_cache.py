@@ -33,6 +33,7 @@ from medusa.data import collate
 from medusa.errors import ConfigError, MedusaError
 from medusa.io import read_json
 from medusa.modeling.base import decoder_of, text_config
+from medusa.modeling.eagle3 import default_feature_layers
 from medusa.modeling.packaged import weights_fingerprint
 from medusa.training import setup as S
 
@@ -315,25 +316,48 @@ def backbone_hidden_fn(base: torch.nn.Module, bf16_compute: bool = False) -> Hid
     return run
 
 
+def features_fn(base: torch.nn.Module, layers: Sequence[int], bf16_compute: bool = False) -> HiddenFn:
+    """``batch -> [B, T, len(layers) * d]``: eagle3 heads' input, the base hidden states at ``layers``
+    (HF's ``output_hidden_states`` numbering) side by side, without autograd."""
+
+    device = next(base.parameters()).device
+
+    def run(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16_compute):
+            out = decoder_of(base)(input_ids=batch["input_ids"].to(device),
+                                   attention_mask=batch["attention_mask"].to(device), use_cache=False,
+                                   output_hidden_states=True)
+        return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+    return run
+
+
 def prepare(directory: str | Path, base: torch.nn.Module, examples: Sequence[dict], pad_token_id: int,
             batch_size: int, accelerator: Any = None, dtype: str = "bfloat16",
             log: Callable[[str], None] = print, max_shards: int | None = None,
             shard_bytes: int = SHARD_BYTES, progress: bool = True,
-            bf16_compute: bool = False) -> HiddenCache | None:
+            bf16_compute: bool = False, feature_layers: Sequence[int] | None = None) -> HiddenCache | None:
     """Open or create the cache of ``examples`` under ``directory``, write the missing shards (split over
-    ``accelerator``'s processes) and return the reader; None when ``max_shards`` stopped the build early."""
+    ``accelerator``'s processes) and return the reader; None when ``max_shards`` stopped the build early.
+    ``feature_layers`` (eagle3 heads): the cache holds those layers' hidden states side by side
+    (``[T, len * d]`` rows; recorded in the index, so a last-hidden-state cache is never read for them)."""
 
     rank, world = (accelerator.process_index,
                    accelerator.num_processes) if accelerator is not None else (0, 1)
     fingerprint = base_fingerprint(base)
     hidden_size = int(text_config(base).hidden_size)
+    hidden_fn = backbone_hidden_fn(base, bf16_compute)
+    if feature_layers is not None:
+        fingerprint["feature_layers"] = [int(i) for i in feature_layers]
+        hidden_size *= len(feature_layers)
+        hidden_fn = features_fn(base, feature_layers, bf16_compute)
     if rank == 0:  # the main process writes the index; the others read it after the barrier
         plan = open_plan(directory, examples, fingerprint, hidden_size, dtype, shard_bytes)
     if accelerator is not None:
         accelerator.wait_for_everyone()
     if rank != 0:
         plan = open_plan(directory, examples, fingerprint, hidden_size, dtype, shard_bytes)
-    written = build(plan, examples, backbone_hidden_fn(base, bf16_compute),
+    written = build(plan, examples, hidden_fn,
                     lambda rows: collate(list(rows), pad_token_id), batch_size, rank, world, log, max_shards,
                     progress)
     if accelerator is not None:
@@ -355,9 +379,13 @@ def cache_for_recipe(recipe: Any, dtype: str = "bfloat16", log: Callable[[str], 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = S.load_backbone(recipe, device)
     base.eval()
+    layers = None
+    if recipe.heads.head_type == "eagle3":
+        n_layers = int(text_config(base).num_hidden_layers)
+        layers = recipe.heads.feature_layers or default_feature_layers(n_layers)
     cache = prepare(recipe.train.hidden_cache, base, data.train.examples, data.pad_token_id,
                     recipe.train.batch_size, dtype=dtype, log=log,
-                    bf16_compute=S.mixed_precision(recipe) == "bf16")
+                    bf16_compute=S.mixed_precision(recipe) == "bf16", feature_layers=layers)
     assert cache is not None
     return cache
 

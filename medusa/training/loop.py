@@ -214,11 +214,11 @@ def _build(recipe: Recipe, method: TrainingMethod, progress: bool = True) -> Run
     if recipe.train.hidden_cache:
         cache = prepare_cache(recipe.train.hidden_cache, model.base_model, data.train.examples,
                               data.pad_token_id, recipe.train.batch_size, accelerator, log=accelerator.print,
-                              bf16_compute=accelerator.mixed_precision == "bf16", progress=progress)
+                              bf16_compute=accelerator.mixed_precision == "bf16", progress=progress,
+                              feature_layers=getattr(model.heads, "feature_layers", None))
     optimizer = torch.optim.AdamW(method.param_groups(recipe, trainable), lr=recipe.train.lr)
     scheduler = S.make_scheduler(optimizer, recipe, plan)
     trainable, optimizer = accelerator.prepare(trainable, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
     out_dir = Path(recipe.output_dir)
     return Run(recipe, method, accelerator, data, plan, model, trainable, optimizer, scheduler, state,
                out_dir, out_dir / METRICS_NAME, cache)
@@ -333,7 +333,8 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
                              keep=recipe.train.hidden_cache)
     run = _build(recipe, method, progress)
     plan, t = run.plan, recipe.train
-    step = int(load_checkpoint(run.accelerator, resume_from)["global_step"]) if resume_from is not None else 0
+    step = (int(load_checkpoint(run.accelerator, resume_from, run.scheduler)["global_step"])
+            if resume_from is not None else 0)
     _open_output(run, step, resume_from, stale)
     params = [p for p in run.trainable.parameters() if p.requires_grad]
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
@@ -359,7 +360,7 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
             save_checkpoint(run.accelerator, run.out_dir, step,
                             {"epoch": step // plan.steps_per_epoch,
                              "step_in_epoch": step % plan.steps_per_epoch,
-                             "total_steps": plan.total_steps, "recipe": recipe.to_dict()})
+                             "total_steps": plan.total_steps, "recipe": recipe.to_dict()}, run.scheduler)
     bar.close()
     final_dir, final_eval = _finish(run, step)
     run.accelerator.end_training()

@@ -18,8 +18,10 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
+from medusa.modeling.eagle3 import base_features
 from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
+from medusa.training.eagle3 import Eagle3Loss
 from medusa.training.losses import Teacher, TeacherFn, medusa_head_loss
 from medusa.training.setup import load_backbone, param_groups
 
@@ -79,10 +81,12 @@ def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, Head
     else:
         model = MedusaModel.from_base(base, num_heads=h.num_heads, num_layers=h.num_layers,
                                       head_type=h.head_type, heads_dtype=torch.float32,
-                                      hydra_projection=h.hydra_projection)
+                                      hydra_projection=h.hydra_projection, feature_layers=h.feature_layers)
     model.freeze_base()
     model.base_model.eval()
     model.heads.to(device=device, dtype=torch.float32).train()
+    if h.head_type == "eagle3":  # the drafter's training-time-test unroll (medusa.training.eagle3)
+        return model, Eagle3Loss(model.heads, h.decay)
     return model, HeadsLoss(model.heads, h.decay, recipe.train.loss_chunk_size, h.teacher_loss,
                             lm_head_of(model.base_model))
 
@@ -98,7 +102,13 @@ def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch
 def compute_loss(model: MedusaModel, trainable: nn.Module,
                  batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The heads' loss on the frozen backbone's hidden states (``batch["hidden"]`` when they come from the
-    hidden-state cache). Returns ``(loss, stats [STATS_ROWS, K])``."""
+    hidden-state cache; eagle3 heads: the fused layers' features ``[B, T, 3d]``). Returns
+    ``(loss, stats [STATS_ROWS, K])``."""
+    layers = getattr(model.heads, "feature_layers", None)
+    if layers is not None:
+        features = batch["hidden"] if "hidden" in batch else base_features(
+            model.base_model, batch["input_ids"], batch["attention_mask"], layers)  # [B, T, 3d]
+        return trainable(features, batch["labels"], batch["input_ids"], batch["attention_mask"])
     hidden = batch["hidden"] if "hidden" in batch else backbone_hidden(model, batch)  # [B, T, d]
     return trainable(hidden, batch["labels"], batch["input_ids"])
 
@@ -110,7 +120,8 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
     if accelerator.is_main_process:
         cfg = model.config
         heads = build_heads(model.base_model, cfg.hidden_size, cfg.vocab_size, cfg.num_heads, cfg.num_layers,
-                            cfg.head_type, cfg.draft_vocab, hydra_projection=cfg.hydra_projection)
+                            cfg.head_type, cfg.draft_vocab, hydra_projection=cfg.hydra_projection,
+                            feature_layers=cfg.feature_layers)
         heads.load_state_dict({k.removeprefix("heads."): v.detach().float().cpu() for k, v in state.items()})
         final = MedusaModel(model.base_model, heads, cfg, tree=None)
         final.config.recipe = recipe.to_dict()

@@ -1,0 +1,218 @@
+"""``head_type: eagle3``: an EAGLE-3 draft layer (Li et al. 2025) over a base causal LM.
+
+The drafter reads the base model's hidden states at three of its layers (low / middle / high; HF's
+``output_hidden_states`` index: 0 = the embeddings, i = the output of layer i), fuses them with one linear
+layer, joins the result with the embedding of the next token and runs ONE decoder layer of the base's own
+architecture (its RoPE, norms, attention and MLP; the attention's q / k / v read the ``2d`` join), with a KV
+cache of its own across draft steps; a draft LM head over the draft vocabulary predicts the token after.
+
+```
+features f_t [.., 3d] --fc--> h [.., d]          (step 0; later steps feed the layer's own output g)
+e = embed(x_{t+1}) [.., d]
+x = [input_layernorm(e), hidden_norm(h)] [.., 2d] -> self_attn (+ h) -> post_attention_layernorm -> mlp (+)
+g [.., d] ; logits = lm_head(norm(g)) [.., N]    (predicts x_{t+2}; g is the next draft step's h)
+```
+Tensor names are the speculators ``eagle3`` format's (``fc``, ``layers.0.*``, ``norm``, ``lm_head``), so the
+export (:mod:`medusa.export.speculators`) renames nothing; ``token_map [N]`` (draft id -> target id) is ours
+(the export derives ``d2t`` / ``t2d``). The input embeddings and the rotary embedding are the base's (read,
+never owned or saved). ``num_heads`` is the number of draft steps the drafter is trained for (the
+training-time-test unroll; the deepest tree it drafts).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from medusa.modeling import head_methods
+from medusa.modeling.base import decoder_of, text_config, unwrap
+from medusa.modeling.draft_vocab import DraftVocab
+from medusa.modeling.heads import BaseRef
+
+LLAMA_STYLE = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's choice (as vLLM's default): an early, the middle and a late layer of ``num_layers``."""
+    return (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
+
+
+def check_feature_layers(layers: Any, num_layers: int,
+                         source: str = "heads.feature_layers") -> tuple[int, ...]:
+    """Three hidden-state indices in ``[0, num_layers)`` (HF's ``hidden_states`` tuple numbering)."""
+    if (not isinstance(layers, (list, tuple)) or len(layers) != 3
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)):
+        raise ValueError(f"{source}: expected three layer indices, got {layers!r}")
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"{source}: layer index {bad[0]} is outside [0, {num_layers}) for this base model")
+    return tuple(int(i) for i in layers)
+
+
+class DraftKV:
+    """The draft layer's own keys and values ``[B, H_kv, S, hd]``: what a Hugging Face attention module
+    calls ``cache.update`` on (it appends and attends to everything held)."""
+
+    def __init__(self) -> None:
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else int(self.key.shape[2])
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
+               kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.key is None:
+            self.key, self.value = key, value
+        else:
+            self.key = torch.cat([self.key, key], dim=2)
+            self.value = torch.cat([self.value, value], dim=2)
+        return self.key, self.value
+
+    def truncate(self, length: int) -> None:
+        """Drop every entry past ``length`` (a step's draft nodes)."""
+        if self.key is not None:
+            self.key, self.value = self.key[:, :, :length], self.value[:, :, :length]
+
+
+def draft_layer(base: nn.Module) -> nn.Module:
+    """A fresh decoder layer of ``base``'s own class and config whose q / k / v read ``2d`` inputs."""
+    layers = getattr(decoder_of(base), "layers", None)
+    if layers is None or len(layers) == 0:
+        raise ValueError(f"eagle3 heads: cannot find the decoder layers of {type(unwrap(base)).__name__}")
+    template = layers[0]
+    cfg = text_config(base)
+    llama_style = all(hasattr(template, name) for name in LLAMA_STYLE)
+    if not llama_style or hasattr(template, "pre_feedforward_layernorm"):
+        raise ValueError(f"eagle3 heads support Llama-style decoder layers (llama, mistral, qwen2, qwen3); "
+                         f"model_type {cfg.model_type!r} ({type(template).__name__}) is not supported")
+    layer = type(template)(cfg, layer_idx=0)
+    attn, d = layer.self_attn, cfg.hidden_size
+    for name in ("q_proj", "k_proj", "v_proj"):
+        old = getattr(attn, name)
+        setattr(attn, name, nn.Linear(2 * d, old.out_features, bias=old.bias is not None))
+    layer.hidden_norm = copy.deepcopy(layer.input_layernorm)  # a fresh norm of the same class
+    return layer
+
+
+class Eagle3Heads(nn.Module):
+    """The EAGLE-3 drafter as a head family (the :class:`~medusa.modeling.protocol.Heads` protocol).
+
+    ``feature_layers``: the base hidden-state indices fused (``MedusaModel.forward`` returns their
+    concatenation ``[B, T, 3d]`` as ``hidden_states`` for these heads). ``draft_vocab=N > 0``: the LM head
+    is ``[N, d]`` over the ``token_map`` ids.
+    """
+
+    head_type = "eagle3"
+
+    def __init__(self, base: nn.Module, num_heads: int, feature_layers: tuple[int, ...] | None = None,
+                 draft_vocab: int = 0) -> None:
+        super().__init__()
+        cfg = text_config(base)
+        d, vocab_size = int(cfg.hidden_size), int(cfg.vocab_size)
+        if num_heads < 1:
+            raise ValueError(f"need num_heads >= 1 (draft steps), got {num_heads}")
+        n_layers = int(cfg.num_hidden_layers)
+        layers = default_feature_layers(n_layers) if feature_layers is None else feature_layers
+        self.feature_layers = check_feature_layers(layers, n_layers)
+        self.hidden_size, self.vocab_size, self.num_heads, self.num_layers = d, vocab_size, num_heads, 1
+        self.vocab = DraftVocab(vocab_size, draft_vocab)
+        self.fc = nn.Linear(len(self.feature_layers) * d, d, bias=False)
+        self.layers = nn.ModuleList([draft_layer(base)])
+        self.norm = copy.deepcopy(self.layers[0].input_layernorm)
+        self.lm_head = nn.Linear(d, draft_vocab or vocab_size, bias=False)
+        token_map = self.vocab.placeholder()
+        if token_map is not None:
+            self.register_buffer("token_map", token_map)
+        else:
+            self.token_map = None
+        self._embedding = BaseRef(None)
+        self._rotary = BaseRef(None)
+        self._shared = BaseRef(None)  # no shared LM head (head_methods.SHARED reads it)
+        self.bind_base(base)
+
+    (draft_vocab, shared_lm_head, set_token_map, target_to_draft, to_target,
+     to_target_logits) = head_methods.SHARED[:6]
+    lm_heads = None  # the protocol's "own W2 per head": one draft LM head (``lm_head``) instead
+
+    # ------------------------------------------------------------------ the base it reads
+    def bind_base(self, base_model: nn.Module) -> None:
+        """Read ``base_model``'s input embeddings and rotary embedding from now on."""
+        self._embedding.module = unwrap(base_model).get_input_embeddings()
+        self._rotary.module = getattr(decoder_of(base_model), "rotary_emb", None)
+        if self._rotary.module is None:
+            raise ValueError("eagle3 heads: the base model has no rotary embedding module (rotary_emb)")
+
+    def set_shared_lm_head(self, lm_head: nn.Module | None) -> None:
+        if lm_head is not None:
+            raise ValueError("eagle3 heads have their own LM head")
+
+    def init_from_lm_head(self, weight: torch.Tensor) -> None:
+        """The draft LM head starts as the base LM head's rows (``token_map``'s with a draft vocabulary)."""
+        self.vocab.init_heads(nn.ModuleList([self.lm_head]), self.token_map, weight)
+
+    def restrict_vocab(self, token_map: torch.Tensor) -> None:
+        """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place (the LM head keeps those
+        rows)."""
+        device = self.fc.weight.device
+        heads, tm = self.vocab.restrict(token_map, nn.ModuleList([self.lm_head]), self.hidden_size, device)
+        self.lm_head = heads[0]
+        del self.token_map
+        self.register_buffer("token_map", tm)
+
+    # ------------------------------------------------------------------ the draft layer
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids ``[B, T]`` -> the base's input embeddings ``[B, T, d]`` (no gradient; heads' dtype)."""
+        with torch.no_grad():
+            return self._embedding.module(ids).to(self.fc.weight.dtype)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Base features ``[B, T, 3d]`` -> the layer's first hidden input ``[B, T, d]``."""
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def layer(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+              mask: torch.Tensor, cache: DraftKV) -> torch.Tensor:
+        """One pass of the draft layer: ``embeds, hidden [B, T, d]`` at ``positions [B, T]``, attending to
+        what ``cache`` holds plus these T entries as ``mask [B, 1, T, S + T]`` allows (float: 0 / -inf) ->
+        ``g [B, T, d]`` (before the final norm). Appends the T keys / values to ``cache``."""
+        layer = self.layers[0]
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
+        cos_sin = self._rotary.module(x, positions)
+        attn, _ = layer.self_attn(hidden_states=x, position_embeddings=cos_sin, attention_mask=mask,
+                                  cache=cache)
+        h = hidden + attn
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """``g [..., d]`` -> draft logits ``[..., N]`` over the draft vocabulary."""
+        return self.lm_head(self.norm(g))
+
+    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """The draft LM head after the final norm (the same for every step ``k``): ``[..., d] -> [..., N]``.
+        """
+        return self.logits(x.to(self.fc.weight.dtype))
+
+    # ------------------------------------------------------------------ protocol parts MEDUSA heads use
+    def hidden_logits(self, hidden: torch.Tensor) -> None:
+        """None: the drafter also reads the tokens it drafts (decoding and training build its inputs)."""
+        return None
+
+    def teacher_inputs(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
+        return hidden
+
+
+def base_features(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                  layers: tuple[int, ...]) -> torch.Tensor:
+    """The frozen base's features for eagle3 heads: ``[B, T, len(layers) * d]``, no autograd."""
+    with torch.no_grad():
+        out = decoder_of(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                               output_hidden_states=True)
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+
+
+__all__ = ["DraftKV", "Eagle3Heads", "base_features", "check_feature_layers", "default_feature_layers",
+           "draft_layer"]
