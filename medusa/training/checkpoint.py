@@ -1,8 +1,13 @@
 """Resumable training checkpoints: ``<output_dir>/checkpoint-<step>/``.
 
-Each holds accelerate's state (the trained module, optimizer, scheduler, every process's RNG) and
-``trainer_state.json`` (global step, the data position, the recipe). Written to a temp directory and
-renamed into place, so an interrupted save never leaves a checkpoint that looks complete.
+Each holds the trained module (``model.safetensors``, through accelerate) and the optimizer
+(``optimizer.bin``, read back with ``weights_only=True``), and as plain data: the learning-rate scheduler
+(``scheduler.json``), every process's RNG (``rng_state_<i>.json`` + ``.safetensors``) and
+``trainer_state.json`` (global step, the data position, the recipe). Nothing in a checkpoint is unpickled:
+a checkpoint holding a pickle that a load would run (``*.pkl``, a ``.bin`` / ``.pt`` other than the
+optimizer's, DeepSpeed / FSDP shards) is refused before anything loads (:func:`check_no_pickles`).
+Written to a temp directory and renamed into place, so an interrupted save never leaves a checkpoint that
+looks complete; files get the umask's mode.
 
 The output directory's policy (:func:`check_output_dir`): a run starts fresh only in an empty (or new)
 ``output_dir``; one that holds an earlier run (``final/``, checkpoints, ``metrics.jsonl``) or other files is
@@ -13,17 +18,25 @@ run's own files. A resumed run cuts ``metrics.jsonl`` back to the checkpoint's s
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import ConfigError
-from medusa.io import OVERWRITE_HINT, atomic_write_text
+import torch
+
+from medusa.errors import CheckpointError, ConfigError
+from medusa.io import OVERWRITE_HINT, atomic_write_text, give_umask_mode
 
 STATE_NAME = "trainer_state.json"
 METRICS_NAME = "metrics.jsonl"
+SCHEDULER_NAME = "scheduler.json"
+# the only files a resume reads with torch.load (weights_only=True); every other pickle is refused
+_WEIGHTS_ONLY_RE = re.compile(r"^optimizer(_\d+)?\.bin$")
+_PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".metadata")
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _RUN_FILE_RE = re.compile(r"^(final|recipe\.json|metrics\.jsonl|checkpoint-\d+|\.checkpoint-\d+\.tmp)$")
 
@@ -44,11 +57,27 @@ def resolve_resume(resume: str | None, output_dir: str | Path) -> Path | None:
         return None
     if resume == "auto":
         found = checkpoint_dirs(output_dir)
-        return found[-1] if found else None
-    path = Path(resume)
-    if not (path / STATE_NAME).is_file():
-        raise ConfigError(f"train.resume: {path} is not a training checkpoint (no {STATE_NAME})")
+        path = found[-1] if found else None
+    else:
+        path = Path(resume)
+        if not (path / STATE_NAME).is_file():
+            raise ConfigError(f"train.resume: {path} is not a training checkpoint (no {STATE_NAME})")
+    if path is not None:
+        check_no_pickles(path)  # before anything loads
     return path
+
+
+def check_no_pickles(path: Path) -> None:
+    """Refuse a checkpoint holding a file a load would unpickle (anything but the optimizer's weights-only
+    state): one :class:`CheckpointError` naming the file. Called before anything loads."""
+    for item in sorted(path.rglob("*")):
+        name = item.name
+        if item.parent == path and _WEIGHTS_ONLY_RE.match(name):
+            continue
+        if name.lower().endswith(_PICKLE_SUFFIXES) or name.startswith("custom_checkpoint_"):
+            raise CheckpointError(f"train.resume: {item}: a pickle (code could run when it loads); medusa "
+                                  "resumes only from safetensors and plain JSON state (checkpoints it wrote "
+                                  "itself); remove the file or resume from another checkpoint")
 
 
 def _within(path: Path, folder: Path) -> bool:
@@ -109,8 +138,84 @@ def truncate_metrics(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(kept))
 
 
-def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: dict[str, Any]) -> Path:
-    """Every process calls this; the main process writes ``trainer_state.json`` and renames."""
+# ----------------------------------------------------------------------------------------- RNG as plain data
+def _save_rng(folder: Path, index: int) -> None:
+    """This process's RNG states: Python's and numpy's as JSON, torch's (CPU, CUDA) as safetensors."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    plain = {"python": [version, list(internal), gauss],
+             "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]}
+    (folder / f"rng_state_{index}.json").write_text(json.dumps(plain) + "\n")
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors.update({f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    save_file(tensors, str(folder / f"rng_state_{index}.safetensors"))
+
+
+def _load_rng(folder: Path, index: int) -> None:
+    """Restore :func:`_save_rng`'s states (absent, as after a change of world size: kept as they are)."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    plain_path, tensor_path = folder / f"rng_state_{index}.json", folder / f"rng_state_{index}.safetensors"
+    if not (plain_path.is_file() and tensor_path.is_file()):
+        return
+    try:
+        plain, tensors = json.loads(plain_path.read_text()), load_file(str(tensor_path))
+        version, internal, gauss = plain["python"]
+        random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+        kind, keys, pos, has_gauss, cached = plain["numpy"]
+        np.random.set_state((str(kind), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss),
+                             float(cached)))
+        torch.set_rng_state(tensors["torch"])
+        cuda = [tensors[f"cuda_{i}"] for i in range(torch.cuda.device_count()) if f"cuda_{i}" in tensors]
+        if cuda and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+    except Exception as exc:  # noqa: BLE001 - any malformed state is the checkpoint's fault
+        raise CheckpointError(f"train.resume: {plain_path}: not a valid RNG state ({exc})") from None
+
+
+# ----------------------------------------------------------------------------------------- the scheduler
+def _fits(want: Any, got: Any) -> bool:
+    """``got`` (from JSON) has the kind of ``want`` (the running scheduler's value)."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(want, bool) and isinstance(got, bool)
+    if isinstance(want, int):
+        return isinstance(got, int)
+    if isinstance(want, float):
+        return isinstance(got, (int, float)) and math.isfinite(got)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(_fits(w, g) for w, g in zip(want, got))
+    if isinstance(want, dict):
+        return isinstance(got, dict) and set(got) == set(want) and all(_fits(want[k], got[k]) for k in want)
+    return want is None and got is None
+
+
+def _scheduler_state(path: Path, scheduler: Any) -> dict[str, Any]:
+    """``scheduler.json``, checked against the running scheduler's own state: same keys, same kinds."""
+    file = path / SCHEDULER_NAME
+    try:
+        state = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"train.resume: {file}: unreadable scheduler state ({exc})") from None
+    expected = scheduler.state_dict()
+    if not isinstance(state, dict) or set(state) != set(expected):
+        have = sorted(state) if isinstance(state, dict) else state
+        raise CheckpointError(f"train.resume: {file}: keys {have!r}, expected {sorted(expected)}")
+    for key, want in expected.items():
+        got = state[key]
+        if not _fits(want, got):
+            raise CheckpointError(f"train.resume: {file}: {key} = {got!r} does not fit this run's scheduler")
+    return state
+
+
+def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: dict[str, Any],
+                    scheduler: Any) -> Path:
+    """Every process calls this; the main process writes the scheduler's and the trainer's state as JSON,
+    gives the files the umask's mode and renames. No pickle is left but the weights-only optimizer state."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
     if accelerator.is_main_process:
@@ -118,8 +223,14 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: 
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
+    _save_rng(tmp, accelerator.process_index)
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        for stale in tmp.glob("random_states_*.pkl"):  # accelerate's pickled RNG: ours is plain data
+            stale.unlink()
+        (tmp / SCHEDULER_NAME).write_text(json.dumps(scheduler.state_dict(), indent=2) + "\n")
         (tmp / STATE_NAME).write_text(json.dumps({"global_step": step, **state}, indent=2) + "\n")
+        give_umask_mode(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -127,7 +238,12 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: 
     return final
 
 
-def load_checkpoint(accelerator: Any, path: Path) -> dict[str, Any]:
-    """Restore accelerate's state from ``path``; returns its ``trainer_state.json``."""
-    accelerator.load_state(str(path))
+def load_checkpoint(accelerator: Any, path: Path, scheduler: Any) -> dict[str, Any]:
+    """Restore the trained module and optimizer (accelerate: safetensors, and ``weights_only=True``), the
+    scheduler and the RNG (plain data) from ``path``; returns its ``trainer_state.json``."""
+    check_no_pickles(path)
+    sched = _scheduler_state(path, scheduler)
+    accelerator.load_state(str(path), load_kwargs={"weights_only": True})
+    scheduler.load_state_dict(sched)
+    _load_rng(path, accelerator.process_index)
     return json.loads((path / STATE_NAME).read_text())

@@ -88,3 +88,86 @@ def test_resume_logs_each_step_once_and_a_finished_run_is_kept(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["final", "metrics.jsonl", "notes.txt", "recipe.json"]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+
+
+class _Payload:
+    """A pickle that creates ``marker`` when it is loaded: what a crafted checkpoint would carry."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def _tiny_args(out: Path, *extra: str) -> list[str]:
+    return [f"output_dir={out}", "data.max_length=64", "train.max_steps=6", "train.batch_size=4",
+            "train.logging_steps=1", "data.eval_split=0.0", "train.eval_steps=0", "train.save_steps=3",
+            "train.warmup_ratio=0.34", "train.scheduler=cosine", *extra]
+
+
+@pytest.mark.usefixtures("tiny_recipe_env")
+@pytest.mark.parametrize("planted", ["custom_checkpoint_0.pkl", "random_states_0.pkl",
+                                     "pytorch_model/mp_rank_00_model_states.pt", "scheduler.bin"])
+def test_resume_refuses_a_checkpoint_holding_a_pickle_and_runs_none_of_it(tmp_path, planted):
+    import pickle
+
+    from medusa.errors import CheckpointError
+
+    out = tmp_path / "run"
+    train(load_recipe(TINY, _tiny_args(out)), stop_at_step=3, progress=False)
+    ckpt = out / "checkpoint-3"
+    marker = tmp_path / "marker"
+    (ckpt / planted).parent.mkdir(exist_ok=True)
+    (ckpt / planted).write_bytes(pickle.dumps(_Payload(marker)))
+    for resume in (str(ckpt), "auto"):
+        with pytest.raises(CheckpointError, match=f"{planted}: a pickle"):
+            train(load_recipe(TINY, _tiny_args(out, f"train.resume={resume}")), progress=False)
+    assert not marker.exists()
+    pickle.loads((ckpt / planted).read_bytes())  # the payload is live: this test would see it run
+    assert marker.exists()
+
+
+@pytest.mark.usefixtures("tiny_recipe_env")
+def test_checkpoint_holds_no_pickle_and_resumes_to_the_same_schedule(tmp_path):
+    from medusa.io import umask
+
+    straight = train(load_recipe(TINY, _tiny_args(tmp_path / "a", "train.save_steps=0")), progress=False)
+    out = tmp_path / "b"
+    train(load_recipe(TINY, _tiny_args(out)), stop_at_step=3, progress=False)
+    ckpt = out / "checkpoint-3"
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert not [n for n in names if n.endswith(".pkl")], names
+    assert {"model.safetensors", "optimizer.bin", "scheduler.json", "rng_state_0.json",
+            "rng_state_0.safetensors", STATE_NAME} <= set(names)
+    sched = json.loads((ckpt / "scheduler.json").read_text())
+    assert sched["last_epoch"] == 3 and sched["_step_count"] == 4
+    for p in ckpt.iterdir():  # the umask's mode, not a temp file's 0600
+        assert p.stat().st_mode & 0o777 == 0o666 & ~umask(), p
+    resumed = train(load_recipe(TINY, _tiny_args(out, "train.resume=auto")), progress=False)
+    assert resumed.global_step == 6
+
+    def rows(run):
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = rows(straight.output_dir), rows(out)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert [r["lr"] for r in a] == [r["lr"] for r in b]  # the schedule picks up at step 3, bit for bit
+    assert len({r["lr"] for r in a}) >= 4  # warm-up then cosine: a position error would show
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+
+
+@pytest.mark.usefixtures("tiny_recipe_env")
+def test_resume_refuses_a_scheduler_state_of_the_wrong_kind(tmp_path):
+    from medusa.errors import CheckpointError
+
+    out = tmp_path / "run"
+    train(load_recipe(TINY, _tiny_args(out)), stop_at_step=3, progress=False)
+    path = out / "checkpoint-3" / "scheduler.json"
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "last_epoch": "3; rm -rf /"}))
+    with pytest.raises(CheckpointError, match="scheduler.json: last_epoch"):
+        train(load_recipe(TINY, _tiny_args(out, "train.resume=auto")), progress=False)
