@@ -156,8 +156,11 @@ class DraftVocab:
     """The draft vocabulary of one heads module (MedusaHeads and HydraHeads each compose one as
     ``heads.vocab``): its size N (0: the full vocabulary of V target ids), the mapping between draft and
     target ids, and the tensors derived from ``token_map``, cached in named attributes and rebuilt whenever
-    the map (or the base LM head's weight) changes: each cache is keyed on the tensors' ``data_ptr`` and
-    ``_version``.
+    the map (or the base LM head's weight) changes. A cache derived from ``token_map`` is keyed on the map's
+    contents (a copy, compared on each use: ``[N]`` ids, cheap), so no in-place rewrite — ``set_token_map``,
+    ``load_state_dict``, a write through ``.data`` — can serve rows of an older map. The LM head's weight
+    ``[V, d]`` is keyed on the tensor itself (held, so its address cannot be reused), its storage and its
+    version counter (every in-place op through autograd's view of it); its bias ``[V]`` is never cached.
 
     ``token_map [N]`` (draft id -> target id) itself stays a buffer of the heads module and is passed to the
     methods: it is the checkpoint's tensor ``token_map``, which ``nn.Module`` must own to save, load and move
@@ -168,8 +171,8 @@ class DraftVocab:
         if not 0 <= size <= vocab_size:
             raise ValueError(f"draft_vocab must be in [0, vocab_size={vocab_size}], got {size}")
         self.vocab_size, self.size = vocab_size, size
-        self._t2d: tuple[tuple[Any, ...], torch.Tensor] | None = None  # (key, [V] int64)
-        self._rows: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor | None] | None = None  # (key, W, b)
+        self._t2d: tuple[torch.Tensor, torch.Tensor] | None = None  # (map copy [N], [V] int64)
+        self._rows: tuple[tuple[Any, ...], torch.Tensor, torch.Tensor] | None = None  # (key, map copy, W)
 
     def placeholder(self) -> torch.Tensor | None:
         """A new heads module's ``token_map``: ``arange(N)`` until set or loaded (None: full vocabulary)."""
@@ -220,11 +223,10 @@ class DraftVocab:
         cached)."""
         if token_map is None:
             return None
-        key = (token_map.data_ptr(), token_map._version, token_map.device)
-        if self._t2d is None or self._t2d[0] != key:
+        if self._t2d is None or not _same(self._t2d[0], token_map):
             t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=token_map.device)  # [V]
             t2d[token_map] = torch.arange(token_map.shape[0], device=token_map.device)
-            self._t2d = (key, t2d)
+            self._t2d = (token_map.detach().clone(), t2d)
         return self._t2d[1]
 
     @staticmethod
@@ -250,11 +252,18 @@ class DraftVocab:
         tm = token_map.to(weight.device)
         if torch.is_grad_enabled():
             return weight.index_select(0, tm), None if bias is None else bias.index_select(0, tm)
-        key = (weight.data_ptr(), weight._version, token_map.data_ptr(), token_map._version)
-        if self._rows is None or self._rows[0] != key:
+        bias_rows = None if bias is None else bias.detach().index_select(0, tm)  # [N]: cheap, never cached
+        key = (weight.data_ptr(), weight._version, weight.device)
+        cached = self._rows
+        if cached is None or cached[0][0] is not weight or cached[0][1:] != key or not _same(cached[1], tm):
             rows = weight.detach().index_select(0, tm)  # [N, d]
-            self._rows = (key, rows, None if bias is None else bias.detach().index_select(0, tm))
-        return self._rows[1], self._rows[2]
+            self._rows = ((weight, *key), tm.detach().clone(), rows)
+        return self._rows[2], bias_rows
+
+
+def _same(copy: torch.Tensor, token_map: torch.Tensor) -> bool:
+    """``token_map`` still holds the ids of ``copy`` (a cache's key), on the same device."""
+    return copy.device == token_map.device and copy.shape == token_map.shape and torch.equal(copy, token_map)
 
 
 __all__ = ["DraftVocab", "build_token_map", "candidate_rows", "chain_bound", "check_token_map",

@@ -239,3 +239,54 @@ def test_draft_vocab_restrict_once_keeps_rows():
         vocab.restrict(torch.tensor([1]), new, 4, torch.device("cpu"))
     shared, tm = DraftVocab(6).restrict(torch.tensor([3]), None, 4, torch.device("cpu"))
     assert shared is None and tm.tolist() == [3]  # heads that share the LM head keep no W2
+
+
+def test_shared_rows_follow_every_in_place_change_of_the_map():
+    """Shared-LM-head draft heads over a draft vocabulary: the cached LM-head rows are those of the current
+    map after ``set_token_map``, ``load_state_dict`` and a write through ``.data`` (no stale rows)."""
+    base = tiny_model("llama")
+    model = MedusaModel.from_base(base, num_heads=2, num_layers=1, head_type="shared_lm_head",
+                                  token_map=torch.arange(24))
+    hidden = torch.randn(1, 3, base.config.hidden_size)
+    ref = lm_head_of(base)(hidden).detach()  # [B, T, V]
+
+    def check(tm):
+        with torch.no_grad():
+            draft = model.heads.draft_logits(hidden)  # [K, B, T, N]
+            top = model.heads.topk(hidden, 1)  # [K, B, T, 1] target ids
+        for k in range(2):
+            torch.testing.assert_close(draft[k], ref[..., tm], rtol=1e-6, atol=1e-6)
+        assert torch.isin(top, tm).all()
+
+    check(torch.arange(24))  # fills the caches with the placeholder map's rows
+    new = _map(24, seed=3)
+    model.heads.set_token_map(new)
+    check(new)
+    state = model.heads.state_dict()
+    state["token_map"] = _map(24, seed=4)
+    model.heads.load_state_dict(state)
+    check(state["token_map"])
+    model.heads.token_map.data.copy_(_map(24, seed=5))  # bypasses the version counter
+    check(_map(24, seed=5))
+
+
+def test_shared_rows_follow_the_bias_and_a_replaced_weight():
+    vocab = DraftVocab(6, 2)
+    head = torch.nn.Linear(4, 6, bias=True)
+    tm = torch.tensor([4, 1])
+    with torch.no_grad():
+        vocab.shared_rows(head, tm)
+        head.bias.add_(1.0)
+        assert torch.equal(vocab.shared_rows(head, tm)[1], head.bias[[4, 1]])
+        head.bias.data.mul_(3.0)
+        assert torch.equal(vocab.shared_rows(head, tm)[1], head.bias[[4, 1]])
+        head.weight.data = torch.randn(6, 4)  # a new tensor behind the same parameter
+        assert torch.equal(vocab.shared_rows(head, tm)[0], head.weight[[4, 1]])
+        head.load_state_dict({"weight": torch.randn(6, 4), "bias": torch.randn(6)})
+        w, b = vocab.shared_rows(head, tm)
+        assert torch.equal(w, head.weight[[4, 1]]) and torch.equal(b, head.bias[[4, 1]])
+        other = torch.nn.Linear(4, 6, bias=False)  # another LM head: never the first one's rows
+        assert torch.equal(vocab.shared_rows(other, tm)[0], other.weight[[4, 1]])
+        tm.data[0] = 2
+        assert torch.equal(vocab.shared_rows(other, tm)[0], other.weight[[2, 1]])
+        assert vocab.target_to_draft(tm)[2] == 0 and vocab.target_to_draft(tm)[4] == -1
