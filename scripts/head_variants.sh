@@ -9,7 +9,7 @@ N=${2:-400}
 EPOCHS=${3:-2}
 PY=${PY:-.venv/bin/python}
 MEDUSA=${MEDUSA:-.venv/bin/medusa}
-MODEL=$($PY -m medusa.pipelines.chat_model | tail -1)
+MODEL=$($PY -m benchmarks.chat_model | tail -1)
 SHARED=${SHARED:-../shared}
 export OMP_NUM_THREADS=1
 mkdir -p "$OUT/data"
@@ -55,7 +55,7 @@ with open(f"{out}/human_budget.jsonl", "w", encoding="utf-8") as f:
 print(f"human answers at the self-distilled budget: {len(picked)} rows, {used} answer tokens (budget {budget})")
 PYEOF
 
-RECIPE=medusa/pipelines/recipes/smollm2_medusa1.yaml
+RECIPE=benchmarks/recipes/smollm2_medusa1.yaml
 train() {  # name data cache [overrides...]
   local name=$1 data=$2 cache=$3; shift 3
   if [ ! -d "$OUT/$name/final" ]; then
@@ -78,7 +78,7 @@ train hydra_teacher       "$OUT/data/self.jsonl"       cache_self heads.head_typ
 # online backbone forward + backward (no cache), so it is by far the slowest row (MEDUSA2=0 skips it)
 if [ "${MEDUSA2:-1}" = 1 ]; then
   if [ ! -d "$OUT/medusa2/final" ]; then
-    $MEDUSA train medusa/pipelines/recipes/smollm2_medusa2.yaml model="$MODEL" data.train="$OUT/data/self.jsonl" \
+    $MEDUSA train benchmarks/recipes/smollm2_medusa2.yaml model="$MODEL" data.train="$OUT/data/self.jsonl" \
       data.eval="$OUT/data/eval.jsonl" heads.init_from="$OUT/shared_self/final" heads.draft_vocab=8192 \
       train.save_steps=20 output_dir="$OUT/medusa2" 2>&1 | tee "$OUT/medusa2.log" | grep -v "it/s"
   fi

@@ -43,7 +43,7 @@ LONG_MODULES: dict[str, int] = {}
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("medusa", "__main__", "train"),
     ("cli",),
-    ("pipelines",),
+    ("demo",),
     ("eval",),
     ("calibrate",),
     ("decoding", "training", "export", "selfdistill"),
@@ -52,6 +52,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "errors", "io"),
 )
 IMPORTABLE_BY_ALL = {"errors", "io"}
+# The repository's top level (git-tracked names). benchmarks/ holds the benchmark pipelines: it imports
+# medusa, never the other way round (the wheel holds medusa/ only).
+TOP_LEVEL = {".ci", ".gitignore", "Makefile", "README.md", "benchmarks", "configs", "data", "docs", "medusa",
+             "pyproject.toml", "recipes", "scripts", "tests"}
 # (file, imported package): upward or sideways imports that exist today.
 # being removed in branches config-split / decode-step; delete when merged
 KNOWN_UPWARD: set[tuple[str, str]] = set()  # none left (config -> training and modeling -> decoding removed)
@@ -326,7 +330,7 @@ def test_cycle_finder_finds_a_planted_cycle(tmp_path):
 def test_packages_import_downward_only():
     assert {top_package(m) for m in module_files()} <= {p for layer in LAYERS for p in layer}
     violations = package_violations()
-    assert not violations, ("imports against the package order (DESIGN.md: cli -> pipelines -> eval -> "
+    assert not violations, ("imports against the package order (DESIGN.md: cli -> demo -> eval -> "
                             "calibrate -> decoding / training / export / selfdistill -> modeling -> "
                             "tree / data -> config / errors / io):\n" + "\n".join(violations))
     stale = sorted(KNOWN_UPWARD - known_upward_still_present())
@@ -348,7 +352,7 @@ def test_package_order_check_catches_planted_imports():
     assert layer_violations("medusa.io", bottom, known) == [(2, "io", "config")]
     downward = "from medusa.decoding import medusa_generate\nfrom medusa.tree import MedusaTree\n"
     assert layer_violations("medusa.calibrate.fake", downward, known) == []
-    assert layer_violations("medusa.cli.fake", "from medusa.pipelines import demo\n", known) == []
+    assert layer_violations("medusa.cli.fake", "from medusa.demo import run\n", known) == []
 
 
 def test_library_never_imports_the_command_layer():
@@ -375,6 +379,45 @@ def test_no_module_over_400_lines():
 
 def test_no_function_over_60_lines():
     _check_allowlist(long_functions(), LONG_FUNCTIONS, "functions", MAX_FUNCTION_LINES)
+
+
+def test_top_level_holds_only_the_layout_entries():
+    """The repository's top level is fixed (the design's layout); the benchmark pipelines live in
+    ``benchmarks/``, outside the installed package."""
+    proc = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip("not a git checkout")
+    top = {line.split("/", 1)[0] for line in proc.stdout.splitlines() if line}
+    assert "benchmarks" in top and "medusa" in top
+    assert not top - TOP_LEVEL, f"unexpected top-level entries: {sorted(top - TOP_LEVEL)}"
+
+
+def test_the_package_never_imports_the_benchmarks():
+    offenders = benchmark_importers()
+    assert not offenders, f"medusa/ modules importing benchmarks/ (the wheel does not hold it): {offenders}"
+
+
+def test_benchmark_importers_finds_a_planted_one(tmp_path):
+    pkg = tmp_path / "medusa"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ok.py").write_text("import benchmarks_like\nfrom medusa import ok\n")
+    (pkg / "bad.py").write_text("def f():\n    from benchmarks.stages import run_stage\n")
+    (pkg / "bad2.py").write_text("import benchmarks\n")
+    assert benchmark_importers(pkg) == ["medusa/bad.py", "medusa/bad2.py"]
+
+
+def benchmark_importers(package: Path = PACKAGE) -> list[str]:
+    """Files of the package that import ``benchmarks`` (at any depth)."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n == "benchmarks" or n.startswith("benchmarks.") for n in names):
+                out.append(path.relative_to(package.parent).as_posix())
+                break
+    return out
 
 
 def cli_importers(graph: dict[str, set[str]]) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "medusa"
+BENCHMARKS = ROOT / "benchmarks"  # the benchmark pipelines (outside the package): tests/benchmarks/ mirrors it
 TESTS = ROOT / "tests"
 
 # Modules that are pure declarations or entry shims: nothing of their own to test.
@@ -32,7 +33,8 @@ NO_TEST_MODULE: dict[str, str] = {
     "medusa/train.py": "`python -m medusa.train` shim: calls medusa.cli.train.main (tests/cli/test_train.py)",
     "medusa/decoding/__init__.py": "re-exports medusa_generate and the acceptance rules",
     "medusa/eval/__init__.py": "a docstring only",
-    "medusa/pipelines/__init__.py": "a docstring only",
+    "medusa/demo/__init__.py": "a docstring only",
+    "benchmarks/__init__.py": "a docstring only",
     "medusa/selfdistill/__init__.py": "re-exports the library entry points",
     "medusa/selfdistill/backends/__init__.py": "re-exports the backend types",
     "medusa/selfdistill/backends/base.py": "request / result dataclasses and the backend Protocols",
@@ -58,18 +60,20 @@ def _owned_elsewhere(rel: str) -> bool:
 
 
 def package_modules() -> list[Path]:
-    """Every ``.py`` file of the package, without following links (package data such as
-    ``medusa/pipelines/default_model`` links to ``data/``)."""
+    """Every ``.py`` file of the package and of ``benchmarks/``, without following links (package data
+    such as ``medusa/demo/default_model`` links to ``data/``)."""
     out = []
-    for folder, dirs, files in os.walk(PACKAGE, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        out += [Path(folder) / name for name in sorted(files) if name.endswith(".py")]
+    for root in (PACKAGE, BENCHMARKS):
+        for folder, dirs, files in os.walk(root, followlinks=False):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            out += [Path(folder) / name for name in sorted(files) if name.endswith(".py")]
     return out
 
 
 def mirror_of(module: Path) -> Path:
-    """``medusa/a/b.py`` -> ``tests/a/test_b.py``; ``medusa/a/__init__.py`` -> ``tests/a/test_a.py``."""
-    parts = module.relative_to(PACKAGE).parts
+    """``medusa/a/b.py`` -> ``tests/a/test_b.py``; ``medusa/a/__init__.py`` -> ``tests/a/test_a.py``;
+    ``benchmarks/b.py`` -> ``tests/benchmarks/test_b.py``."""
+    parts = module.relative_to(ROOT if module.is_relative_to(BENCHMARKS) else PACKAGE).parts
     if parts[-1] == "__init__.py":
         name = parts[-2] if len(parts) > 1 else PACKAGE.name
         return TESTS.joinpath(*parts[:-1], f"test_{name}.py")
@@ -92,6 +96,7 @@ def test_mirror_of():
     assert mirror_of(PACKAGE / "__init__.py") == TESTS / "test_medusa.py"
     assert mirror_of(PACKAGE / "cli" / "__init__.py") == TESTS / "cli" / "test_cli.py"
     assert mirror_of(PACKAGE / "eval" / "bench.py") == TESTS / "eval" / "test_bench.py"
+    assert mirror_of(BENCHMARKS / "smollm2.py") == TESTS / "benchmarks" / "test_smollm2.py"
     assert mirror_of(PACKAGE / "selfdistill" / "backends" / "__init__.py") == (
         TESTS / "selfdistill" / "backends" / "test_backends.py")
     assert mirror_of(PACKAGE / "selfdistill" / "backends" / "refill.py") == (
@@ -128,7 +133,8 @@ def test_every_test_module_mirrors_a_module():
         rel = _rel(path)
         if rel in NOT_A_MIRROR or _owned_elsewhere(rel) or rel.startswith(NOT_MIRRORED_FOLDERS):
             continue
-        folder = PACKAGE.joinpath(*path.relative_to(TESTS).parts[:-1])
+        parts = path.relative_to(TESTS).parts[:-1]
+        folder = (ROOT if parts[:1] == (BENCHMARKS.name,) else PACKAGE).joinpath(*parts)
         name = path.stem.removeprefix("test_")
         candidates = [folder / f"{name}.py", folder / name]  # a module, or a package data directory
         if folder.name == name:

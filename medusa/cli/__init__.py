@@ -8,7 +8,7 @@ Numeric options are :class:`Bounded` and path options :class:`PathKind`, so a va
 missing input fails while the command line is parsed, before any model loads. Nothing in the library
 imports this package. The subcommand modules import the library inside their functions on purpose (the one
 exception to top-level imports), so that ``medusa --help`` and argument errors load only the public API
-(not transformers, training, pipelines, export or eval).
+(not transformers, training, demo, export or eval).
 """
 
 from __future__ import annotations

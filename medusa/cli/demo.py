@@ -9,10 +9,10 @@ from medusa.cli import MAX_NODES, NEW_TOKENS, THREADS, Bounded, PathKind, count
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from medusa.demo.run import DemoSettings, main
+    from medusa.demo.stages import marker_path
     from medusa.errors import MedusaError
     from medusa.io import check_output_dir
-    from medusa.pipelines.demo import DemoSettings, main
-    from medusa.pipelines.stages import marker_path
 
     out = Path(args.out)
     ours = marker_path(out, "stage").parent.is_dir()  # a demo directory: its finished stages are reused
@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="out/demo", type=PathKind("out_dir"),
                    help="artefacts directory (default: out/demo)")
     p.add_argument("--recipe", default=None, type=PathKind("file"),
-                   help="MEDUSA-1 recipe (default: medusa/pipelines/recipes/default_model_medusa1.yaml)")
+                   help="MEDUSA-1 recipe (default: medusa/demo/recipes/default_model_medusa1.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="key=value",
                    help="recipe override (repeatable), e.g. --set train.epochs=1")
     p.add_argument("--nodes", default="auto", type=Bounded(int, 1, MAX_NODES, also=("auto",)),

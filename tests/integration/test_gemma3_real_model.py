@@ -3,7 +3,7 @@
 draft-vocabulary heads fitted to accept runs; the draft-vocabulary heads' save / load / vLLM export round
 trip; the sliding layers' 4-D mask against the model's own 2-D one.
 
-The converted model is prepared by ``make test`` (``python -m medusa.pipelines.chat_model gemma-3-270m``);
+The converted model is prepared by ``make test`` (``python -m medusa.modeling.packaged_models gemma-3-270m``);
 outside CI the tests skip when it is absent, in CI (MEDUSA_REQUIRE_SHARED=1) its absence fails. The model is
 loaded, the reference generated and the heads fitted once per module.
 """

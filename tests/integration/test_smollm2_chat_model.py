@@ -1,7 +1,7 @@
 """The real chat model (SmolLM2-135M-Instruct, converted from the pinned PyPI wheel): greedy MEDUSA equals
 HF greedy through EOS on chat prompts, batch 1 and 2, with heads fitted so that tree paths are accepted.
 
-The converted model is prepared by ``make test`` (``python -m medusa.pipelines.chat_model``); outside CI
+The converted model is prepared by ``make test`` (``python -m medusa.modeling.packaged_models``); outside CI
 the tests skip when it is absent, in CI (MEDUSA_REQUIRE_SHARED=1) its absence fails.
 """
 

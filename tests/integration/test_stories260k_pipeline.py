@@ -1,4 +1,4 @@
-"""The ``make bench`` pipeline (medusa.pipelines.stories260k) on tiny budgets, end to end: every stage runs,
+"""The ``make bench`` pipeline (benchmarks.stories260k) on tiny budgets, end to end: every stage runs,
 the report lands where documented and a re-run reuses every stage; and the head-type rows (Hydra heads and
 the dynamic tree beside MEDUSA-1 at the same node budget) added to a finished run without them."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from pipeline_helpers import REPORT_KEYS
 
-from medusa.pipelines import stages as S
-from medusa.pipelines.head_types import STAGES
+from benchmarks import stages as S
+from benchmarks.head_types import STAGES
 
 from tiny_models import SHARED, require_shared
 
@@ -21,7 +21,7 @@ def test_stories260k_pipeline_reduced_end_to_end_and_reuse(tmp_path):
     """The `make bench` pipeline on tiny budgets: every stage runs, the report lands where documented, and a
     re-run reuses every stage (outputs untouched)."""
     require_shared(SHARED)
-    from medusa.pipelines.stories260k import Settings, run
+    from benchmarks.stories260k import Settings, run
 
     torch.manual_seed(0)
     s = Settings(out=str(tmp_path / "b"), shared=str(SHARED), train_stories=16, max_sentences=1,
@@ -54,7 +54,7 @@ ROW = ("tokens_per_step", "speedup", "overhead", "greedy_exact_match", "nodes")
 
 
 def tiny_settings(out):
-    from medusa.pipelines.stories260k import Settings
+    from benchmarks.stories260k import Settings
 
     return Settings(out=str(out), shared=str(SHARED), train_stories=12, max_sentences=1, distill_tokens=24,
                     samples=0, calib_stories=4, bench_prompts=2, max_new_tokens=12, repeats=1, nodes="4",
@@ -68,7 +68,7 @@ def test_stories260k_head_type_rows_after_a_run_without_them(tmp_path):
     """A run with ``hydra=False`` has none of the new stages; the same output resumed with them on reuses
     every earlier stage and adds the four rows at the MEDUSA-1 node count, every one exact."""
     require_shared(SHARED)
-    from medusa.pipelines.stories260k import format_summary, run
+    from benchmarks.stories260k import format_summary, run
 
     torch.manual_seed(0)
     out = tmp_path / "b"

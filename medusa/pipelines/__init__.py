@@ -1,1 +1,0 @@
-"""Benchmarks and the resumable pipeline stages they share with ``medusa demo``."""

@@ -1,0 +1,28 @@
+"""The GPU harness's code path, run for real in its CPU mode (tiny shapes, a few steps)."""
+
+import json
+
+import pytest
+
+from benchmarks import gpu
+
+from tiny_models import require_shared
+
+
+@pytest.mark.slow  # compiles the verify step for five tree sizes, runs a compiled bench (~3 min on 2 cores)
+def test_gpu_harness_small_cpu(tmp_path, capsys):
+    require_shared()
+    assert gpu.main(["--out", str(tmp_path), "--device", "cpu", "--small"]) == 0
+    report = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert report["device"] == "cpu" and report["small"]
+    modes = [(r["shape"], r["compiled"]) for r in report["step_costs"]]
+    assert modes == [("tiny-llama", False), ("tiny-llama", True)]
+    for row in report["step_costs"]:
+        assert sorted(int(n) for n in row["step_ms"]) == list(gpu.NODES)
+        assert row["overhead"]["1"] == 1.0 and all(v > 0 for v in row["step_ms"].values())
+    assert report["stories"]["compiled_exact_match"] == 1.0  # greedy compiled MEDUSA == compiled HF
+    assert [f["dtype"] for f in report["fidelity"]] == ["float32", "bfloat16"]
+    f32 = report["fidelity"][0]
+    assert f32["identical_share"] == 1.0 and f32["hf_no_cache_identical_share"] == 1.0
+    assert report["tests"]["returncode"] == 0
+    assert "stories260K" in capsys.readouterr().out.splitlines()[-4]

@@ -1,0 +1,19 @@
+"""The benchmark stages: the head-type rows' ratios."""
+
+import pytest
+from pipeline_helpers import fixed_summary
+
+
+def test_head_type_rows_ratios_and_best():
+    section = fixed_summary()["head_types"]
+    assert section["rows"][1] == {"heads": "hydra", "tree": "static", "nodes": 8, "tokens_per_step": 2.8,
+                                  "speedup": 1.9, "overhead": 1.2, "greedy_exact_match": 1.0}
+    h = section["hydra_over_medusa1_tokens_per_step"]
+    assert h["static"] == {"measured": pytest.approx(1.4), "target": 1.3, "met": True}
+    assert h["dynamic"]["measured"] == pytest.approx(3.5 / 2.1) and h["dynamic"]["met"]
+    d = section["dynamic_over_static_tokens_per_step"]
+    assert d["medusa1"] == {"measured": pytest.approx(1.05), "target": 1.1, "met": False}
+    assert d["hydra"]["measured"] == pytest.approx(1.25) and d["hydra"]["met"]
+    assert section["best_speedup"] == {"heads": "hydra", "tree": "static", "speedup": 1.9,
+                                       "line": "best wall-clock speedup: hydra heads, static tree (8 nodes), "
+                                               "1.90x"}
