@@ -1,5 +1,5 @@
 """The package's shape, checked from its source: every module imports alone, the import graph has no
-cycle, packages import downward only (the order in DESIGN.md's layout), the library never imports the
+cycle, packages import downward only (the floors of docs/design.md), the library never imports the
 command layer (medusa/cli/), and modules and functions stay small.
 
 Run it directly for a summary a newcomer can check::
@@ -37,7 +37,7 @@ LONG_FUNCTIONS: dict[str, int] = {
 # Modules over MAX_MODULE_LINES today, with their current line count (same rules).
 LONG_MODULES: dict[str, int] = {}
 
-# The package order of DESIGN.md, top to bottom: a package imports only packages in lower layers. Peers
+# The floors of docs/design.md, top to bottom: a package imports only packages in lower layers. Peers
 # (one layer) do not import each other, except that everyone may import errors and io (the bottom's shared
 # pieces). The public API (medusa/__init__.py) and the `python -m` shims sit above everything.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -119,7 +119,7 @@ def _layer_of(package: str) -> int:
     for rank, layer in enumerate(LAYERS):
         if package in layer:
             return rank
-    raise AssertionError(f"package medusa.{package} is not in LAYERS (add it where DESIGN.md puts it)")
+    raise AssertionError(f"package medusa.{package} is not in LAYERS (add it where docs/design.md puts it)")
 
 
 def allowed_edge(src: str, dst: str) -> bool:
@@ -330,7 +330,7 @@ def test_cycle_finder_finds_a_planted_cycle(tmp_path):
 def test_packages_import_downward_only():
     assert {top_package(m) for m in module_files()} <= {p for layer in LAYERS for p in layer}
     violations = package_violations()
-    assert not violations, ("imports against the package order (DESIGN.md: cli -> demo -> eval -> "
+    assert not violations, ("imports against the package order (docs/design.md: cli -> demo -> eval -> "
                             "calibrate -> decoding / training / export / selfdistill -> modeling -> "
                             "tree / data -> config / errors / io):\n" + "\n".join(violations))
     stale = sorted(KNOWN_UPWARD - known_upward_still_present())
