@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "medusa"
-BENCHMARKS = ROOT / "benchmarks"  # the benchmark pipelines (outside the package): tests/benchmarks/ mirrors it
+BENCHMARKS = ROOT / "benchmarks"  # the benchmark pipelines, outside the package: tests/benchmarks/ mirrors it
 TESTS = ROOT / "tests"
 
 # Modules that are pure declarations or entry shims: nothing of their own to test.
