@@ -147,7 +147,7 @@ def _summary(format: str, out: Path, config: MedusaConfig, heads: HeadsState, ba
         notes.append(f"no tokenizer files found beside the backbone {backbone.path}: give the server one")
     commands = serving_commands(format, str(out), backbone.path, backbone.tokenizer, heads.num_heads,
                                 heads.num_layers, len(choices) if choices is not None else None,
-                                dtype_name(heads.dtype))
+                                dtype_name(heads.dtype), hub_id=backbone.hub_id)
     return {"format": format, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,
             "layout": _layout(format, heads),
             "materialised_lm_head": config.head_type == "shared_lm_head" and not heads.shared_lm_head,

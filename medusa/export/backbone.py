@@ -7,6 +7,10 @@ names, so an export of it records the merged backbone's absolute path, or, with 
 it written beside the heads (``OUT/base_model/``, recorded by its final absolute path). ``--base`` overrides
 both.
 
+Heads tied to a packaged base (``extra.packaged_base``, :mod:`medusa.modeling.packaged`) record the local
+converted directory they were trained on (fetched when missing), not the hub id their config names: the hub
+model's weights are not the packaged conversion's.
+
 The tokenizer: the backbone's own directory when it holds tokenizer files; for a merged backbone saved
 without them, the original base's (a local directory, else its hub id); a copied backbone gets the tokenizer
 files written into it. TGI's router reads the tokenizer from the Medusa directory itself, so the ``tgi``
@@ -22,11 +26,13 @@ from pathlib import Path
 from medusa.errors import CheckpointError, MedusaError
 from medusa.export.common import TOKENIZER_FILES, copy_tokenizer
 from medusa.modeling.config import CONFIG_NAME, MedusaConfig
+from medusa.modeling.packaged import packaged_info, resolve_packaged
 
 BACKBONE_DIR = "base_model"  # where ``with_backbone`` writes the merged backbone, inside the export
 
 SOURCES = {
     "config": "the base model the checkpoint was trained on (its base_model_name_or_path)",
+    "packaged": "the packaged base the heads were trained on, converted locally from its hub id",
     "merged": "the merged MEDUSA-2 backbone inside the checkpoint",
     "merged-copy": "the merged MEDUSA-2 backbone, copied beside the heads",
     "base": "the backbone given with --base",
@@ -44,6 +50,7 @@ class Backbone:
     copy_from: Path | None = None
     tokenizer: str | None = None
     tokenizer_dir: Path | None = None
+    hub_id: str | None = None  # a packaged base's hub id (the model the local directory was converted from)
 
     @property
     def description(self) -> str:
@@ -83,6 +90,11 @@ def resolve_backbone(src: Path, config: MedusaConfig, out: Path, base: str | Non
         path = _local_or_name(base)
         tokenizer, tok_dir = _tokenizer_source([path])
         return Backbone(path, "base", tokenizer=tokenizer, tokenizer_dir=tok_dir)
+    if not config.base_model_subdir and packaged_info(config) is not None:
+        # heads tied to a packaged base: the local converted directory they were trained on, not the hub id
+        path = str(Path(resolve_packaged(packaged_info(config))).resolve())
+        tokenizer, tok_dir = _tokenizer_source([path, original])
+        return Backbone(path, "packaged", tokenizer=tokenizer, tokenizer_dir=tok_dir, hub_id=original or None)
     if not config.base_model_subdir:
         path = _local_or_name(original)
         tokenizer, tok_dir = _tokenizer_source([path])

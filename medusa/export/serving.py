@@ -1,7 +1,9 @@
 """The commands that load an export in its engine, filled in from the checkpoint, and what each engine needs.
 
-- vLLM reads the head count from ``n_predict`` (``num_speculative_tokens`` defaults to it), so its command
-  passes no count; the target model is the backbone.
+- vLLM reads the head count from ``n_predict`` (``num_speculative_tokens`` defaults to it); the commands
+  pass it anyway (``--speculative-config`` JSON, and the offline ``LLM(...)`` equivalent); the target model
+  is the backbone (a packaged base's local directory, its hub id as a comment). vLLM 0.32 runs float32
+  models as bfloat16 on CPU unless told ``dtype="float32"``, which greedy text identical to the base's needs.
 - TensorRT-LLM's ``examples/medusa/convert_checkpoint.py`` writes ``num_medusa_heads`` / ``num_medusa_layers``
   / ``max_draft_len`` into the engine config from its own flags (defaults 4 / 1 / 63) BEFORE it reads the
   Medusa directory: every one must be given, or a 2-layer export builds 1 layer and a 3-head one 4 heads.
@@ -52,14 +54,25 @@ def trt_convert_command(out: str, backbone: str, num_heads: int, num_layers: int
     return shlex.join(args)
 
 
+def vllm_commands(out: str, backbone: str, tokenizer: str, num_heads: int, hub_id: str | None) -> list[str]:
+    """``vllm serve`` with ``--speculative-config``, and the offline ``LLM(...)`` (Python) equivalent."""
+    spec = {"method": "medusa", "model": out, "num_speculative_tokens": num_heads}
+    extra = [] if tokenizer == backbone else ["--tokenizer", tokenizer]
+    comment = f"  # {hub_id}" if hub_id and hub_id != backbone else ""
+    serve = shlex.join(["vllm", "serve", backbone, "--speculative-config", json.dumps(spec), *extra])
+    tok = "" if tokenizer == backbone else f", tokenizer={tokenizer!r}"
+    offline = f"LLM(model={backbone!r}{tok}, speculative_config={spec!r})"
+    return [serve + comment, offline + comment]
+
+
 def serving_commands(format: str, out: str, backbone: str, tokenizer: str | None, num_heads: int,
-                     num_layers: int, num_choices: int | None, dtype: str) -> list[str]:
-    """Shell commands (or, for official MEDUSA, Python) that load the export at ``out``."""
+                     num_layers: int, num_choices: int | None, dtype: str,
+                     hub_id: str | None = None) -> list[str]:
+    """Shell commands (or, for official MEDUSA and vLLM's offline engine, Python) that load the export at
+    ``out``; ``hub_id``: the hub model a local backbone was converted from (shown as a comment)."""
     tok = tokenizer or backbone
     if format == "vllm":
-        spec = json.dumps({"method": "medusa", "model": out})
-        extra = [] if tok == backbone else ["--tokenizer", tok]
-        return [shlex.join(["vllm", "serve", backbone, "--speculative-config", spec, *extra])]
+        return vllm_commands(out, backbone, tok, num_heads, hub_id)
     if format == "tgi":
         return [shlex.join(["text-generation-launcher", "--model-id", out])]
     if format == "tensorrt-llm":

@@ -11,10 +11,18 @@ shared by every head instead and loads ``lm_head.weight`` (or a ``lm_heads.0.wei
 ``n_predict`` (= the head count) is what vLLM's ``SpeculativeConfig`` defaults ``num_speculative_tokens`` to;
 without it the count must be passed, and a wrong one rewrites ``num_heads`` (``num_lookahead_tokens``).
 
-Draft vocabulary: with ``truncated_vocab_size < vocab_size`` vLLM also loads the tensor ``token_map``
-(``[truncated_vocab_size]`` target ids, used as an index: int64), takes ``lm_heads.{i}.weight`` as
-``[truncated_vocab_size, hidden_size]`` rows in token_map order (a full ``[vocab_size, d]`` one, per head or
-shared, it slices with the map) and scatters the draft logits into ``[..., vocab_size]`` (-inf elsewhere).
+Draft vocabulary: vLLM 0.32's own ``token_map`` path (``truncated_vocab_size < vocab_size``) cannot be used:
+its loader assigns ``token_map`` as a new parameter but never reports it loaded, so the engine's strict
+check (``DefaultModelLoader.track_weights_loading``) refuses the checkpoint. We write the FULL-vocabulary
+layout instead (``truncated_vocab_size == vocab_size``): W2 is ``[V, d]``, the draft rows scattered to their
+target ids and every other row set to the MEAN of the draft rows. A non-draft token's logit is then the mean
+of the draft logits, strictly below their maximum unless all N are equal, so vLLM's top-1 draft is exactly
+our draft-vocabulary argmax for every hidden state (a zero row would not do: the best draft logit of these
+heads is sometimes negative). Cost: ``(V - N) * d`` more elements per W2 (SmolLM2, V = 49152, N = 8192,
+d = 576, one shared W2 in bfloat16: 9.4 MB -> 56.6 MB) and a V-wide instead of N-wide head matmul per draft.
+Gemma-3-270m's 3 ``linear`` float32 heads, V = 262144: 3 x 21 MB -> 3 x 671 MB. The ``token_map`` tensor
+stays in the file (vLLM ignores it when the sizes are equal) with ``draft_vocab_size`` in config.json, so
+:func:`read_vllm` gives the draft-vocabulary heads back.
 """
 
 from __future__ import annotations
@@ -34,10 +42,21 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 
 
+def full_vocab_rows(w2: torch.Tensor, token_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft rows ``w2 [N, d]`` -> ``[V, d]``: row ``token_map[i]`` = ``w2[i]``, every other row the mean of
+    the N draft rows (computed in float32), so no non-draft row ever has the largest logit."""
+    full = w2.float().mean(dim=0).expand(vocab_size, -1).clone()  # [V, d]
+    full[token_map] = w2.float()
+    return full.to(w2.dtype).contiguous()
+
+
 def vllm_tensors(heads: HeadsState) -> dict[str, torch.Tensor]:
-    head = "lm_head.weight" if heads.tied_w2 else "lm_heads.{k}.weight"  # tied: [V or N, d] written once
+    head = "lm_head.weight" if heads.tied_w2 else "lm_heads.{k}.weight"  # tied: one W2 written once
     out = named_tensors(heads, "blocks.{k}.layers.{l}", head)
     if heads.token_map is not None:
+        assert heads.full_vocab_size is not None
+        for name in [n for n in out if n.startswith("lm_head")]:  # [N, d] -> [V, d]
+            out[name] = full_vocab_rows(out[name], heads.token_map, heads.full_vocab_size)
         out["token_map"] = heads.token_map.to(torch.int64).contiguous()
     return out
 
@@ -53,7 +72,10 @@ def vllm_config(heads: HeadsState) -> dict[str, Any]:
         "num_hidden_layers": heads.num_layers,
         "hidden_size": heads.hidden_size,
         "vocab_size": heads.full_vocab_size if heads.token_map is not None else heads.vocab_size,
-        "truncated_vocab_size": heads.vocab_size,
+        # full-vocabulary rows even with a draft vocabulary (see the module docstring): vLLM then ignores
+        # token_map, and draft_vocab_size (a key vLLM does not read) tells read_vllm to slice it back
+        "truncated_vocab_size": heads.full_vocab_size if heads.token_map is not None else heads.vocab_size,
+        "draft_vocab_size": int(heads.token_map.shape[0]) if heads.token_map is not None else None,
         "medusa_fc_bias": True,  # we always write the biases; vLLM silently drops them without this
         # tied (shared_lm_head) heads: one lm_head.weight for all; else one lm_heads.{i}.weight per head
         "original_lm_head": heads.tied_w2,
@@ -116,10 +138,17 @@ def read_vllm(path: Path) -> HeadsState:
 
 def _token_map(cfg: dict[str, Any], state: dict[str, torch.Tensor],
                path: Path) -> tuple[torch.Tensor | None, Any]:
-    """vLLM's rule: ``token_map`` is used only when ``truncated_vocab_size < vocab_size`` (then required)."""
+    """vLLM's rule: ``token_map`` is used only when ``truncated_vocab_size < vocab_size`` (then required);
+    our full-vocabulary layout keeps it beside ``draft_vocab_size`` (vLLM ignores both)."""
     vocab = cfg.get("vocab_size")
     truncated = cfg.get("truncated_vocab_size", vocab)
     token_map = state.pop("token_map", None)
+    draft = cfg.get("draft_vocab_size")
+    if truncated == vocab and draft is not None and token_map is not None:
+        if tuple(token_map.shape) != (draft,):
+            raise CheckpointError(f"{path / WEIGHTS}: token_map has shape {tuple(token_map.shape)}, expected "
+                                  f"({draft},) (draft_vocab_size)")
+        return token_map.to(torch.int64), vocab
     if truncated == vocab:
         return None, vocab
     if not isinstance(vocab, int) or not isinstance(truncated, int) or token_map is None:

@@ -40,13 +40,17 @@ def test_trt_convert_command_passes_every_count_and_a_known_dtype():
     assert "--dtype" not in trt_convert_command("o", "b", 3, 1, 8, "float64")  # not a converter choice
 
 
-def test_vllm_command_names_the_backbone_and_no_head_count():
-    (cmd,) = serving_commands("vllm", "/e/vllm", "/m/base", None, 4, 1, None, "float32")
+def test_vllm_commands_name_the_backbone_the_count_and_the_hub_id():
+    serve, offline = serving_commands("vllm", "/e/vllm", "/m/base", None, 3, 1, None, "float32",
+                                      hub_id="org/model")
+    cmd, comment = serve.split("  # ")
     argv = shlex.split(cmd)
-    assert argv[:3] == ["vllm", "serve", "/m/base"] and len(argv) == 5
-    assert json.loads(argv[4]) == {"method": "medusa", "model": "/e/vllm"}
-    (cmd,) = serving_commands("vllm", "/e/vllm", "/m/base", "/m/tok", 4, 1, None, "float32")
-    assert shlex.split(cmd)[-2:] == ["--tokenizer", "/m/tok"]  # a tokenizer elsewhere is passed
+    assert argv[:3] == ["vllm", "serve", "/m/base"] and len(argv) == 5 and comment == "org/model"
+    assert json.loads(argv[4]) == {"method": "medusa", "model": "/e/vllm", "num_speculative_tokens": 3}
+    assert offline.startswith("LLM(model='/m/base', speculative_config={'method': 'medusa'")
+    serve, _ = serving_commands("vllm", "/e/vllm", "/m/base", "/m/tok", 4, 1, None, "float32")
+    assert shlex.split(serve)[-2:] == ["--tokenizer", "/m/tok"]  # a tokenizer elsewhere is passed
+    assert "#" not in serve  # no hub id: no comment
 
 
 def test_tgi_tensorrt_and_official_commands():

@@ -1,6 +1,6 @@
 """vLLM's Medusa layout (medusa.export.vllm): keys, config and values; the shared LM head written once;
-importing original_lm_head files; draft vocabularies as truncated_vocab_size / token_map, loaded by vLLM's
-loader and read back."""
+importing original_lm_head files; draft vocabularies as full-vocabulary rows (the draft rows scattered, the
+others their mean) that vLLM's loader takes unmodified and that give the same top-1 draft, read back."""
 
 import json
 import os
@@ -26,29 +26,36 @@ def base_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
-def test_vllm_export_writes_truncated_vocab_and_token_map(tmp_path, base_dir, head_type):
+def test_vllm_export_writes_full_vocab_rows_with_the_same_top1(tmp_path, base_dir, head_type):
     src, model, tm = _draft_checkpoint(tmp_path, base_dir, head_type)
     export_checkpoint(src, tmp_path / "vllm", "vllm", base=str(base_dir))
     cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
     V, d = model.config.vocab_size, model.config.hidden_size
-    assert cfg["vocab_size"] == V and cfg["truncated_vocab_size"] == N and cfg["hidden_size"] == d
+    # vLLM 0.32 refuses a truncated vocabulary (its loader never reports token_map loaded): full rows
+    assert cfg["vocab_size"] == V and cfg["truncated_vocab_size"] == V and cfg["draft_vocab_size"] == N
     shared = head_type == "shared_lm_head"
     assert cfg["num_heads"] == 3 and cfg["num_hidden_layers"] == 2 and cfg["original_lm_head"] is shared
     state = load_file(tmp_path / "vllm" / "model.safetensors")
     expected = {f"blocks.{i}.layers.{j}.{p}" for i in range(3) for j in range(2) for p in ("weight", "bias")}
     lm_names = ["lm_head.weight"] if shared else [f"lm_heads.{i}.weight" for i in range(3)]
-    assert set(state) == expected | set(lm_names) | {"token_map"}
+    assert set(state) == expected | set(lm_names) | {"token_map"}  # token_map: ignored by vLLM, ours
     assert state["token_map"].dtype == torch.int64 and torch.equal(state["token_map"], tm)
+    others = torch.ones(V, dtype=torch.bool)
+    others[tm] = False
     for name in lm_names:
-        assert state[name].shape == (N, d)
+        assert state[name].shape == (V, d)
+        mean = state[name][tm].float().mean(0).to(state[name].dtype)
+        assert torch.equal(state[name][others], mean.expand(int(others.sum()), d))
     if shared:  # the draft vocabulary's rows of the base LM head, written once
-        assert torch.equal(state["lm_head.weight"], lm_head_of(model.base_model).weight[tm])
+        assert torch.equal(state["lm_head.weight"][tm], lm_head_of(model.base_model).weight[tm])
     hidden = torch.randn(2, 5, d)
     with torch.no_grad():
-        ours = model.heads(hidden)
-    engine = vllm_load(tmp_path / "vllm", target=str(base_dir))  # vLLM's loader: token_map scatter, -inf
+        ours = model.heads(hidden)  # [K, 2, 5, V], -inf outside the draft vocabulary
+    engine = vllm_load(tmp_path / "vllm", target=str(base_dir))  # vLLM's loading rules
     assert engine.info["num_speculative_tokens"] == 3
-    torch.testing.assert_close(engine.heads(hidden), ours, rtol=1e-5, atol=1e-5)
+    theirs = engine.heads(hidden)
+    torch.testing.assert_close(theirs[..., tm], ours[..., tm], rtol=1e-5, atol=1e-5)
+    assert torch.equal(theirs.argmax(-1), ours.argmax(-1))  # vLLM's Medusa proposer takes the top-1
 
 
 @pytest.mark.parametrize("head_type", ["linear", "shared_lm_head"])
@@ -69,7 +76,7 @@ def test_vllm_round_trip_keeps_the_map(tmp_path, base_dir, head_type):
 def test_vllm_keys_config_and_values(tmp_path, base_dir):
     ck, _ = _checkpoint(tmp_path, base_dir)
     export_checkpoint(ck, tmp_path / "v", "vllm")
-    assert sorted(os.listdir(tmp_path / "v")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "v")) == [".medusa-manifest.json", "config.json", "model.safetensors"]
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
     assert cfg["model_type"] == "medusa" and cfg["architectures"] == ["MedusaModel"]
     assert (cfg["num_heads"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"],

@@ -85,13 +85,14 @@ def _check_served(model, backbone, engine_heads, base=None, atol=1e-5):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_vllm_serves_with_no_token_count(tmp_path, base_dir, checkpoints, name):
+def test_vllm_serves_with_the_head_count(tmp_path, base_dir, checkpoints, name):
     ck, model = checkpoints[name]
     summary = export_checkpoint(ck, tmp_path / "vllm", "vllm")
     argv = shlex.split(summary["commands"][0])
     assert argv[:2] == ["vllm", "serve"] and len(argv) == 5
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec == {"method": "medusa", "model": str(tmp_path / "vllm")}  # no num_speculative_tokens
+    assert spec == {"method": "medusa", "model": str(tmp_path / "vllm"),
+                    "num_speculative_tokens": model.num_heads}
     engine = vllm_load(Path(spec["model"]), target=argv[2])
     assert engine.info["num_speculative_tokens"] == engine.num_heads == model.num_heads
     assert argv[2] == summary["backbone"] == _backbone_of(name, ck, base_dir)

@@ -139,7 +139,9 @@ def test_draft_vocab_round_trip_save_load_vllm(gemma, tmp_path):
         assert torch.equal(again.heads(hidden), model.heads(hidden))  # [K, 1, 5, V]
     export_checkpoint(str(tmp_path / "heads"), str(tmp_path / "vllm"), "vllm")
     cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
-    assert (cfg["truncated_vocab_size"], cfg["vocab_size"]) == (DRAFT, 262144)
+    # vLLM 0.32 loads no truncated vocabulary: full-vocabulary rows, the draft ones at their target ids
+    sizes = (cfg["truncated_vocab_size"], cfg["vocab_size"], cfg["draft_vocab_size"])
+    assert sizes == (262144, 262144, DRAFT)
     state = load_file(tmp_path / "vllm" / "model.safetensors")
     assert torch.equal(state["token_map"], model.heads.token_map)
-    assert state["lm_heads.0.weight"].shape == (DRAFT, model.base_model.config.hidden_size)
+    assert state["lm_heads.0.weight"].shape == (262144, model.base_model.config.hidden_size)
