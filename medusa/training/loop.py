@@ -218,7 +218,7 @@ def _build(recipe: Recipe, method: TrainingMethod, progress: bool = True) -> Run
                               feature_layers=getattr(model.heads, "feature_layers", None))
     optimizer = torch.optim.AdamW(method.param_groups(recipe, trainable), lr=recipe.train.lr)
     scheduler = S.make_scheduler(optimizer, recipe, plan)
-    trainable, optimizer = accelerator.prepare(trainable, optimizer)
+    trainable, optimizer = S.prepare(accelerator, model.config.hidden_size, trainable, optimizer)
     out_dir = Path(recipe.output_dir)
     return Run(recipe, method, accelerator, data, plan, model, trainable, optimizer, scheduler, state,
                out_dir, out_dir / METRICS_NAME, cache)

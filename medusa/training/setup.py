@@ -5,7 +5,10 @@ arguments); what differs between the methods lives in ``medusa1.py`` and ``medus
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,20 +34,107 @@ def mixed_precision(recipe: Recipe) -> str | None:
     return "bf16" if native_bf16("cuda" if torch.cuda.is_available() else "cpu") else "no"
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def _device_backend() -> bool:
+    """Whether this machine has an accelerator device (CUDA, XPU, ...) for torch.distributed to use."""
+    return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())
+
+
+def check_engine(env: dict[str, str] | None = None, has_device: bool | None = None) -> None:
+    """Refuse launches that accelerate would silently run as something else (raised before any process
+    group or model exists). accelerate applies FSDP only on a device backend (its ``AcceleratorState`` turns
+    FSDP on for MULTI_GPU / XPU / NPU-class runs): without one, an FSDP launch becomes a run of independent,
+    never-synchronised copies of the model, and ``--cpu`` makes it plain DDP."""
+    env = os.environ if env is None else env
+    has_device = _device_backend() if has_device is None else has_device
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not has_device:
+        import accelerate
+
+        raise ConfigError(f"FSDP needs a GPU-class device: accelerate {accelerate.__version__} does not "
+                          "apply FSDP on a CPU (its processes would train unsynchronised copies); on CPU use "
+                          "configs/accelerate/deepspeed_zero3.yaml (sharded) or deepspeed_zero2.yaml")
+
+
 def make_accelerator(recipe: Recipe) -> Any:
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
+    check_engine()
     kwargs: dict[str, Any] = {"gradient_accumulation_steps": recipe.train.grad_accum,
                               "project_dir": recipe.output_dir}
     if recipe.train.mixed_precision is not None:
         kwargs["mixed_precision"] = mixed_precision(recipe)
     if recipe.report_to != "none":
         kwargs["log_with"] = recipe.report_to
+    if "LOCAL_RANK" in os.environ and not _device_backend() and not _flag("ACCELERATE_USE_CPU"):
+        # A torchrun launch (DeepSpeed) on a CPU: accelerate leaves the backend unset there and every process
+        # then takes itself for the only one (num_processes 1, process_index 0); name gloo.
+        kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
     accelerator = Accelerator(**kwargs)
     ds = accelerator.state.deepspeed_plugin
-    if ds is not None:  # our data loader is not prepared, so DeepSpeed cannot infer the micro-batch size
-        ds.deepspeed_config["train_micro_batch_size_per_gpu"] = recipe.train.batch_size
+    if ds is not None:  # our data loader is not prepared, so DeepSpeed cannot infer the batch sizes
+        t, config = recipe.train, ds.deepspeed_config
+        config["train_micro_batch_size_per_gpu"] = t.batch_size
+        config["train_batch_size"] = t.batch_size * t.grad_accum * accelerator.num_processes
+        if config.get("gradient_clipping") == "auto":
+            config["gradient_clipping"] = float(t.max_grad_norm)
     return accelerator
+
+
+def fill_deepspeed_auto(accelerator: Any, hidden_size: int) -> None:
+    """DeepSpeed's ``auto`` bucket sizes, from the base model's hidden size as accelerate computes them for a
+    Hugging Face model (our trained module has no ``config`` for accelerate to read them from)."""
+    ds = accelerator.state.deepspeed_plugin
+    if ds is None:
+        return
+    zero = ds.deepspeed_config.setdefault("zero_optimization", {})
+    for key, value in (("reduce_bucket_size", hidden_size * hidden_size),
+                       ("stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size)),
+                       ("stage3_param_persistence_threshold", 10 * hidden_size)):
+        if zero.get(key) == "auto":
+            zero[key] = value
+
+
+def prepare(accelerator: Any, hidden_size: int, module: nn.Module, optimizer: Any) -> tuple[Any, Any]:
+    """``accelerator.prepare(module, optimizer)``, then every process prints :func:`engine_report`."""
+    fill_deepspeed_auto(accelerator, hidden_size)
+    module, optimizer = accelerator.prepare(module, optimizer)
+    print(engine_report(accelerator, module, optimizer), flush=True)
+    return module, optimizer
+
+
+def _updated_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """The fp32 tensors this process's optimizer steps: DeepSpeed ZeRO-2 / ZeRO-3's own partitions, else the
+    innermost torch optimizer's parameters (accelerate's wrapper -> DeepSpeed's optimizer -> torch's)."""
+    inner = optimizer
+    while True:
+        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):  # ZeRO-1/2, ZeRO-3
+            if isinstance(getattr(inner, name, None), list):
+                return list(getattr(inner, name))
+        if not hasattr(inner, "optimizer"):
+            return [p for group in inner.param_groups for p in group["params"]]
+        inner = inner.optimizer
+
+
+def engine_report(accelerator: Any, module: nn.Module, optimizer: Any) -> str:
+    """One line per process: the distributed type (and ZeRO stage), and how many parameter elements this
+    process holds and how many its optimizer updates, of the module's total. ZeRO-3 holds a slice of each
+    parameter; ZeRO-2 holds every parameter but updates a slice; DDP / one process: everything."""
+    kind = str(accelerator.distributed_type).split(".")[-1]
+    ds = accelerator.state.deepspeed_plugin
+    if ds is not None:
+        kind += f" ZeRO-{ds.zero_stage}"
+    params = list(module.parameters())
+    total = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
+    held = sum(int(p.ds_tensor.numel()) if hasattr(p, "ds_tensor") else p.numel() for p in params)
+    updated = sum(p.numel() for p in _updated_tensors(optimizer))
+    trainable = sum(int(getattr(p, "ds_numel", p.numel())) for p in params if p.requires_grad)
+    return (f"engine: {kind}, {accelerator.num_processes} process(es); rank {accelerator.process_index} "
+            f"holds {held:,} of {total:,} parameter elements; its optimizer updates {updated:,} of "
+            f"{trainable:,}")
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -79,9 +169,26 @@ def load_data(recipe: Recipe, tokenizer: Any) -> RunData:
 
 
 # ----------------------------------------------------------------------------------------- model
+@contextlib.contextmanager
+def _whole() -> Iterator[None]:
+    """Models built in the body load whole (transformers would otherwise build them under ZeRO-3's
+    ``zero.Init``, partitioned)."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    ref = hf_ds._hf_deepspeed_config_weak_ref
+    hf_ds.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = ref
+
+
 def load_backbone(recipe: Recipe, device: torch.device) -> nn.Module:
     """The base model on ``device``, in ``recipe.dtype`` or quantised with bitsandbytes
     (``recipe.quantization``; 4-bit layers keep the plain NF4 layout on CPU)."""
+    if recipe.quantization is None and recipe.method == "medusa1":
+        with _whole():  # MEDUSA-1's frozen backbone stays outside the engine: whole, even under ZeRO-3
+            return load_base_model(recipe.model, dtype=recipe.dtype).to(device)
     if recipe.quantization is None:
         return load_base_model(recipe.model, dtype=recipe.dtype).to(device)
     index = device.index if device.type == "cuda" else device.type
