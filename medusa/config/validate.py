@@ -106,6 +106,9 @@ def check_head_fields(num_heads: int, num_layers: int, head_type: str, draft_voc
     _range(f"{prefix}num_layers", num_layers, 0, 16)
     _choice(f"{prefix}head_type", head_type, HEAD_TYPES)
     _range(f"{prefix}draft_vocab", draft_vocab, 0, 10_000_000)
+    if head_type == "eagle3" and num_layers != 1:
+        raise ConfigError(f"{prefix}num_layers: eagle3 heads have exactly 1 draft decoder layer, "
+                          f"got {num_layers}")
     if head_type == "hydra" and num_layers < 1:
         raise ConfigError(f"{prefix}num_layers: hydra heads need at least 1 layer, got {num_layers}")
     if hydra_projection is not None and hydra_projection not in HYDRA_PROJECTIONS:
@@ -133,9 +136,6 @@ def _validate_eagle3(recipe: Recipe) -> None:
         if h.feature_layers is not None:
             raise ConfigError(f"heads.feature_layers: only for heads.head_type: eagle3 (got {h.head_type})")
         return
-    if h.num_layers != 1:
-        raise ConfigError(f"heads.num_layers: eagle3 heads have exactly 1 draft decoder layer, "
-                          f"got {h.num_layers}")
     if recipe.method != "medusa1":
         raise ConfigError(f"method: eagle3 heads train on a frozen base (method: medusa1), "
                           f"got {recipe.method}")

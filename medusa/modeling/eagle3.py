@@ -36,8 +36,11 @@ LLAMA_STYLE = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp"
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's choice (as vLLM's default): an early, the middle and a late layer of ``num_layers``."""
-    return (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
+    """EAGLE-3's choice (vLLM's default): hidden states 2, L // 2 and L - 3 of a base of L >= 8 layers; for a
+    shallower base, 1, L // 2 and L - 1 (distinct from 3 layers on)."""
+    if num_layers >= 8:
+        return (2, num_layers // 2, num_layers - 3)
+    return (min(1, num_layers - 1), num_layers // 2, max(num_layers - 1, 0))
 
 
 def check_feature_layers(layers: Any, num_layers: int,
@@ -165,6 +168,10 @@ class Eagle3Heads(nn.Module):
         self.register_buffer("token_map", tm)
 
     # ------------------------------------------------------------------ the draft layer
+    def new_cache(self) -> DraftKV:
+        """An empty KV cache for the draft layer (decoding reads the heads through methods only)."""
+        return DraftKV()
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Target ids ``[B, T]`` -> the base's input embeddings ``[B, T, d]`` (no gradient; heads' dtype)."""
         with torch.no_grad():

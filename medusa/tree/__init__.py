@@ -1,4 +1,5 @@
 from medusa.tree.build import build_tree_choices, default_tree_choices, expected_tokens_per_step
+from medusa.tree.draft_tree import DraftTreeShape, is_draft_tree_file
 from medusa.tree.tree import MedusaTree, TreeError
 
 
@@ -7,5 +8,5 @@ def default_tree(num_heads: int, num_nodes: int = 64) -> MedusaTree:
     return MedusaTree.from_choices(default_tree_choices(num_heads, num_nodes), num_heads=num_heads)
 
 
-__all__ = ["MedusaTree", "TreeError", "build_tree_choices", "default_tree", "default_tree_choices",
-           "expected_tokens_per_step"]
+__all__ = ["DraftTreeShape", "MedusaTree", "TreeError", "build_tree_choices", "default_tree",
+           "default_tree_choices", "expected_tokens_per_step", "is_draft_tree_file"]

@@ -1,0 +1,81 @@
+"""Calibrating an autoregressive drafter's tree (eagle3 heads): depth, branching, nodes and the lookup chain.
+
+A drafter's tree is grown anew each step, so its size cannot be read off per-head accuracies as a MEDUSA
+tree's is. Each candidate :class:`~medusa.tree.draft_tree.DraftTreeShape` is run for real instead: greedy
+decoding of the held-out calibration prompts (the real step: drafting, verification, acceptance), which
+gives its tokens per step on those prompts and its time per step on this device — drafting's ``depth``
+draft-layer passes included. The candidate with the most tokens per second (tokens per step / step time)
+wins; the record of every candidate goes into ``tree.json``'s ``calibration``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from medusa.decoding.generate import medusa_generate
+from medusa.errors import MedusaError
+from medusa.tree.draft_tree import DraftTreeShape
+
+# (num_nodes, depth, branch, expand): a grid for a CPU, <= 16 verified nodes; lookup chains added on top
+CANDIDATES = ((4, 3, 1, 1), (6, 4, 2, 2), (8, 4, 2, 2), (8, 5, 2, 2), (12, 5, 3, 3), (16, 5, 4, 4),
+              (16, 6, 4, 4))
+LOOKUP_CHOICES = (0, 6)
+
+
+def candidate_shapes(candidates: Sequence[tuple[int, int, int, int]] = CANDIDATES,
+                     lookup: Sequence[int] = LOOKUP_CHOICES) -> list[DraftTreeShape]:
+    """The shapes tried: each (nodes, depth, branch, expand) with each lookup-chain length."""
+    return [DraftTreeShape(n, d, b, e, lookup_tokens=L) for n, d, b, e in candidates for L in lookup]
+
+
+@torch.no_grad()
+def measure_shape(model: Any, prompts: Sequence[torch.Tensor], shape: DraftTreeShape,
+                  max_new_tokens: int) -> dict[str, float]:
+    """Greedy decoding of each prompt ``[1, P]`` with ``shape``: tokens per step and seconds per step
+    (decode time, prefill excluded) over all prompts."""
+    tokens = steps = 0
+    seconds = 0.0
+    for ids in prompts:
+        out = medusa_generate(model, ids, max_new_tokens=max_new_tokens, tree=shape,
+                              return_dict_in_generate=True)
+        tokens += int(sum(int(a) for row in out.accept_lengths for a in row))
+        steps += int(out.num_steps)
+        seconds += float(out.decode_time_s)
+    if not steps:
+        raise MedusaError("calibration decoded no step: the prompts end at once; use other --data")
+    return {"tokens_per_step": tokens / steps, "step_ms": 1e3 * seconds / steps,
+            "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
+def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int = 96,
+                         shapes: Sequence[DraftTreeShape] | None = None,
+                         log: Callable[[str], None] = print) -> DraftTreeShape:
+    """The fastest of ``shapes`` (default :func:`candidate_shapes`) on ``prompts`` (token-id tensors
+    ``[1, P]``), with every candidate's figures in its ``calibration`` record."""
+    if not prompts:
+        raise MedusaError("calibrating a draft tree needs at least one prompt")
+    shapes = list(shapes or candidate_shapes())
+    t0 = time.perf_counter()
+    measure_shape(model, prompts[:1], shapes[0], 8)  # warm-up: allocations, first-call overheads
+    rows = []
+    for shape in shapes:
+        figures = measure_shape(model, prompts, shape, max_new_tokens)
+        rows.append({**{k: v for k, v in shape.to_dict().items()
+                        if k in ("num_nodes", "depth", "branch", "expand", "lookup_tokens")}, **figures})
+        log(f"  nodes {shape.num_nodes:3d} depth {shape.depth} branch {shape.branch} expand {shape.expand} "
+            f"lookup {shape.lookup_tokens:2d}: {figures['tokens_per_step']:.2f} tokens/step, "
+            f"{figures['step_ms']:.1f} ms/step, {figures['tokens_per_s']:.1f} tokens/s")
+    best = max(range(len(shapes)), key=lambda i: rows[i]["tokens_per_s"])
+    record = {"method": "greedy decoding of the calibration prompts, each candidate timed",
+              "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+              "torch_threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - t0, 1),
+              "expected_tokens_per_step": rows[best]["tokens_per_step"], "candidates": rows}
+    return replace(shapes[best], calibration=record)
+
+
+__all__ = ["CANDIDATES", "LOOKUP_CHOICES", "calibrate_draft_tree", "candidate_shapes", "measure_shape"]

@@ -1,0 +1,124 @@
+"""The eagle3 proposer through ``model.generate``: greedy output equals HF greedy ``generate`` (batch 1 and a
+left-padded batch, with and without the lookup chain) while a fitted drafter gets several tokens per step;
+the per-row trees are the best-scored, ancestor-closed node sets; "sample" acceptance keeps the model's own
+law (chi-square on tokens 1-3, which span the first step's tree)."""
+
+import pytest
+import torch
+from chi_square import chi2_pvalue
+from decoding_helpers import SAMPLER_VOCAB, exact_joint3, left_padded_batch
+
+from medusa import MedusaModel
+from medusa.modeling.eagle3 import base_features
+from medusa.training.eagle3 import ttt_loss
+from medusa.tree import DraftTreeShape
+
+from tiny_models import tiny_model
+
+
+def _fit_drafter(model, sequences: torch.Tensor, steps: int = 200, lr: float = 3e-3) -> MedusaModel:
+    """Train the eagle3 heads on ``sequences [R, T]`` (the base's own greedy text) until they predict it."""
+    feats = base_features(model.base_model, sequences, None, model.heads.feature_layers)
+    opt = torch.optim.Adam(model.heads.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        ttt_loss(model.heads, feats, sequences, sequences, None, decay=0.8).loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """A tiny llama, 4-step eagle3 heads fitted to its greedy continuations of 6 prompts, and the prompts."""
+    base = tiny_model("llama", layers=4, seed=2)
+    torch.manual_seed(0)
+    prompts = torch.randint(3, 96, (6, 5))
+    seqs = base.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=40, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    model = MedusaModel.from_base(base, num_heads=4, head_type="eagle3")
+    return _fit_drafter(model, seqs), prompts
+
+
+@pytest.mark.parametrize("shape", [DraftTreeShape(8, 4, 2, 2), DraftTreeShape(12, 5, 3, 3, lookup_tokens=4)],
+                         ids=["alone", "with-lookup"])
+def test_greedy_equals_hf_batch1_and_accepts(fitted, shape):
+    model, prompts = fitted
+    base = model.base_model
+    gained = []
+    for row in range(3):
+        ids = prompts[row:row + 1]
+        want = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        out = model.generate(ids, max_new_tokens=32, tree=shape, eos_token_id=[],
+                             return_dict_in_generate=True)
+        assert torch.equal(out.sequences, want)
+        gained += list(out.accept_lengths[0])
+    assert sum(gained) / len(gained) > 2.0  # the fitted drafter's drafts are accepted, several per step
+
+
+def test_greedy_equals_hf_left_padded_batch(fitted):
+    model, _ = fitted
+    base = model.base_model
+    ids, mask = left_padded_batch(96, lengths=(9, 6, 4), seed=5)
+    want = base.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=24, tree=DraftTreeShape(8, 4, 2, 2),
+                         eos_token_id=[])
+    assert torch.equal(got, want)
+
+
+def test_drafted_tree_is_the_best_closed_set(fitted):
+    """Row by row, the drafted nodes' parents precede them, masks are ancestor sets, and no node outside the
+    tree scores above the worst node inside it (the pool is what the expansion produced)."""
+    from medusa.decoding.eagle3_proposer import Eagle3Proposer
+
+    model, prompts = fitted
+    shape = DraftTreeShape(10, 4, 3, 2)
+    proposer = Eagle3Proposer(model.heads, shape, torch.float32)
+    ids = prompts[:2]
+    feats = base_features(model.base_model, ids, None, model.heads.feature_layers)
+    root = torch.tensor([7, 9])
+    proposer.prefill(ids, torch.ones_like(ids), feats, root)
+    length = proposer.cache.length
+    proposal = proposer.propose(root, feats[:, -1])
+    assert proposer.cache.length == length  # the drafted entries are dropped after the step's draft
+    tree = proposal.tree
+    for b in range(2):
+        assert int(proposal.tokens[b, 0]) == int(root[b])
+        for i in range(1, shape.num_nodes):
+            p = int(tree.parents[b, i])
+            assert p < i and int(tree.depths[b, i]) == int(tree.depths[b, p]) + 1
+            allowed = {j for j in range(shape.num_nodes) if tree.float_mask[b, i, j] == 0}
+            anc, j = {i}, i
+            while j:
+                j = int(tree.parents[b, j])
+                anc.add(j)
+            assert allowed == anc
+        assert int(tree.depths[b].max()) <= shape.depth
+
+
+def test_sample_keeps_the_models_law():
+    """20,000 rows sampled with a random (unfitted) drafter: the law of the first three new tokens (the first
+    step's tree reaches depth 2, so tokens 2-3 are decided by the tree's acceptance) is the model's own."""
+    base = tiny_model("llama", vocab_size=SAMPLER_VOCAB, layers=4, seed=3)
+    with torch.no_grad():
+        base.lm_head.weight.mul_(0.3)
+    base.generation_config.top_k = None
+    base.generation_config.temperature = 0.8
+    model = MedusaModel.from_base(base, num_heads=3, head_type="eagle3")
+    torch.manual_seed(4)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    prompt = torch.tensor([[3, 5, 4, 6]])
+    n = 20000
+    g = torch.Generator().manual_seed(7)
+    out = model.generate(prompt.repeat(n, 1), max_new_tokens=4, acceptance="sample", eos_token_id=[],
+                         tree=DraftTreeShape(6, 3, 3, 2), generator=g, return_dict_in_generate=True)
+    first_step = torch.tensor([a[0] for a in out.accept_lengths])
+    assert (first_step >= 2).float().mean() > 0.2  # drafted nodes are accepted in the first step
+    x = out.sequences[:, 4:7]
+    v = SAMPLER_VOCAB
+    cells = (x[:, 0] * v + x[:, 1]) * v + x[:, 2]
+    counts = torch.zeros(v ** 3, dtype=torch.float64).index_add_(0, cells, torch.ones(n, dtype=torch.float64))
+    assert chi2_pvalue(counts, exact_joint3(base, prompt).reshape(-1) * n) > 1e-3
