@@ -3,14 +3,21 @@ user errors.
 
 The output-path policy (every command that writes goes through it): a command never deletes or replaces what
 it did not create. An existing non-empty output directory (or an existing output file) is refused unless
-``overwrite``, and then only the names the command writes are replaced; an output that is, or holds, one
-of the command's inputs is refused always. New files and directories get the mode the umask gives
-(``0644`` / ``0755`` under umask 022), not the private mode of the temporary directory they are built in.
+``overwrite``; then only what a medusa command wrote there before is replaced or removed: each output
+directory holds a manifest (``.medusa-manifest.json``: the names written, with each file's size and
+modification time), and a name the manifest does not list, or a file changed since, is the user's — never
+removed, and a collision with it is refused. An output that is, or holds, one of the command's inputs is
+refused always. One run per output at a time (:func:`output_lock`: a ``.<name>.lock`` beside it, held with
+``flock``, so a killed run's lock is simply taken over). New files and directories get the mode the umask
+gives (``0644`` / ``0755`` under umask 022), not the private mode of the temporary directory they are built
+in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -22,6 +29,7 @@ from typing import Any, Iterator
 from medusa.errors import MedusaError
 
 OVERWRITE_HINT = "pass --overwrite to replace the files this command writes (other files are kept)"
+MANIFEST_NAME = ".medusa-manifest.json"
 
 
 # ------------------------------------------------------------------------------------------ modes
@@ -88,15 +96,16 @@ def check_output_dir(target: str | Path, overwrite: bool = False,
 
 def check_output_file(path: str | Path, overwrite: bool = False,
                       inputs: Iterable[str | Path | None] = ()) -> None:
-    """Refuse an output file path that is a directory, is one of ``inputs`` or a file inside one (even with
-    ``overwrite``), or exists (unless ``overwrite``). Raises :class:`MedusaError` naming it."""
+    """Refuse an output file path that is a directory, is one of ``inputs`` or lies inside an input
+    directory (even new, even with ``overwrite``), or exists (unless ``overwrite``). Raises
+    :class:`MedusaError` naming it."""
     path = Path(path)
     _check_parent(path)
     if path.is_dir():
         raise MedusaError(f"{path}: is a directory; give a file path")
-    for item in inputs:  # the input itself, or a file already inside an input directory
+    for item in inputs:  # the input itself, or a file inside an input directory (a checkpoint read)
         if item is not None and str(item) and Path(item).exists() and _within(path, Path(item)) \
-                and (path.exists() or path.resolve() == Path(item).resolve()):
+                and (path.exists() or Path(item).is_dir() or path.resolve() == Path(item).resolve()):
             raise MedusaError(f"{path}: is the input {item}" if path.resolve() == Path(item).resolve()
                               else f"{path}: is part of the input {item}; write the output to another file")
     if path.exists() and not overwrite:
@@ -110,10 +119,68 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _merge_into(tmp: Path, target: Path, owns: Iterable[str]) -> None:
-    """Move every entry of ``tmp`` into ``target``, replacing same-named entries; entries named in ``owns``
-    that ``tmp`` lacks are removed (a stale ``tree.json`` must not survive); anything else is kept."""
-    written = {p.name for p in tmp.iterdir()}
+# ------------------------------------------------------------------------------------------ the manifest
+def _stamp(path: Path) -> list[int] | None:
+    """A file's ``[size, mtime_ns]`` (None for a directory): what tells an unchanged file of ours."""
+    if path.is_dir() and not path.is_symlink():
+        return None
+    st = path.lstat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def read_manifest(folder: Path) -> dict[str, list[int] | None]:
+    """The names a medusa command wrote into ``folder`` (name -> stamp); empty when there is no manifest,
+    or it is not one (then nothing there counts as ours)."""
+    try:
+        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        entries = data["entries"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(entries, dict):
+        return {}
+    return {k: v for k, v in entries.items() if _plain_name(k) and (v is None or (
+        isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)))}
+
+
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and "/" not in name and name not in ("", ".", "..", MANIFEST_NAME)
+
+
+def ours(folder: Path, name: str, manifest: dict[str, list[int] | None] | None = None) -> bool:
+    """``folder/name`` was written by a medusa command and is unchanged since (a directory: listed)."""
+    manifest = read_manifest(folder) if manifest is None else manifest
+    path = folder / name
+    if name not in manifest or not (path.exists() or path.is_symlink()):
+        return False
+    return manifest[name] == _stamp(path)
+
+
+def record_in_manifest(folder: str | Path, names: Iterable[str]) -> None:
+    """Add ``names`` (just written into ``folder``) to its manifest, with their current stamps."""
+    folder = Path(folder)
+    entries = read_manifest(folder)
+    entries.update({name: _stamp(folder / name) for name in names})
+    _write_manifest(folder, entries)
+
+
+def _write_manifest(folder: Path, entries: dict[str, list[int] | None]) -> None:
+    atomic_write_text(folder / MANIFEST_NAME, json.dumps({"format": "medusa-manifest", "version": 1,
+                                                          "entries": entries}, indent=1) + "\n")
+
+
+def _merge_into(tmp: Path, target: Path) -> None:
+    """Move every entry of ``tmp`` into ``target``. A same-named entry is replaced, and an entry the manifest
+    lists that ``tmp`` lacks is removed (a stale ``tree.json`` must not survive), only when a medusa command
+    wrote it (the manifest, unchanged since); a collision with anything else is refused before anything
+    moves; every other entry is kept."""
+    manifest = read_manifest(target)
+    written = {p.name for p in tmp.iterdir()} - {MANIFEST_NAME}
+    for name in sorted(written):
+        dest = target / name
+        if (dest.exists() or dest.is_symlink()) and not ours(target, name, manifest):
+            raise MedusaError(f"{dest}: exists and was not written by medusa (or changed since); --overwrite "
+                              "replaces only what medusa wrote there: remove it or choose another output")
+    stale = {name for name in manifest if name not in written and ours(target, name, manifest)}
     for name in sorted(written):
         dest = target / name
         if (dest.is_dir() and not dest.is_symlink()) or (dest.exists() and (tmp / name).is_dir()):
@@ -123,9 +190,61 @@ def _merge_into(tmp: Path, target: Path, owns: Iterable[str]) -> None:
             _remove(old)
         else:
             os.replace(tmp / name, dest)
-    for name in set(owns) - written:
+    for name in stale:
         _remove(target / name)
+    kept = {name: stamp for name, stamp in manifest.items()  # still ours, neither removed nor rewritten
+            if name not in stale and name not in written and ours(target, name, manifest)}
+    _write_manifest(target, {**kept, **{name: _stamp(target / name) for name in written}})
+    (tmp / MANIFEST_NAME).unlink(missing_ok=True)
     tmp.rmdir()
+
+
+# ------------------------------------------------------------------------------------------ the lock
+def _lock_path(path: Path) -> Path:
+    """``.<name>.lock`` beside ``path`` (in its nearest existing ancestor while the parent is missing)."""
+    path = Path(os.path.abspath(path))
+    parent, parts = path.parent, [path.name]
+    while not parent.exists() and parent != parent.parent:
+        parts.insert(0, parent.name)
+        parent = parent.parent
+    return parent / f".{'__'.join(parts)}.lock"
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path) -> Iterator[None]:
+    """Hold the lock of output ``path`` for the body: a second run on the same output is refused naming
+    the holder's pid. The lock is an ``flock`` on ``.<name>.lock`` (removed at the end): a killed run's
+    lock file is taken over, never stuck."""
+    lock = _lock_path(Path(path))
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise MedusaError(f"{lock}: cannot create the output's lock file ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise MedusaError(f"{lock}: cannot lock ({exc.strerror})") from None
+            raise MedusaError(f"{path}: another run (pid {holder}) is writing this output; wait for it to "
+                              f"finish (lock: {lock})") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file as we opened it: lock the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -134,26 +253,31 @@ def atomic_directory(target: str | Path, overwrite: bool = False, inputs: Iterab
     """Yield a temp directory next to ``target``; on success its files land in ``target``.
 
     ``target`` absent or empty: one rename puts the whole directory in place. ``target`` not empty: refused
-    unless ``overwrite``, which replaces only the names written (and removes the names in ``owns`` that were
-    not written), keeping every other file. A ``target`` holding one of ``inputs`` is always refused. If the
-    body raises, the temp directory is removed and ``target`` is left exactly as it was.
+    unless ``overwrite``, which replaces the names written and removes what an earlier medusa command wrote
+    there and this one did not (the manifest), keeping every other file; a written name colliding with a
+    file medusa did not write is refused. ``owns``: kept for callers, unused (the manifest decides). A
+    ``target`` holding one of ``inputs`` is always refused. If the body raises, the temp directory is
+    removed and ``target`` is left exactly as it was.
     """
     target = Path(target)
     inputs = list(inputs)
     check_output_dir(target, overwrite, inputs)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield tmp
-        give_umask_mode(tmp)
-        if target.is_dir() and any(target.iterdir()):
-            check_output_dir(target, overwrite, inputs)  # again: it may have changed meanwhile
-            _merge_into(tmp, target, owns)
-        else:
-            os.replace(tmp, target)  # over an empty directory too
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with output_lock(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            yield tmp
+            entries = {p.name: None for p in tmp.iterdir()}
+            give_umask_mode(tmp)
+            if target.is_dir() and any(target.iterdir()):
+                check_output_dir(target, overwrite, inputs)  # again: it may have changed meanwhile
+                _merge_into(tmp, target)
+            else:
+                _write_manifest(tmp, {name: _stamp(tmp / name) for name in entries})
+                os.replace(tmp, target)  # over an empty directory too
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -226,8 +350,29 @@ def read_yaml(path: str | Path, error_cls: type[MedusaError] = MedusaError,
     _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     text = read_text(path, error_cls)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        value = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         raise error_cls(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    size = _expanded_size(value, {})
+    if size > MAX_YAML_VALUES:
+        raise error_cls(f"{path}: its aliases expand to {size:,} values (at most {MAX_YAML_VALUES:,}); "
+                        "write the values out or use fewer nested aliases")
+    return value
+
+
+MAX_YAML_VALUES = 100_000  # a YAML file's values once its aliases are expanded (an alias bomb stops here)
+
+
+def _expanded_size(value: Any, memo: dict[int, int]) -> int:
+    """How many values ``value`` holds with every alias expanded, counted once per distinct container
+    (aliases share one Python object), so a 9^9 bomb is counted in microseconds, never walked."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    key = id(value)
+    if key not in memo:
+        memo[key] = 0  # a recursive alias counts as nothing more while it is being counted
+        items = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+        memo[key] = 1 + sum(_expanded_size(item, memo) for item in items)
+    return memo[key]

@@ -10,13 +10,17 @@ import pytest
 
 from medusa.errors import ConfigError, MedusaError
 from medusa.io import (
+    MANIFEST_NAME,
     atomic_directory,
     atomic_write_text,
     check_output_dir,
     check_output_file,
+    output_lock,
     read_json,
+    read_manifest,
     read_text,
     read_yaml,
+    umask,
 )
 
 
@@ -55,21 +59,64 @@ def test_non_empty_output_is_refused_and_left_alone(tmp_path):
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
 
 
-def test_overwrite_replaces_only_what_is_written_and_owned(tmp_path):
+def test_overwrite_replaces_only_what_medusa_wrote_there(tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
+    with atomic_directory(out) as tmp:  # an earlier run: its names go into the manifest
+        for name in ("a.json", "tree.json", "gone.json"):
+            (tmp / name).write_text("old")
+        (tmp / "base_model").mkdir()
+        (tmp / "base_model" / "old.bin").write_text("old")
+    assert set(read_manifest(out)) == {"a.json", "tree.json", "gone.json", "base_model"}
     (out / "mine.txt").write_text("the user's")
-    (out / "a.json").write_text("old")
-    (out / "tree.json").write_text("stale tree")
-    (out / "base_model").mkdir()
-    (out / "base_model" / "old.bin").write_text("old")
-    with atomic_directory(out, overwrite=True, owns=("a.json", "tree.json", "base_model")) as tmp:
+    (out / "gone.json").write_text("edited by the user since")  # no longer ours: kept
+    with atomic_directory(out, overwrite=True) as tmp:
         (tmp / "a.json").write_text("new")
         (tmp / "base_model").mkdir()
         (tmp / "base_model" / "new.bin").write_text("new")
     assert (out / "mine.txt").read_text() == "the user's"
+    assert (out / "gone.json").read_text() == "edited by the user since"
     assert (out / "a.json").read_text() == "new" and not (out / "tree.json").exists()
     assert [p.name for p in (out / "base_model").iterdir()] == ["new.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert set(read_manifest(out)) == {"a.json", "base_model"}
+
+
+def test_overwrite_never_replaces_or_removes_a_file_medusa_did_not_write(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").mkdir()  # the user's folder, with a name the command writes
+    (out / "model.safetensors" / "x").write_text("the user's")
+    (out / "tree.json").write_text("the user's tree")
+    (out / MANIFEST_NAME).write_text('{"entries": {"tree.json": [1, 2]}}')  # a stale or forged stamp
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(MedusaError, match="model.safetensors: exists and was not written by medusa"):
+        with atomic_directory(out, overwrite=True) as tmp:
+            (tmp / "model.safetensors").write_text("new")
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before
+    with atomic_directory(out, overwrite=True) as tmp:
+        (tmp / "other.json").write_text("new")
+    assert (out / "tree.json").read_text() == "the user's tree"
+
+
+def test_one_run_per_output_and_a_dead_runs_lock_is_taken_over(tmp_path):
+    out = tmp_path / "out"
+    with output_lock(out):
+        lock = tmp_path / ".out.lock"
+        assert lock.read_text().strip() == str(os.getpid())
+        with pytest.raises(MedusaError, match=f"another run \\(pid {os.getpid()}\\) is writing"):
+            with output_lock(out):
+                pass
+        with pytest.raises(MedusaError, match="another run"):
+            with atomic_directory(out) as tmp:
+                (tmp / "a").write_text("x")
+    assert not lock.exists() and not out.exists()
+    lock.write_text("999999999\n")  # a killed run's lock file: nobody holds it
+    with atomic_directory(out) as tmp:
+        (tmp / "a").write_text("x")
+    assert not lock.exists() and (out / "a").read_text() == "x"
+    with output_lock(tmp_path / "missing" / "deeper" / "out"):  # parents not created, lock beside them
+        assert (tmp_path / ".missing__deeper__out.lock").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
@@ -78,7 +125,8 @@ def test_empty_directory_is_filled_and_a_failed_body_changes_nothing(tmp_path):
     out.mkdir()
     with atomic_directory(out) as tmp:
         (tmp / "a.json").write_text("{}")
-    assert [p.name for p in out.iterdir()] == ["a.json"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST_NAME, "a.json"]
+    assert (out / "a.json").stat().st_mode & 0o777 == 0o666 & ~umask()
     with pytest.raises(RuntimeError):
         with atomic_directory(tmp_path / "new") as tmp:
             (tmp / "half").write_text("x")

@@ -36,6 +36,7 @@ from medusa.calibrate.auto import AUTO_SIZES, choose_size, timing_prompt
 from medusa.calibrate.lookup import choose_lookup
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.errors import DataError, MedusaError
+from medusa.io import record_in_manifest
 from medusa.modeling.config import TREE_NAME
 from medusa.modeling.draft_vocab import draft_vocab_summary
 from medusa.tree.build import build_tree_choices, expected_tokens_per_step
@@ -360,7 +361,9 @@ def calibration_record(choices: Sequence[Sequence[int]], stats: HeadStats, table
 
 
 def write_tree(checkpoint: str | Path, tree: MedusaTree) -> Path:
-    """Write ``tree.json`` into the checkpoint (atomically; the heads file is not touched)."""
+    """Write ``tree.json`` into the checkpoint (atomically; the heads file is not touched) and record it in
+    the checkpoint's manifest (medusa wrote it: a later ``--overwrite`` there may replace it)."""
     path = Path(checkpoint) / TREE_NAME
     tree.to_json(path)
+    record_in_manifest(checkpoint, [TREE_NAME])
     return path

@@ -33,13 +33,16 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     inputs = [args.data]
     check_output_file(Path(args.heads) / TREE_NAME, args.overwrite, inputs)
     if not args.no_plots:
+        folder = Path(args.plots or args.heads)
+        if Path(args.data).exists() and Path(args.data).resolve().parent == folder.resolve():
+            raise MedusaError(f"{folder}: holds the input {args.data} (--data); the plots would be written "
+                              "beside it: give --plots another folder, or --no-plots")
         for name in PLOTS:
-            check_output_file(Path(args.plots or args.heads) / name, args.overwrite, inputs)
+            check_output_file(folder / name, args.overwrite, inputs)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from medusa.calibrate.calibrate import calibrate, write_tree
-    from medusa.calibrate.plot import plot_accuracy, plot_tree
     from medusa.data import load_tokenized
     from medusa.modeling import MedusaModel
     from medusa.modeling.base import load_tokenizer
@@ -59,27 +62,52 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     data = load_tokenized(args.data, tokenizer, max_length=args.max_length, format=args.format,
                           chat_template=args.chat_template, skip_invalid=args.skip_invalid)
     examples = data.examples[: args.max_examples] if args.max_examples else data.examples
+    if model.config.head_type == "eagle3":  # an autoregressive drafter: its tree is timed, not predicted
+        return _calibrate_drafter(args, model, examples)
     tree = calibrate(model, examples, nodes=args.nodes, topk=args.topk, max_depth=args.max_depth,
                      method=args.method, data_name=str(args.data), batch_size=args.batch_size,
                      progress=not args.quiet, lookup_tokens=args.lookup_tokens)
     if data.skipped:
         tree.calibration["skipped_rows"] = dict(data.skipped)
-    path = write_tree(args.heads, tree)
+    out = Path(args.plots or args.heads)
+    new = [] if args.no_plots else [out / n for n in PLOTS if not (out / n).exists()] + \
+        ([] if out.exists() else [out])  # what this run creates: removed again if it fails
+    try:
+        plots = _write_plots(args, tree) if not args.no_plots else []
+        path = write_tree(args.heads, tree)  # last: a run that fails before leaves no tree.json behind
+    except BaseException:
+        _remove_new(new)
+        raise
     cal = tree.calibration
-    plots = []
-    if not args.no_plots:
-        out = Path(args.plots or args.heads)
-        out.mkdir(parents=True, exist_ok=True)
-        plots.append(plot_accuracy(cal["accuracy"], out / PLOTS[0],
-                                   title=f"head accuracy by rank ({cal['num_positions']:,} positions)"))
-        weights = {tuple(c): cal_w for c, cal_w in _path_weights(tree, cal).items()}
-        plots.append(plot_tree(tree.choices, out / PLOTS[1], weights=weights,
-                               title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} "
-                                     f"tokens/step"))
     _print_summary(cal, tree, path, args.data)
     for p in plots:
         print(f"wrote {p}")
     return 0
+
+
+def _remove_new(paths: list[Path]) -> None:
+    """A failed run removes the files (then the folder) it created."""
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _write_plots(args: argparse.Namespace, tree: Any) -> list[Path]:
+    """The accuracy and tree plots, into ``--plots`` or the checkpoint."""
+    from medusa.calibrate.plot import plot_accuracy, plot_tree
+
+    cal, out = tree.calibration, Path(args.plots or args.heads)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = [plot_accuracy(cal["accuracy"], out / PLOTS[0],
+                           title=f"head accuracy by rank ({cal['num_positions']:,} positions)")]
+    weights = {tuple(c): cal_w for c, cal_w in _path_weights(tree, cal).items()}
+    plots.append(plot_tree(tree.choices, out / PLOTS[1], weights=weights,
+                           title=f"{len(tree)} nodes, expected {cal['expected_tokens_per_step']:.2f} "
+                                 f"tokens/step"))
+    return plots
 
 
 def _print_summary(cal: dict, tree: Any, path: Any, data: str) -> None:
@@ -111,6 +139,31 @@ def _print_summary(cal: dict, tree: Any, path: Any, data: str) -> None:
         print(f"a dynamic tree of {len(tree)} nodes (--tree dynamic --nodes {len(tree)}) would give "
               f"{dyn['calibrated']:.2f} tokens/step on this data ({dyn['raw']:.2f} with raw head "
               "probabilities)")
+
+
+def _calibrate_drafter(args: argparse.Namespace, model: Any, examples: list[dict]) -> int:
+    """eagle3 heads: the draft tree (depth, branching, nodes, lookup chain) with the most tokens/s in greedy
+    decoding of the held-out conversations' prompts (:mod:`medusa.calibrate.draft_tree`); no plots."""
+    import torch
+
+    from medusa.calibrate.draft_tree import calibrate_draft_tree
+    from medusa.errors import MedusaError
+    from medusa.modeling.config import TREE_NAME
+
+    prompts = []
+    for ex in examples[: args.max_examples or 12]:
+        labelled = [i for i, y in enumerate(ex["labels"]) if y != -100]
+        if labelled and labelled[0] > 0:  # the conversation up to its first reply token
+            prompts.append(torch.tensor([ex["input_ids"][: labelled[0]]], dtype=torch.long))
+    if not prompts:
+        raise MedusaError(f"{args.data}: no conversation with a prompt and a reply to decode")
+    shape = calibrate_draft_tree(model, prompts, log=(lambda _: None) if args.quiet else print)
+    path = Path(args.heads) / TREE_NAME
+    shape.to_json(path)
+    print(f"wrote {path}: {shape.num_nodes} nodes, depth {shape.depth}, branch {shape.branch}, expand "
+          f"{shape.expand}, lookup {shape.lookup_tokens}: "
+          f"{shape.calibration['expected_tokens_per_step']:.2f} tokens/step on {len(prompts)} prompts")
+    return 0
 
 
 def _path_weights(tree, cal) -> dict:

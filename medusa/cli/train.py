@@ -7,6 +7,7 @@ before a model loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -21,21 +22,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output_dir holds an earlier run or other files: train from scratch there "
                              "anyway, removing only the earlier run's final/, checkpoints, metrics.jsonl and "
                              "recipe.json (train.resume=auto continues a run instead)")
+    parser.add_argument("--resume-changed", action="store_true",
+                        help="resume even though the recipe or the data files changed since the checkpoint "
+                             "(the changes are recorded in metrics.jsonl)")
 
 
-def run(recipe_path: str, overrides: Sequence[str], overwrite: bool = False) -> int:
+def run(recipe_path: str, overrides: Sequence[str], overwrite: bool = False,
+        resume_changed: bool = False) -> int:
+    import os
+
     from medusa.config import load_recipe
+    from medusa.io import output_lock
     from medusa.training.loop import train
 
     recipe = load_recipe(recipe_path, list(overrides))  # every config error surfaces before a model loads
-    result = train(recipe, overwrite=overwrite)
+    # one run per output_dir: the launch's first process holds the lock (the others follow it)
+    lock = output_lock(recipe.output_dir) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
+    with lock:
+        result = train(recipe, overwrite=overwrite, resume_changed=resume_changed)
     if result.final_dir is not None:
         print(f"final heads: {result.final_dir}")
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    return run(args.recipe, args.overrides, args.overwrite)
+    return run(args.recipe, args.overrides, args.overwrite, args.resume_changed)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def call() -> int:
         args = parser.parse_args([a for a in argv if a != "--debug"])
-        return run(args.recipe, args.overrides, args.overwrite)
+        return run(args.recipe, args.overrides, args.overwrite, args.resume_changed)
 
     with quiet_libraries():
         return run_command(call, debug)

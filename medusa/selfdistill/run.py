@@ -22,6 +22,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from medusa.errors import ConfigError, MedusaError
+from medusa.io import output_lock
 from medusa.selfdistill import synthesize as syn
 from medusa.selfdistill.backends.base import BatchBackend, Sampling, ServerBackend
 from medusa.selfdistill.backends.local import LocalBackend, load_tokenizer, require_chat_template
@@ -150,10 +151,11 @@ def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name
     meta = writer.first_meta
     if not meta:
         return
-    for key, value in (("mode", cfg.mode), ("model", model_name)):
+    for key, value in (("mode", cfg.mode), ("model", model_name), ("sampling", cfg.sampling.to_dict())):
         if meta.get(key) != value:
             raise MedusaError(f"{cfg.out} already holds rows with {key} {meta.get(key)!r}, not {value!r}: "
-                              "use another --out to start a new file")
+                              "rows made with other settings are not appended; use another --out to start "
+                              "a new file")
 
 
 def _row(cfg: SelfDistillConfig, prompt: Prompt, sample: int, outcome: Outcome, model_name: str) -> dict:
@@ -304,15 +306,8 @@ def _generate(cfg: SelfDistillConfig, writer: ResumableWriter, todo: list[tuple[
     _consume(cfg, _stream(cfg, backend, todo), writer, model_name, len(todo), summary)
 
 
-def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """Generate the dataset described by ``cfg``; returns a summary (rows, errors, tokens, rates).
-
-    ``model``/``tokenizer`` let a caller pass an in-process model to the local backend (``cfg.model`` then
-    only names it in the metadata). Everything that can be checked is checked before a model loads.
-    """
-    cfg.validate()
-    tokenizer, opts = _tokenizers(cfg, tokenizer)
-    started = time.monotonic()
+def _write_rows(cfg: SelfDistillConfig, model: Any, tokenizer: Any, opts: PromptOptions) -> dict[str, Any]:
+    """Synthesize prompts if asked, then generate and append the rows ``cfg.out`` lacks (lock held)."""
     backend, synthesis = None, {}
     if cfg.synthesize_prompts:
         backend, synthesis = _synthesize(cfg, model, tokenizer)
@@ -330,6 +325,20 @@ def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = Non
         }
         if todo:
             _generate(cfg, writer, todo, model, tokenizer, summary, backend)
+    return summary
+
+
+def self_distill(cfg: SelfDistillConfig, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Generate the dataset described by ``cfg``; returns a summary (rows, errors, tokens, rates).
+
+    ``model``/``tokenizer`` let a caller pass an in-process model to the local backend (``cfg.model`` then
+    only names it in the metadata). Everything that can be checked is checked before a model loads.
+    """
+    cfg.validate()
+    tokenizer, opts = _tokenizers(cfg, tokenizer)
+    started = time.monotonic()
+    with output_lock(cfg.out):  # one run per output: a second one would write the same rows
+        summary = _write_rows(cfg, model, tokenizer, opts)
     summary["elapsed_s"] = round(time.monotonic() - started, 3)
     gen = summary.get("generation_s") or 0.0
     summary["rows_per_s"] = round((summary["written"] + summary["errors"]) / gen, 3) if gen else 0.0

@@ -4,9 +4,13 @@ Resume rules (documented in the README):
 
 - Rows already in ``out`` are skipped on a re-run. A line cut short by a kill (no trailing newline or not
   valid JSON at the end of the file) is removed before appending, so its row is generated again: no
-  duplicates, nothing lost.
+  duplicates, nothing lost. Only in a file shown to be a self-distillation output: every complete line a
+  row of ours (``metadata.source_id`` / ``sample``), at least one of them, and the cut line starting the
+  way our rows start (``{"id": `` / ``{"source_id": ``); anything else is refused and left untouched.
 - Rows in ``<out>.errors.jsonl`` are also skipped unless ``retry_errors`` is set, in which case their
   error lines are removed (atomically) and they are attempted again.
+- Nothing is changed on disk (repair, errors cleared) until the first row is written: a run refused after
+  opening the writer leaves both files byte-identical.
 """
 
 from __future__ import annotations
@@ -37,11 +41,15 @@ def row_key(row: dict[str, Any]) -> Key:
     raise KeyError("row has no metadata.source_id / metadata.sample")
 
 
+_ROW_START = {"output": b'{"id": ', "errors": b'{"source_id": '}
+
+
 def _repair_tail(path: Path, data: bytes) -> None:
     """Cut a partial last line (a write interrupted by a kill: not JSON) so appends start on a fresh line;
-    a complete row that only lacks its newline gets it. Called once every line is known to be ours."""
+    a complete row that only lacks its newline gets it. Called once every line is known to be ours, and
+    only if ``path`` still holds ``data`` (the bytes checked)."""
     cut = data.rfind(b"\n") + 1
-    if cut == len(data):
+    if cut == len(data) or path.read_bytes() != data:
         return
     try:
         json.loads(data[cut:])
@@ -53,30 +61,33 @@ def _repair_tail(path: Path, data: bytes) -> None:
         fh.write(b"\n")
 
 
-def _partial_row(raw: bytes) -> bool:
-    """The last line is a row cut short by a kill: UTF-8 text starting like a row but not JSON."""
+def _partial_row(raw: bytes, what: str) -> bool:
+    """The last line is a row cut short by a kill: UTF-8 text starting as our rows start, but not JSON."""
     try:
         text = raw.decode("utf-8")
         json.loads(text)
     except UnicodeDecodeError:
         return False
     except ValueError:
-        return text.startswith("{")
+        return raw.startswith(_ROW_START[what])
     return False
 
 
-def read_keys(path: Path, what: str) -> tuple[set[Key], dict[str, Any] | None]:
-    """Keys of the complete rows in ``path`` and the metadata of its first row. A file that is not ours (a
-    line that is not a self-distill row, or not UTF-8) is an error naming it and is left untouched."""
+def read_keys(path: Path, what: str) -> tuple[set[Key], dict[str, Any] | None, bytes | None]:
+    """Keys of the complete rows in ``path``, the metadata of its first row, and the bytes checked (for
+    :func:`_repair_tail`, applied before the first append; None: nothing to repair). A file that is not ours
+    (a line that is not a self-distill row, not UTF-8, or only a cut line) is an error naming it and is left
+    untouched."""
     keys: set[Key] = set()
     first_meta = None
     if not path.exists():
-        return keys, None
+        return keys, None, None
     if path.is_dir():
         raise DataError(f"{path}: is a directory; --out must be a JSONL file path")
     data = path.read_bytes()
     lines = data.split(b"\n")
-    if _partial_row(lines[-1]):
+    partial = _partial_row(lines[-1], what)
+    if partial:
         lines.pop()  # checked, then cut by _repair_tail
     for lineno, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -92,8 +103,10 @@ def read_keys(path: Path, what: str) -> tuple[set[Key], dict[str, Any] | None]:
                             "use a different --out or remove the file") from None
         if first_meta is None:
             first_meta = row.get("metadata")
-    _repair_tail(path, data)
-    return keys, first_meta
+    if partial and not keys:
+        raise DataError(f"{path}:{len(lines) + 1}: not JSON, and no complete self-distill {what} row before "
+                        "it: not a self-distillation file; use a different --out or remove the file")
+    return keys, first_meta, data
 
 
 class ResumableWriter:
@@ -102,12 +115,11 @@ class ResumableWriter:
     def __init__(self, out: str | Path, retry_errors: bool = False, fsync_every_s: float = 2.0) -> None:
         self.out = Path(out)
         self.errors = errors_path(self.out)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.done, self.first_meta = read_keys(self.out, "output")
-        error_keys, _ = read_keys(self.errors, "errors")
-        if retry_errors and error_keys:
-            atomic_write_text(self.errors, "")  # every failed row is tried again (re-logged if it fails)
-            error_keys = set()
+        self.done, self.first_meta, self._out_data = read_keys(self.out, "output")
+        error_keys, _, self._err_data = read_keys(self.errors, "errors")
+        self._clear_errors = bool(retry_errors and error_keys)
+        if self._clear_errors:
+            error_keys = set()  # every failed row is tried again (re-logged if it fails)
         elif error_keys:
             # an errors row whose key was written later (an earlier retry succeeded) is not an error any more
             error_keys -= self.done
@@ -141,6 +153,13 @@ class ResumableWriter:
     def _open_out(self) -> Any:
         """The output, opened (created) once generation has a first outcome, a row or an error row."""
         if self._fh is None:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            if self._out_data is not None:
+                _repair_tail(self.out, self._out_data)
+            if self._clear_errors:
+                atomic_write_text(self.errors, "")
+            elif self._err_data is not None:
+                _repair_tail(self.errors, self._err_data)
             self._fh = open(self.out, "a", encoding="utf-8")
         return self._fh
 

@@ -11,12 +11,16 @@ looks complete; files get the umask's mode.
 
 The output directory's policy (:func:`check_output_dir`): a run starts fresh only in an empty (or new)
 ``output_dir``; one that holds an earlier run (``final/``, checkpoints, ``metrics.jsonl``) or other files is
-refused unless the run resumes (``train.resume``) or ``overwrite`` is given, which removes only the earlier
-run's own files. A resumed run cuts ``metrics.jsonl`` back to the checkpoint's step before appending.
+refused unless the run resumes from a checkpoint inside it (``train.resume``) or ``overwrite`` is given,
+which removes only the earlier run's own files. A resume from a checkpoint elsewhere gets the fresh run's
+guard. A resumed run keeps ``recipe.json`` and cuts ``metrics.jsonl`` back to the checkpoint's step before
+appending. A resume whose recipe (beyond logging / saving keys) or data files changed since the checkpoint
+is refused (:func:`resume_changes`) unless allowed; then the changes are recorded in ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -67,6 +71,67 @@ def resolve_resume(resume: str | None, output_dir: str | Path) -> Path | None:
     return path
 
 
+# recipe keys a resumed run may change freely (where it writes and how often it logs, saves, evaluates)
+RESUME_FREE_KEYS = frozenset({"output_dir", "train.resume", "train.logging_steps", "train.save_steps",
+                              "train.eval_steps", "report_to"})
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def data_fingerprint(paths: list[str | None]) -> str | None:
+    """sha256 over the bytes of the local data files ``paths`` (a directory: its files, by relative path);
+    None when none is local (hub datasets: the recipe's name is what is compared)."""
+    digest, seen = hashlib.sha256(), False
+    for item in paths:
+        path = Path(item).expanduser() if item else None
+        if path is None or not path.exists():
+            continue
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        for f in files:
+            seen = True
+            digest.update(str(f.relative_to(path) if path.is_dir() else f.name).encode() + b"\0")
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest() if seen else None
+
+
+def resume_changes(recipe: dict[str, Any], path: Path, fingerprint: str | None,
+                   allow: bool) -> dict[str, list[Any]]:
+    """What changed since checkpoint ``path``: recipe keys (``[old, new]``, the free keys aside) and the data
+    files' contents. Refused (naming them) unless ``allow``; returns the changes to record."""
+    try:
+        state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
+        old = _flat(state["recipe"]) if isinstance(state.get("recipe"), dict) else {}
+        step = state["global_step"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"train.resume: {path / STATE_NAME}: not a trainer state ({exc})") from None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"train.resume: {path / STATE_NAME}: global_step {step!r} is not a step")
+    new = _flat(recipe)
+    changes = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+               if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k)}
+    if not old:  # an older or foreign checkpoint: nothing to compare with
+        changes = {"recipe (not recorded in the checkpoint)": [None, "this run's"]}
+    before = state.get("data_fingerprint")
+    if before and fingerprint and before != fingerprint:
+        changes["data (file contents)"] = [before, fingerprint]
+    if changes and not allow:
+        named = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        raise ConfigError(f"train.resume: {path} was made with another recipe or data ({named[:400]}); "
+                          "pass --resume-changed to resume anyway (the changes are recorded in "
+                          "metrics.jsonl), or start a new run")
+    return changes
+
+
 def check_no_pickles(path: Path) -> None:
     """Refuse a checkpoint holding a file a load would unpickle (anything but the optimizer's weights-only
     state): one :class:`CheckpointError` naming the file. Called before anything loads."""
@@ -83,6 +148,12 @@ def check_no_pickles(path: Path) -> None:
 def _within(path: Path, folder: Path) -> bool:
     path, folder = path.resolve(), folder.resolve()
     return path == folder or folder in path.parents
+
+
+def resumes_in_place(resume_from: Path | None, output_dir: str | Path) -> bool:
+    """The run resumes from a checkpoint inside its own ``output_dir`` (the only resume that may find the
+    directory holding a run: a checkpoint from elsewhere gets the fresh run's guard)."""
+    return resume_from is not None and _within(resume_from, Path(output_dir))
 
 
 def check_output_dir(output_dir: str | Path, resuming: bool, overwrite: bool,
@@ -218,6 +289,17 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: 
     gives the files the umask's mode and renames. No pickle is left but the weights-only optimizer state."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
+    try:
+        _save_into(accelerator, tmp, final, step, state, scheduler)
+    except BaseException:  # a full disk, a kill: no half-written temp directory is left in the way
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _save_into(accelerator: Any, tmp: Path, final: Path, step: int, state: dict[str, Any],
+               scheduler: Any) -> None:
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -235,7 +317,6 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: 
             shutil.rmtree(final)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
-    return final
 
 
 def load_checkpoint(accelerator: Any, path: Path, scheduler: Any) -> dict[str, Any]:

@@ -33,9 +33,12 @@ from medusa.training import setup as S
 from medusa.training.checkpoint import (
     METRICS_NAME,
     check_output_dir,
+    data_fingerprint,
     load_checkpoint,
     remove_run_files,
     resolve_resume,
+    resume_changes,
+    resumes_in_place,
     save_checkpoint,
     truncate_metrics,
 )
@@ -244,21 +247,27 @@ def _draft_vocab(recipe: Recipe, model: MedusaModel, examples: list[dict[str, li
                       f"{coverage(token_map, labels):.2%} of the training labels")
 
 
-def _open_output(run: Run, step: int, resume_from: Path | None, stale: list[Path]) -> None:
-    """recipe.json, trackers, a fresh metrics log (a resumed run's is cut back to its step, then appended
-    to), the run's summary line. ``stale``: an earlier run's files that ``--overwrite`` removes."""
+def _open_output(run: Run, step: int, resume_from: Path | None, stale: list[Path],
+                 changes: dict[str, Any]) -> None:
+    """recipe.json (a resumed run keeps the one there), trackers, a fresh metrics log (a resumed run's is cut
+    back to its step, then appended to, first with the recipe / data ``changes`` it was allowed), the run's
+    summary line. ``stale``: an earlier run's files that ``--overwrite`` removes."""
     accelerator, recipe = run.accelerator, run.recipe
     accelerator.wait_for_everyone()  # every process has checked output_dir before anything is removed
     if accelerator.is_main_process:
         remove_run_files(stale)
         run.out_dir.mkdir(parents=True, exist_ok=True)
-        (run.out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
+        if step == 0 or not (run.out_dir / "recipe.json").exists():
+            (run.out_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2) + "\n")
     if recipe.report_to != "none":
         accelerator.init_trackers("medusa", config=_flat(recipe.to_dict()))
     if accelerator.is_main_process and step == 0:
         run.metrics_path.unlink(missing_ok=True)
     elif accelerator.is_main_process:
         truncate_metrics(run.metrics_path, step)
+        if changes:
+            _write_metrics(run.metrics_path, {"step": step, "resumed_from": str(resume_from),
+                                              "resume_changes": changes})
     if accelerator.is_main_process:
         train, plan = run.data.train, run.plan
         accelerator.print(f"train: {len(train)} examples ({train.num_label_tokens:,} trained tokens)"
@@ -318,24 +327,28 @@ def _inputs(recipe: Recipe) -> dict[str, str | None]:
 
 
 def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True,
-          overwrite: bool = False) -> TrainResult:
+          overwrite: bool = False, resume_changed: bool = False) -> TrainResult:
     """Run the recipe. ``stop_at_step`` ends this session after that optimizer step (saving a checkpoint
     there) without writing ``final/``; a later run with ``train.resume: auto`` continues it.
     ``progress=False``: no progress bar (the main process draws it otherwise). An ``output_dir`` holding
     an earlier run or other files is refused unless the run resumes or ``overwrite`` (which removes only
-    the earlier run's files: ``final/``, checkpoints, ``metrics.jsonl``, ``recipe.json``)."""
+    the earlier run's files: ``final/``, checkpoints, ``metrics.jsonl``, ``recipe.json``). A resume whose
+    recipe or data changed since its checkpoint is refused unless ``resume_changed`` (then recorded)."""
     from tqdm.auto import tqdm
 
     method = method_of(recipe)
     method.check_recipe(recipe)  # before anything loads
     resume_from = resolve_resume(recipe.train.resume, Path(recipe.output_dir))
-    stale = check_output_dir(recipe.output_dir, resume_from is not None, overwrite, _inputs(recipe),
-                             keep=recipe.train.hidden_cache)
+    stale = check_output_dir(recipe.output_dir, resumes_in_place(resume_from, recipe.output_dir), overwrite,
+                             _inputs(recipe), keep=recipe.train.hidden_cache)
+    fingerprint = data_fingerprint([recipe.data.train, recipe.data.eval])
+    changes = (resume_changes(recipe.to_dict(), resume_from, fingerprint, resume_changed)
+               if resume_from is not None else {})
     run = _build(recipe, method, progress)
     plan, t = run.plan, recipe.train
     step = (int(load_checkpoint(run.accelerator, resume_from, run.scheduler)["global_step"])
             if resume_from is not None else 0)
-    _open_output(run, step, resume_from, stale)
+    _open_output(run, step, resume_from, stale, changes)
     params = [p for p in run.trainable.parameters() if p.requires_grad]
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
     bar = tqdm(total=plan.total_steps, initial=step, desc="train", dynamic_ncols=True,
@@ -360,7 +373,8 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
             save_checkpoint(run.accelerator, run.out_dir, step,
                             {"epoch": step // plan.steps_per_epoch,
                              "step_in_epoch": step % plan.steps_per_epoch,
-                             "total_steps": plan.total_steps, "recipe": recipe.to_dict()}, run.scheduler)
+                             "total_steps": plan.total_steps, "recipe": recipe.to_dict(),
+                             "data_fingerprint": fingerprint}, run.scheduler)
     bar.close()
     final_dir, final_eval = _finish(run, step)
     run.accelerator.end_training()

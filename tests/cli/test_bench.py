@@ -37,9 +37,24 @@ def test_cli_bench_bad_prompts_file_is_one_line_error(tmp_path, capsys):
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"nope": 1}\n')
     # --heads: a directory but no checkpoint: the prompts are read first, before any model loads
-    rc = main(["bench", "--heads", str(tmp_path), "--prompts", str(bad), "--out", str(tmp_path / "r.json")])
+    (tmp_path / "h").mkdir()
+    heads = str(tmp_path / "h")
+    rc = main(["bench", "--heads", heads, "--prompts", str(bad), "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error:") and f"{bad}:2" in err and "\n" not in err
+
+
+def test_cli_bench_out_inside_the_checkpoint_it_reads_is_refused(tmp_path, capsys):
+    from medusa.cli import main
+
+    (tmp_path / "h").mkdir()
+    (tmp_path / "p.txt").write_text("Once upon a time\n")
+    out = tmp_path / "h" / "report.json"
+    heads, prompts = str(tmp_path / "h"), str(tmp_path / "p.txt")
+    rc = main(["bench", "--heads", heads, "--prompts", prompts, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"error: {out}: is part of the input {heads}; write the output to another file"
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == []
 
 
 def test_cli_bench_compare_lookup_rows(stories_medusa, tmp_path, capsys):
@@ -71,7 +86,9 @@ def test_cli_bench_lookup_option_errors_are_one_line(tmp_path, capsys):
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("fine\n")
-    base = ["bench", "--heads", str(tmp_path), "--prompts", str(prompts), "--out", str(tmp_path / "r.json")]
+    (tmp_path / "h").mkdir()
+    heads = str(tmp_path / "h")
+    base = ["bench", "--heads", heads, "--prompts", str(prompts), "--out", str(tmp_path / "r.json")]
     # --heads: a directory but no checkpoint: every one fails before any model loads
     for extra, words in ((["--tree", "lookup"], "--tree lookup"),
                          (["--tree", "lookup", "--lookup-tokens", "0"], "--lookup-tokens L with L >= 1"),

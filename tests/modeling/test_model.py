@@ -31,7 +31,7 @@ def test_round_trip_bit_exact(tmp_path):
     for (n1, p1), (n2, p2) in zip(model.heads.state_dict().items(), loaded.heads.state_dict().items()):
         assert n1 == n2 and torch.equal(p1, p2)
     assert loaded.tree == model.tree
-    assert sorted(os.listdir(tmp_path / "ck")) == ["medusa_config.json",
+    assert sorted(os.listdir(tmp_path / "ck")) == [".medusa-manifest.json", "medusa_config.json",
                                                    "medusa_heads.safetensors", "tree.json"]
 
 

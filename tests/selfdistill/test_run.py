@@ -155,3 +155,29 @@ def test_chat_template_option_on_a_completion_model(tmp_path):
     assert s["written"] == 1
     (row,) = _rows(tmp_path / "out.jsonl")
     assert [m["role"] for m in row["messages"]] == ["user", "assistant"]
+
+
+def test_rows_made_with_other_sampling_settings_are_not_appended(tmp_path):
+    _write_prompts(tmp_path, [{"prompt": f"question {i}"} for i in range(3)])
+    self_distill(_cfg(tmp_path, mode="replay", limit=2), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    before = (tmp_path / "out.jsonl").read_bytes()
+    other = _cfg(tmp_path, mode="replay")
+    other.sampling = Sampling(temperature=0.3, max_new_tokens=other.sampling.max_new_tokens)
+    with pytest.raises(MedusaError, match="already holds rows with sampling .* not appended"):
+        self_distill(other, model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    assert (tmp_path / "out.jsonl").read_bytes() == before
+    s = self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    assert s["written"] == 1  # the same settings resume
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tmp_path):
+    from medusa.io import output_lock
+
+    _write_prompts(tmp_path, [{"prompt": "question"}])
+    with output_lock(tmp_path / "out.jsonl"):  # the first run holds the output
+        with pytest.raises(MedusaError, match="another run .* is writing this output"):
+            self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    assert not (tmp_path / "out.jsonl").exists()
+    (tmp_path / ".out.jsonl.lock").write_text("999999999\n")  # left by a killed run: taken over
+    s = self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    assert s["written"] == 1 and not (tmp_path / ".out.jsonl.lock").exists()

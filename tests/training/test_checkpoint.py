@@ -171,3 +171,43 @@ def test_resume_refuses_a_scheduler_state_of_the_wrong_kind(tmp_path):
     path.write_text(json.dumps({**state, "last_epoch": "3; rm -rf /"}))
     with pytest.raises(CheckpointError, match="scheduler.json: last_epoch"):
         train(load_recipe(TINY, _tiny_args(out, "train.resume=auto")), progress=False)
+
+
+@pytest.mark.usefixtures("tiny_recipe_env")
+def test_resume_keeps_the_output_dir_guard_and_refuses_a_changed_recipe_or_data(tmp_path):
+    out = tmp_path / "run"
+    train(load_recipe(TINY, _tiny_args(out)), stop_at_step=3, progress=False)
+    ckpt = out / "checkpoint-3"
+    # a checkpoint from elsewhere into a folder holding the user's files: the fresh run's guard
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "recipe.json").write_text("the user's")
+    (other / "metrics.jsonl").write_text('{"step": 1, "the": "user\'s"}\n')
+    with pytest.raises(ConfigError, match="other exists and is not empty"):
+        train(load_recipe(TINY, _tiny_args(other, f"train.resume={ckpt}")), progress=False)
+    assert (other / "recipe.json").read_text() == "the user's"
+    assert (other / "metrics.jsonl").read_text() == '{"step": 1, "the": "user\'s"}\n'
+
+    recipe_json = (out / "recipe.json").read_bytes()
+    metrics = (out / "metrics.jsonl").read_bytes()
+    changed = r"another recipe or data \(train.lr: 0.003 -> 0.002\).*--resume-changed"
+    with pytest.raises(ConfigError, match=changed):
+        train(load_recipe(TINY, _tiny_args(out, "train.resume=auto", "train.lr=2e-3")), progress=False)
+    data = ROOT / load_recipe(TINY, []).data.train
+    copy = tmp_path / data.name
+    copy.write_bytes(data.read_bytes())
+    train(load_recipe(TINY, _tiny_args(tmp_path / "c", f"data.train={copy}")), stop_at_step=3, progress=False)
+    with open(copy, "a") as fh:
+        fh.write(data.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ConfigError, match=r"data \(file contents\)"):
+        train(load_recipe(TINY, _tiny_args(tmp_path / "c", f"data.train={copy}", "train.resume=auto")),
+              progress=False)
+    assert (out / "recipe.json").read_bytes() == recipe_json
+    assert (out / "metrics.jsonl").read_bytes() == metrics
+
+    train(load_recipe(TINY, _tiny_args(out, "train.resume=auto", "train.lr=2e-3")), progress=False,
+          resume_changed=True)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[3] == {"step": 3, "resumed_from": str(ckpt), "resume_changes": {"train.lr": [0.003, 0.002]}}
+    assert [r["step"] for r in rows] == [1, 2, 3, 3, 4, 5, 6]
+    assert (out / "recipe.json").read_bytes() == recipe_json  # the run's recipe, as it started
