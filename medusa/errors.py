@@ -1,5 +1,7 @@
 """User-facing errors: the CLI prints them as one ``error: ...`` line and exits with status 2."""
 
+import errno
+
 
 class MedusaError(Exception):
     """A problem with the user's input (a file, a row, a key, a checkpoint) rather than a bug.
@@ -24,3 +26,19 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when the message is empty): one-line errors."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# operating-system errors that are the user's environment, not a bug: the CLI reports them in one line
+USER_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES,
+                         errno.EPERM, errno.ENOTEMPTY, errno.EXDEV, errno.EMFILE, errno.ENOTDIR, errno.EISDIR,
+                         errno.EEXIST, errno.ENOENT, errno.ELOOP, errno.EFBIG, errno.EIO})
+
+
+def os_error_line(exc: OSError) -> str:
+    """``path: reason`` for an operating-system error (both paths of a rename); without a path, the reason
+    and errno (a write that filled the disk reports no file name)."""
+    reason = (exc.strerror or type(exc).__name__).lower()
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    if names:
+        return f"{' -> '.join(names)}: {reason}"
+    return f"{reason} (errno {exc.errno})"

@@ -187,3 +187,13 @@ def test_yaml_duplicate_keys_are_errors(tmp_path):
     path.write_text("a: [1\n")
     with pytest.raises(MedusaError, match="r.yaml:2: invalid YAML"):
         read_yaml(path)
+
+
+def test_a_yaml_alias_bomb_fails_fast_naming_the_file(tmp_path):
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]  # 9^9 values
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"bomb.yaml: its aliases expand to [\d,]+ values \(at most"):
+        read_yaml(tmp_path / "bomb.yaml", ConfigError)
+    (tmp_path / "ok.yaml").write_text("base: &b {lr: 1}\ntrain: *b\neval: *b\n")  # ordinary anchors load
+    assert read_yaml(tmp_path / "ok.yaml") == {"base": {"lr": 1}, "train": {"lr": 1}, "eval": {"lr": 1}}

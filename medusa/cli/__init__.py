@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import MedusaError
+from medusa.errors import USER_ERRNOS, MedusaError, os_error_line
 
 # The subcommands, in the order `medusa --help` lists them (module names under medusa/cli/).
 COMMANDS = ("info", "heads", "self_distill", "train", "cache_hidden", "calibrate", "export", "import_",
@@ -194,6 +194,10 @@ def run_command(fn: Callable[[], int], debug: bool) -> int:
         if exc.filename is None:
             raise
         return _fail(f"{exc.filename}: {exc.strerror.lower() if exc.strerror else exc}", debug)
+    except OSError as exc:  # the file system's refusals: name too long, read-only, disk full, quota...
+        if exc.errno not in USER_ERRNOS:
+            raise
+        return _fail(os_error_line(exc), debug)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

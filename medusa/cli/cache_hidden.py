@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("recipe", type=PathKind("file"),
                    help="a MEDUSA-1 training recipe (YAML) with train.hidden_cache set")
     p.add_argument("overrides", nargs="*", help="recipe overrides key=value, e.g. train.hidden_cache=cache/")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                   help="storage dtype of the hidden states (default bfloat16)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                   help="storage dtype of the hidden states (default bfloat16; an existing cache keeps its "
+                        "own, and a different --dtype is refused)")
     p.set_defaults(func=_cmd_cache_hidden)

@@ -71,6 +71,7 @@ class MedusaConfig:
             raise CheckpointError(
                 f"{source}: format_version {version} is not supported (this medusa reads {FORMAT_VERSION})"
             )
+        _check_types(data, source)
         return cls(**{**data, "hydra_projection": _head_fields(cls, data, source)})
 
     @classmethod
@@ -90,6 +91,38 @@ class MedusaConfig:
 
     def save(self, directory: str | Path) -> None:
         (Path(directory) / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+CONFIG_DTYPES = ("float32", "bfloat16", "float16")
+_INT_RANGES = {"hidden_size": (1, 1 << 20), "vocab_size": (1, 1 << 24)}
+
+
+def _check_types(data: dict[str, Any], source: str) -> None:
+    """Each field's JSON type (and the dtype, sizes and the backbone's sub-folder) before anything is
+    built from it: a wrong value is one :class:`CheckpointError` naming the key."""
+    def bad(key: str, want: str) -> CheckpointError:
+        return CheckpointError(f"{source}: {key}: expected {want}, got {data[key]!r:.60}")
+
+    for key in ("base_model_name_or_path", "base_model_type", "head_type", "dtype"):
+        if key in data and not isinstance(data[key], str):
+            raise bad(key, "a string")
+    for key, (lo, hi) in _INT_RANGES.items():
+        value = data[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise bad(key, f"an integer in [{lo}, {hi}]")
+    if data.get("dtype", "float32") not in CONFIG_DTYPES:
+        raise bad("dtype", f"one of {', '.join(CONFIG_DTYPES)}")
+    for key in ("recipe", "extra"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise bad(key, "an object")
+    layers = data.get("feature_layers")
+    if layers is not None and not (isinstance(layers, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= 4096 for i in layers)):
+        raise bad("feature_layers", "a list of layer indices")
+    sub = data.get("base_model_subdir")
+    if sub is not None and not (isinstance(sub, str) and sub and "/" not in sub and "\\" not in sub
+                                and sub not in (".", "..")):
+        raise bad("base_model_subdir", "the name of a folder inside the checkpoint")
 
 
 def _head_fields(cls: type, data: dict[str, Any], source: str) -> str | None:

@@ -36,6 +36,7 @@ from medusa.modeling.base import decoder_of, text_config
 from medusa.modeling.eagle3 import default_feature_layers
 from medusa.modeling.packaged import weights_fingerprint
 from medusa.training import setup as S
+from medusa.training.cache_files import check_index_values, existing_dtype, read_shard
 
 FORMAT = "medusa-hidden-cache"
 VERSION = 1
@@ -120,6 +121,7 @@ def open_plan(directory: str | Path, examples: Sequence[dict], base: dict[str, A
     check_cache_dir(directory)
     if path.is_file():
         index = read_json(path, MedusaError)
+        check_index_values(index, path, DTYPES)
         check_index(index, path, base, data)
         return CachePlan(directory, index)
     itemsize = np.dtype(DTYPES[dtype][1]).itemsize
@@ -262,13 +264,11 @@ class HiddenCache:
         d = plan.index["hidden_size"]
         self.where: list[tuple[int, int, int]] = []  # example -> (shard, start row, length)
         self.hidden, self.tokens = [], []
-        for i in range(len(plan.shards)):
-            meta = json.loads((plan.directory / _name(i, "json")).read_text())
-            offs = meta["offsets"]
-            rows = offs[-1]
-            self.hidden.append(np.memmap(plan.directory / _name(i, "hidden"), dtype=np_dtype, mode="r",
-                                         shape=(rows, d)))
-            self.tokens.append(np.load(plan.directory / _name(i, "tokens.npy"), mmap_mode="r"))
+        for i, shard in enumerate(plan.shards):
+            names = {suffix: _name(i, suffix) for suffix in ("json", "hidden", "tokens.npy")}
+            offs, hidden, tokens = read_shard(plan.directory, i, names, shard, d, np_dtype)
+            self.hidden.append(hidden)
+            self.tokens.append(tokens)
             self.where += [(i, offs[j], offs[j + 1] - offs[j]) for j in range(len(offs) - 1)]
 
     def __len__(self) -> int:
@@ -368,13 +368,15 @@ def prepare(directory: str | Path, base: torch.nn.Module, examples: Sequence[dic
     return HiddenCache(plan)
 
 
-def cache_for_recipe(recipe: Any, dtype: str = "bfloat16", log: Callable[[str], None] = print) -> HiddenCache:
+def cache_for_recipe(recipe: Any, dtype: str | None = None,
+                     log: Callable[[str], None] = print) -> HiddenCache:
     """Build (or finish) the cache a MEDUSA-1 recipe's ``train.hidden_cache`` names, as ``medusa train``
     would before its first step: same tokenizer, examples (eval split included) and backbone."""
 
     if not recipe.train.hidden_cache:
         raise ConfigError("train.hidden_cache: not set (give train.hidden_cache=DIR)")
     check_cache_dir(recipe.train.hidden_cache)  # before anything loads
+    dtype = existing_dtype(Path(recipe.train.hidden_cache) / INDEX, dtype, DTYPES)
     data = S.load_data(recipe, S.load_tokenizer(recipe))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = S.load_backbone(recipe, device)

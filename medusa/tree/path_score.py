@@ -84,6 +84,29 @@ def fit_path_score(logp: Sequence[torch.Tensor], ranks: Sequence[torch.Tensor]) 
     return {"weight": weight, "bias": bias, "positions": positions, "raw": raw}
 
 
+def check_path_score(score: Any, source: str) -> str | None:
+    """What is wrong with a ``path_score`` record read from a file (None: it is one of
+    :func:`fit_path_score`'s): lists ``weight`` / ``bias`` of finite numbers of one length, ``raw`` depths
+    within it, ``positions`` counts."""
+    if not isinstance(score, dict):
+        return f"{source}: path_score must be an object, got {type(score).__name__}"
+    weight, bias = score.get("weight"), score.get("bias")
+    for name, values in (("weight", weight), ("bias", bias)):
+        if not isinstance(values, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            return f"{source}: path_score.{name} must be a list of finite numbers, got {values!r:.80}"
+    if len(weight) != len(bias):
+        return f"{source}: path_score has {len(weight)} weights but {len(bias)} biases"
+    raw = score.get("raw", [])
+    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                            and 0 <= d < len(weight) for d in raw):
+        return f"{source}: path_score.raw must list depths in [0, {len(weight)}), got {raw!r:.80}"
+    positions = score.get("positions", [])
+    if not isinstance(positions, list) or not all(isinstance(n, int) and n >= 0 for n in positions):
+        return f"{source}: path_score.positions must list counts, got {positions!r:.80}"
+    return None
+
+
 def score_log_probs(logp: torch.Tensor, depth: int, score: dict[str, Any] | None) -> torch.Tensor:
     """A node's score increment at ``depth`` (1-based) from the head's log-probability ``logp [...]``:
     ``log sigmoid(w log p + b)``, or ``logp`` itself without a calibration (or at a ``raw`` depth)."""

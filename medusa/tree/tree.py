@@ -15,9 +15,15 @@ import torch
 
 from medusa.errors import MedusaError
 from medusa.io import atomic_write_text, read_json
+from medusa.tree.path_score import check_path_score
 
 TREE_FORMAT = "medusa-tree"
 TREE_VERSION = 1
+# what a tree.json may ask for: the command line's own bounds (medusa.cli: MAX_NODES, --topk, --lookup-tokens)
+MAX_FILE_NODES = 1024  # nodes, the root included
+MAX_FILE_RANK = 999  # ranks are 0-based; --topk is at most 1000
+MAX_FILE_LOOKUP_TOKENS = 1024
+MAX_FILE_HEADS = 64
 
 
 class TreeError(MedusaError):
@@ -49,6 +55,37 @@ def validate_choices(choices: Iterable[Sequence[int]], num_heads: int | None = N
         if len(path) > 1 and path[:-1] not in seen:
             raise TreeError(f"{source}: choice {list(path)} has no parent {list(path[:-1])} in the tree")
     return sorted(paths, key=lambda p: (len(p), p))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_file_values(data: dict[str, Any], source: str) -> None:
+    """A tree.json's values within the command line's bounds, before any tensor is built from them."""
+    choices = data["choices"]
+    if not isinstance(choices, list):
+        raise TreeError(f"{source}: choices must be a list of paths, got {type(choices).__name__}")
+    if len(choices) + 1 > MAX_FILE_NODES:
+        raise TreeError(f"{source}: {len(choices) + 1} nodes; at most {MAX_FILE_NODES} (the root included)")
+    for i, choice in enumerate(choices):
+        if isinstance(choice, list) and any(_is_int(r) and r > MAX_FILE_RANK for r in choice):
+            raise TreeError(f"{source}: choice {i} asks for a rank past {MAX_FILE_RANK} (--topk is at most "
+                            f"{MAX_FILE_RANK + 1})")
+    heads = data.get("num_heads")
+    if heads is not None and not (_is_int(heads) and 0 <= heads <= MAX_FILE_HEADS):
+        raise TreeError(f"{source}: num_heads must be an integer in [0, {MAX_FILE_HEADS}], got {heads!r:.40}")
+    lookup = data.get("lookup_tokens", 0)
+    if not (_is_int(lookup) and 0 <= lookup <= MAX_FILE_LOOKUP_TOKENS):
+        raise TreeError(f"{source}: lookup_tokens must be an integer in [0, {MAX_FILE_LOOKUP_TOKENS}], got "
+                        f"{lookup!r:.40}")
+    calibration = data.get("calibration")
+    if calibration is not None and not isinstance(calibration, dict):
+        raise TreeError(f"{source}: calibration must be an object, got {type(calibration).__name__}")
+    if calibration and calibration.get("path_score") is not None:
+        problem = check_path_score(calibration["path_score"], source)
+        if problem:
+            raise TreeError(problem)
 
 
 class MedusaTree:
@@ -89,8 +126,6 @@ class MedusaTree:
         self.topk_per_depth = [1 + max(p[d - 1] for p in self.choices if len(p) == d)
                                for d in range(1, depth + 1)]
         self._device_cache: dict[str, dict[str, torch.Tensor]] = {}
-        # medusa.decoding.candidates.decode_tree's buffers per (device, dtype), built once per tree
-        self.decode_buffers: dict[tuple[str, torch.dtype], Any] = {}
 
     # ------------------------------------------------------------------ constructors / io
     @classmethod
@@ -103,6 +138,7 @@ class MedusaTree:
         path = Path(path)
         data = read_json(path, TreeError)
         if isinstance(data, list):  # a bare list of choices, as the official repo writes them
+            _check_file_values({"choices": data}, str(path))
             return cls(data, source=str(path))
         if not isinstance(data, dict) or data.get("format") != TREE_FORMAT:
             raise TreeError(f"{path}: not a tree.json (expected \"format\": \"{TREE_FORMAT}\")")
@@ -110,6 +146,7 @@ class MedusaTree:
             raise TreeError(f"{path}: tree version {data.get('version')!r} is not supported")
         if "choices" not in data:
             raise TreeError(f"{path}: missing key 'choices'")
+        _check_file_values(data, str(path))
         return cls(data["choices"], num_heads=data.get("num_heads"), calibration=data.get("calibration"),
                    source=str(path), lookup_tokens=data.get("lookup_tokens", 0))
 

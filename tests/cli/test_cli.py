@@ -108,3 +108,28 @@ def test_debug_flag_adds_the_traceback_and_keeps_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "Traceback (most recent call last):" and "ConfigError" in err[-2]
     assert err[-1].startswith("error: ") and "duplicate key" in err[-1]
+
+
+@pytest.mark.parametrize("errno_, filename, line", [
+    (36, "/out/" + "d" * 251 + ".errors.jsonl", "/out/" + "d" * 251 + ".errors.jsonl: file name too long"),
+    (30, "/mnt/ro/out.jsonl", "/mnt/ro/out.jsonl: read-only file system"),
+    (28, None, "no space left on device (errno 28)"),  # a write() that filled the disk names no file
+    (122, "/quota/x", "/quota/x: disk quota exceeded"),
+])
+def test_file_system_errors_are_one_line_and_exit_2(errno_, filename, line, capsys):
+    import os
+
+    def fail() -> int:
+        raise OSError(errno_, os.strerror(errno_), filename)
+
+    assert run_command(fail, debug=False) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {line}\n" and captured.out == ""
+
+
+def test_an_os_error_that_is_a_bug_keeps_its_traceback():
+    def fail() -> int:
+        raise OSError(22, "Invalid argument")  # EINVAL: the program's fault, not the file system's
+
+    with pytest.raises(OSError):
+        run_command(fail, debug=False)

@@ -2,6 +2,7 @@
 and where a checkpoint's base model lives (``base_location``)."""
 
 import json
+import re
 
 import pytest
 
@@ -43,3 +44,24 @@ def test_unknown_config_key(saved):
     (ck / "medusa_config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="unknown key.*num_hedas"):
         MedusaModel.from_pretrained(ck, base_model=base)
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("dtype", "garbage", "dtype: expected one of float32, bfloat16, float16"),
+    ("dtype", 32, "dtype: expected a string"),
+    ("hidden_size", "32", "hidden_size: expected an integer"),
+    ("vocab_size", 10**12, "vocab_size: expected an integer in [1, 16777216]"),
+    ("head_type", ["linear"], "head_type: expected a string"),
+    ("recipe", "lr=1", "recipe: expected an object"),
+    ("base_model_subdir", "../../elsewhere", "base_model_subdir: expected the name of a folder inside"),
+    ("feature_layers", [1, "x"], "feature_layers: expected a list of layer indices"),
+])
+def test_config_field_of_the_wrong_type_is_one_error_naming_it(tmp_path, key, value, needle):
+    config = MedusaConfig(base_model_name_or_path="org/base", base_model_type="llama", hidden_size=32,
+                          vocab_size=96)
+    config.save(tmp_path)
+    data = json.loads((tmp_path / "medusa_config.json").read_text())
+    data[key] = value
+    (tmp_path / "medusa_config.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=re.escape(needle)):
+        MedusaConfig.load(tmp_path)

@@ -1,6 +1,7 @@
 """MedusaTree: masks / depths / paths for hand-written trees, validation, json, and property tests."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medusa import MedusaTree
-from medusa.decoding.candidates import decode_tree
+from medusa.decoding.trees import static_tree
 from medusa.tree import TreeError, default_tree
 
 
@@ -70,7 +71,7 @@ def test_default_tree_and_buffers_cached_per_device():
     tree = default_tree(4)
     assert len(tree) == 64 and tree.depth <= 4
     assert tree.buffers("cpu") is tree.buffers(torch.device("cpu"))
-    assert decode_tree(tree, torch.device("cpu"), torch.float32) is decode_tree(tree, torch.device("cpu"),
+    assert static_tree(tree, torch.device("cpu"), torch.float32) is static_tree(tree, torch.device("cpu"),
                                                                                  torch.float32)
 
 
@@ -118,7 +119,7 @@ def test_tree_properties(choices):
     for d, k in enumerate(tree.topk_per_depth, start=1):
         assert k == 1 + max(p[-1] for p in tree.paths if len(p) == d)
     # Decoding buffers agree with the tree.
-    dt = decode_tree(tree, torch.device("cpu"), torch.float32)
+    dt = static_tree(tree, torch.device("cpu"), torch.float32)
     for i, p in enumerate(tree.paths[1:], start=1):
         assert dt.children[tree.parents[i], p[-1]] == i
     assert int((dt.children >= 0).sum()) == n - 1
@@ -132,3 +133,33 @@ def test_json_round_trip_property(tmp_path_factory, choices):
     path = tmp_path_factory.mktemp("t") / "tree.json"
     tree.to_json(path)
     assert MedusaTree.from_json(path) == tree
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d.update(choices=[[0]] + [[0, i] for i in range(1100)]), "1102 nodes; at most 1024"),
+    (lambda d: d.update(choices=[[0], [10**12]]), "choice 1 asks for a rank past 999"),
+    (lambda d: d.update(lookup_tokens=10**9), "lookup_tokens must be an integer in [0, 1024]"),
+    (lambda d: d.update(lookup_tokens="8"), "lookup_tokens must be an integer"),
+    (lambda d: d.update(num_heads=True), "num_heads must be an integer in [0, 64]"),
+    (lambda d: d.update(calibration=[1]), "calibration must be an object"),
+    (lambda d: d.update(calibration={"path_score": {"weight": ["x"], "bias": [0.0]}}),
+     "path_score.weight must be a list of finite numbers"),
+    (lambda d: d.update(calibration={"path_score": {"weight": [1.0], "bias": [0.0], "raw": [5]}}),
+     "path_score.raw must list depths in [0, 1)"),
+    (lambda d: d.update(choices="[[0]]"), "choices must be a list of paths"),
+])
+def test_tree_json_values_are_bounded_before_any_tensor_is_built(tmp_path, edit, needle):
+    path = tmp_path / "tree.json"
+    MedusaTree.from_choices([[0], [0, 0], [1]], num_heads=2).to_json(path)
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(TreeError, match=re.escape(needle)):
+        MedusaTree.from_json(path)
+
+
+def test_a_bare_list_tree_json_is_bounded_too(tmp_path):
+    path = tmp_path / "tree.json"
+    path.write_text(json.dumps([[0], [2000]]))
+    with pytest.raises(TreeError, match="rank past 999"):
+        MedusaTree.from_json(path)
