@@ -414,6 +414,99 @@ def _duplicate_key(ws: Path) -> list[str]:
     return ["train", str(recipe)]
 
 
+class _Payload:
+    """A pickle that creates ``marker`` when loaded: what a crafted checkpoint carries."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _crafted_checkpoint(ws: Path) -> list[str]:
+    """A training checkpoint someone else made, carrying a pickle that would run a command when loaded: the
+    marker it would create is a new file the snapshot would show."""
+    import pickle
+
+    ckpt = ws / "elsewhere" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2}')
+    (ckpt / "custom_checkpoint_0.pkl").write_bytes(pickle.dumps(_Payload(ws / "PWNED")))
+    return ["train", str(ws / "recipe.yaml"), f"train.resume={ckpt}"]
+
+
+def _resume_into_user_files(ws: Path) -> list[str]:
+    ckpt = ws / "elsewhere" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2}')
+    (ws / "run").mkdir()
+    (ws / "run" / "recipe.json").write_text('{"the": "user\'s"}')
+    (ws / "run" / "metrics.jsonl").write_text('{"step": 1, "the": "user\'s"}\n')
+    return ["train", str(ws / "recipe.yaml"), f"train.resume={ckpt}"]
+
+
+def _not_a_distill_output(ws: Path) -> list[str]:
+    (ws / "notes.jsonl").write_text('{"my": "notes"}\n{this line is mine, not a cut row')
+    return _distill(ws, ws / "notes.jsonl")
+
+
+def _only_a_cut_line(ws: Path) -> list[str]:
+    (ws / "notes.jsonl").write_text('{"id": "x:0", "my unfinished note')
+    return _distill(ws, ws / "notes.jsonl")
+
+
+def _distill(ws: Path, out: Path) -> list[str]:
+    return ["self-distill", "--model", str(ws / "model"), "--prompts", str(ws / "prompts.jsonl"), "--out",
+            str(out), "--mode", "completion", "--max-new-tokens", "4", "--no-progress"]
+
+
+_HELD: list[int] = []  # lock files the test itself holds (closed after each case)
+
+
+def _output_held(ws: Path) -> list[str]:
+    import fcntl
+
+    fd = os.open(ws / ".distill.jsonl.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, b"4242\n")
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _HELD.append(fd)
+    return _distill(ws, ws / "distill.jsonl")
+
+
+def _export_over_a_user_folder(ws: Path) -> list[str]:
+    (ws / "exported" / "model.safetensors").mkdir(parents=True)  # the user's folder, a name export writes
+    (ws / "exported" / "model.safetensors" / "keep.txt").write_text("the user's")
+    return ["export", "--format", "vllm", str(ws / "heads"), str(ws / "exported"), "--overwrite"]
+
+
+def _tree_with(**values: object) -> Callable[[Path], list[str]]:
+    def build(ws: Path) -> list[str]:
+        data = json.loads((ws / "tree.json").read_text())
+        data.update(values)
+        (ws / "bad_tree.json").write_text(json.dumps(data))
+        return ["generate", "--heads", str(ws / "heads"), "--prompt", "Once", "--max-new-tokens", "4",
+                "--tree", str(ws / "bad_tree.json")]
+    return build
+
+
+def _config_with(key: str, value: object) -> Callable[[Path], list[str]]:
+    def build(ws: Path) -> list[str]:
+        heads = _copy(ws / "heads", ws / "bad_heads")
+        data = json.loads((heads / "medusa_config.json").read_text())
+        data[key] = value
+        (heads / "medusa_config.json").write_text(json.dumps(data))
+        return ["info", str(heads)]
+    return build
+
+
+def _alias_bomb(ws: Path) -> list[str]:
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    (ws / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    return ["train", str(ws / "bomb.yaml")]
+
+
 ISSUE_CASES = {
     "prompt_past_positions": (lambda ws: ["generate", "--heads", str(ws / "heads"), "--prompt", "Once upon a",
                                           "--max-new-tokens", "600"],
@@ -429,6 +522,30 @@ ISSUE_CASES = {
                                                   "--overwrite"], "holds the input"),
     "bench_limit_0": (lambda ws: ["bench", "--heads", str(ws / "heads"), "--prompts", str(ws / "prompts.txt"),
                                   "--limit", "0"], "argument --limit: 0 is out of range (must be >= 1"),
+    # issue 38: no code from a checkpoint's pickle, no user file replaced, file values bounded
+    "resume_from_a_crafted_pickle": (_crafted_checkpoint, "custom_checkpoint_0.pkl: a pickle"),
+    "resume_into_a_folder_of_user_files": (_resume_into_user_files, "run exists and is not empty"),
+    "distill_out_not_a_distill_output": (_not_a_distill_output, "notes.jsonl:1: not a self-distill output"),
+    "distill_out_only_a_cut_line": (_only_a_cut_line, "notes.jsonl:1: not JSON, and no complete"),
+    "distill_out_held_by_another_run": (_output_held, "another run (pid 4242) is writing this output"),
+    "export_overwrite_over_a_user_folder": (_export_over_a_user_folder,
+                                            "model.safetensors: exists and was not written by medusa"),
+    "bench_out_inside_the_checkpoint": (lambda ws: ["bench", "--heads", str(ws / "heads"), "--prompts",
+                                                    str(ws / "prompts.txt"), "--out",
+                                                    str(ws / "heads" / "r.json")], "is part of the input"),
+    "calibrate_plots_beside_the_data": (lambda ws: ["calibrate", "--heads", str(ws / "heads"), "--data",
+                                                    str(ws / "data.jsonl"), "--plots", str(ws), "--quiet"],
+                                        "holds the input"),
+    "tree_rank_past_the_bound": (_tree_with(choices=[[0], [10**12]]), "rank past 999"),
+    "tree_of_2000_nodes": (_tree_with(choices=[[i] for i in range(2000)]), "2001 nodes; at most 1024"),
+    "tree_absurd_lookup_tokens": (_tree_with(lookup_tokens=10**12), "lookup_tokens must be an integer"),
+    "tree_path_score_not_numbers": (_tree_with(calibration={"path_score": {"weight": ["a"], "bias": [0]}}),
+                                    "path_score.weight must be a list of finite numbers"),
+    "config_dtype_garbage": (_config_with("dtype", "float33"), "dtype: expected one of"),
+    "config_hidden_size_a_string": (_config_with("hidden_size", "64"), "hidden_size: expected an integer"),
+    "recipe_alias_bomb": (_alias_bomb, "aliases expand to"),
+    "out_name_too_long_once_suffixed": (lambda ws: _distill(ws, ws / ("d" * 250 + ".jsonl")),
+                                        "name too long"),
 }
 
 
@@ -444,6 +561,9 @@ def test_issue_case(name: str, pristine: Path):
         assert code == 2 and out == "" and "Traceback" not in err, (argv, out, err)
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (needle, err)
-        assert _snapshot(ws.parent) == before
+        after = _snapshot(ws.parent)  # every file byte- and mode-identical, nothing added (no marker)
+        assert after == before, sorted(set(after.items()) ^ set(before.items()), key=str)[:4]
     finally:
+        while _HELD:
+            os.close(_HELD.pop())
         shutil.rmtree(ws.parent)
