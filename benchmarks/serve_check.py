@@ -26,6 +26,7 @@ from typing import Any
 from benchmarks.vllm_env import engine_env, ensure_venv, venv_dir
 
 HEADS = Path("data/heads/smollm2-135m-instruct/medusa1")
+EXPORT = Path("out/vllm/smollm2-medusa1")  # where the README's serving commands expect the export
 SPEC_BENCH = Path("../shared/data/spec_bench_public.jsonl")
 WORKER = Path(__file__).with_name("vllm_worker.py")
 CHAIN = [[0], [0, 0], [0, 0, 0]]
@@ -93,9 +94,10 @@ def vllm_acceptance(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def our_chain_acceptance(heads: Path, base: str, prompts: list[list[int]], max_tokens: int,
-                         depth: int = 3) -> dict[str, Any]:
-    """Our decoder with the heads as a chain of ``depth`` (lookup off), float32, greedy, stop at EOS:
-    per-position acceptance over all steps, the tokens per prompt."""
+                         depth: int = 3, ignore_eos: bool = True) -> dict[str, Any]:
+    """Our decoder with the heads as a chain of ``depth`` (lookup off), float32, greedy: per-position
+    acceptance over all steps, the tokens per prompt. ``ignore_eos`` as vLLM's: every prompt writes
+    ``max_tokens`` (vLLM counts drafts its last step accepts past an EOS, which would skew the comparison)."""
     import torch
 
     from medusa import MedusaModel, MedusaTree
@@ -104,7 +106,7 @@ def our_chain_acceptance(heads: Path, base: str, prompts: list[list[int]], max_t
     model.base_model.float()
     model.heads.float()
     tree = MedusaTree.from_choices(CHAIN[:depth], num_heads=model.config.num_heads)
-    eos = model.base_model.generation_config.eos_token_id
+    eos = [] if ignore_eos else model.base_model.generation_config.eos_token_id
     steps, accepted, tokens = 0, [0] * depth, []
     with torch.no_grad():
         for ids in prompts:
@@ -177,16 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-category", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", type=Path, default=Path("out/serve_check"))
+    ap.add_argument("--export", type=Path, default=EXPORT, help="where the vLLM export is written")
     ap.add_argument("--modes", default="batch1,batched")
     ap.add_argument("--cores", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default: this process's)")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="stop at EOS (default: ignore it: every run writes --max-tokens, as medusa bench)")
     ap.add_argument("--no-ours", action="store_true", help="skip our decoder's chain-mode acceptance")
     args = ap.parse_args(argv)
-    export = (args.out / "export").resolve()
+    export = args.export
     summary = export_heads(args.heads, export)
     base = summary["backbone"]
     prompts = spec_bench_prompts(args.prompts, args.per_category)
     ids = chat_ids(base, [p["prompt"] for p in prompts])
     job = {"model": base, "dtype": "float32", "max_tokens": args.max_tokens, "prompts": ids,
+           "ignore_eos": not args.stop_at_eos,
            "engine": {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": len(ids)},
            "configs": configs(export, summary["num_heads"], args.modes.split(","))}
     start = time.perf_counter()
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarise(vllm, prompts)
     ours = None
     if not args.no_ours:
-        ours = our_chain_acceptance(args.heads, base, ids, args.max_tokens)
+        ours = our_chain_acceptance(args.heads, base, ids, args.max_tokens,
+                                    ignore_eos=not args.stop_at_eos)
         plain = next(r["tokens"] for c in vllm["configs"] if c["name"] == "plain" for r in c["runs"]
                      if r["mode"] == "batch1")
         ours["identical_to_plain"] = sum(a == b for a, b in zip(ours["tokens"], plain))

@@ -1,11 +1,11 @@
 """Runs inside the vLLM venv (never the project's): vLLM's offline engine on pre-tokenised prompts.
 
-``python vllm_worker.py JOB.json OUT.json``. JOB: ``{"model", "dtype", "max_tokens", "prompts": [[ids]],
-"engine": {extra LLM(...) kwargs}, "configs": [{"name", "speculative_config" (or null), "modes":
-["batch1", "batched"]}]}``. One engine per config, created and shut down in turn in this one process. OUT:
-per config and mode the generated token ids, wall seconds and the spec-decode counters it added (drafts,
-draft tokens, accepted tokens, accepted per position), read from ``LLM.get_metrics()`` before and after.
-Imports nothing from the project (its venv has no ``medusa``).
+``python vllm_worker.py JOB.json OUT.json``. JOB: ``{"model", "dtype", "max_tokens", "ignore_eos",
+"prompts": [[ids]], "engine": {extra LLM(...) kwargs}, "configs": [{"name", "speculative_config" (or
+null), "modes": ["batch1", "batched"]}]}``. One engine per config, created and shut down in turn in this
+one process. OUT: per config and mode the generated token ids, wall seconds and the spec-decode counters
+it added (drafts, draft tokens, accepted tokens, accepted per position), read from ``LLM.get_metrics()``
+before and after. Imports nothing from the project (its venv has no ``medusa``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def run_config(job: dict, config: dict) -> dict:
     llm = LLM(model=job["model"], dtype=job["dtype"], speculative_config=config.get("speculative_config"),
               disable_log_stats=False, seed=0, **job.get("engine", {}))
     started = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"],
+                            ignore_eos=job.get("ignore_eos", False))
     results = [run_mode(llm, job["prompts"], params, mode) for mode in config["modes"]]
     llm.llm_engine.engine_core.shutdown()
     del llm
