@@ -105,7 +105,7 @@ def calib_prompts(tokenizer: Any, path: Path, n: int) -> list[Any]:
     return prompts
 
 
-def checkpoint_heads(checkpoint: Path, final: Path, dest: Path) -> Path:
+def checkpoint_heads(checkpoint: Path, final: Path, dest: Path, base: Any = None) -> Path:
     """A training checkpoint's drafter (its ``model.safetensors``, keys ``heads.*``) as a heads checkpoint in
     ``dest``, with the final checkpoint's config: what the curve decodes with."""
     import torch
@@ -113,7 +113,7 @@ def checkpoint_heads(checkpoint: Path, final: Path, dest: Path) -> Path:
 
     from medusa.modeling.model import MedusaModel
 
-    model = MedusaModel.from_pretrained(final)
+    model = MedusaModel.from_pretrained(final, base_model=base)
     state = load_file(checkpoint / "model.safetensors")
     model.heads.load_state_dict({k.removeprefix("heads."): v.to(torch.float32) for k, v in state.items()})
     model.tree = None

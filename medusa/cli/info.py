@@ -9,7 +9,7 @@ from medusa.cli import PathKind
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from medusa.modeling.model import summarize
+    from medusa.modeling.summary import summarize
 
     summary = summarize(args.checkpoint)
     if args.json:

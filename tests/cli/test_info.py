@@ -14,7 +14,7 @@ import torch
 
 from medusa import MedusaModel, MedusaTree
 from medusa.cli import main
-from medusa.modeling.model import summarize
+from medusa.modeling.summary import summarize
 
 from tiny_models import tiny_model
 

@@ -62,7 +62,7 @@ def test_ttt_loss_equals_chain_by_chain_drafting():
             if terms:
                 want += w * torch.stack(terms).mean()
     torch.testing.assert_close(out.loss, torch.as_tensor(want, dtype=out.loss.dtype), atol=1e-4, rtol=1e-4)
-    assert out.count.tolist() == [8.0, 8.0, 7.0]  # labelled targets per step (positions 3..10), misses included
+    assert out.count.tolist() == [8.0, 8.0, 7.0]  # labelled targets per step (positions 3..10)
 
 
 def test_unroll_mask_blocks():

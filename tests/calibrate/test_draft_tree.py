@@ -1,0 +1,32 @@
+"""Draft-tree calibration: every candidate is decoded for real, the fastest one is kept with the record."""
+
+import torch
+
+from medusa import MedusaModel
+from medusa.calibrate.draft_tree import calibrate_draft_tree, candidate_shapes, measure_shape
+from medusa.tree import DraftTreeShape
+
+from tiny_models import tiny_model
+
+
+def test_measure_and_choose():
+    base = tiny_model("llama", layers=4)
+    model = MedusaModel.from_base(base, num_heads=3, head_type="eagle3").eval()
+    prompts = [torch.randint(3, 96, (1, 6)), torch.randint(3, 96, (1, 4))]
+    figures = measure_shape(model, prompts, DraftTreeShape(4, 3, 1, 1), 8)
+    assert figures["tokens_per_step"] >= 1.0 and figures["step_ms"] > 0
+    shapes = [DraftTreeShape(4, 3, 1, 1), DraftTreeShape(6, 3, 2, 2, lookup_tokens=2)]
+    lines = []
+    best = calibrate_draft_tree(model, prompts, max_new_tokens=8, shapes=shapes, log=lines.append)
+    record = best.calibration
+    assert len(record["candidates"]) == 2 and len(lines) == 2
+    fastest = max(record["candidates"], key=lambda c: c["tokens_per_s"])
+    assert (best.num_nodes, best.lookup_tokens) == (fastest["num_nodes"], fastest["lookup_tokens"])
+    assert record["expected_tokens_per_step"] == fastest["tokens_per_step"]
+
+
+def test_candidates_are_valid_shapes():
+    shapes = candidate_shapes()
+    keys = {(s.num_nodes, s.depth, s.branch, s.expand, s.lookup_tokens) for s in shapes}
+    assert len(shapes) == len(keys)
+    assert all(s.num_nodes <= 16 for s in shapes)
