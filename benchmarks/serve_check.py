@@ -57,15 +57,16 @@ def medusa_spec(export: Path, k: int) -> dict[str, Any]:
 
 
 def configs(export: Path, num_heads: int, modes: list[str]) -> list[dict[str, Any]]:
-    """plain, ours at every k vLLM accepts (k <= n_predict; a larger k must be a multiple and finds no
-    weights), n-gram and suffix."""
-    out = [{"name": "plain", "speculative_config": None, "modes": modes}]
-    out += [{"name": f"medusa k={k}", "speculative_config": medusa_spec(export, k), "modes": modes}
-            for k in range(1, num_heads + 1)]
+    """plain, ours with every head, n-gram, suffix, then ours at every smaller k vLLM accepts (k <= n_predict;
+    a larger k must be a multiple and finds no weights): the worker saves each config as it finishes."""
+    def ours(k: int) -> dict[str, Any]:
+        return {"name": f"medusa k={k}", "speculative_config": medusa_spec(export, k), "modes": modes}
+
+    out = [{"name": "plain", "speculative_config": None, "modes": modes}, ours(num_heads)]
     out.append({"name": "ngram k=3", "modes": modes, "speculative_config": {
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}})
     out.append({"name": "suffix", "modes": modes, "speculative_config": {"method": "suffix"}})
-    return out
+    return out + [ours(k) for k in range(num_heads - 1, 0, -1)]
 
 
 def run_vllm(job: dict[str, Any], work: Path, cores: str | None = None) -> dict[str, Any]:
@@ -196,12 +197,15 @@ def main(argv: list[str] | None = None) -> int:
            "engine": {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": len(ids)},
            "configs": configs(export, summary["num_heads"], args.modes.split(","))}
     start = time.perf_counter()
-    vllm = run_vllm(job, args.out, cores=args.cores)
-    rows = summarise(vllm, prompts)
     ours = None
-    if not args.no_ours:
+    if not args.no_ours:  # first: the comparison is the point, the vLLM configs are saved one by one
         ours = our_chain_acceptance(args.heads, base, ids, args.max_tokens,
                                     ignore_eos=not args.stop_at_eos)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "ours.json").write_text(json.dumps(ours))
+    vllm = run_vllm(job, args.out, cores=args.cores)
+    rows = summarise(vllm, prompts)
+    if ours is not None:
         plain = next(r["tokens"] for c in vllm["configs"] if c["name"] == "plain" for r in c["runs"]
                      if r["mode"] == "batch1")
         ours["identical_to_plain"] = sum(a == b for a, b in zip(ours["tokens"], plain))
