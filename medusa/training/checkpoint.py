@@ -5,7 +5,8 @@ Each holds the trained module (``model.safetensors``, through accelerate) and th
 (``scheduler.json``), every process's RNG (``rng_state_<i>.json`` + ``.safetensors``) and
 ``trainer_state.json`` (global step, the data position, the recipe). Nothing in a checkpoint is unpickled:
 a checkpoint holding a pickle that a load would run (``*.pkl``, a ``.bin`` / ``.pt`` other than the
-optimizer's, DeepSpeed / FSDP shards) is refused before anything loads (:func:`check_no_pickles`).
+optimizer's and the fp16 scaler's, DeepSpeed / FSDP shards) is refused before anything loads
+(:func:`check_no_pickles`).
 Written to a temp directory and renamed into place, so an interrupted save never leaves a checkpoint that
 looks complete; files get the umask's mode.
 
@@ -39,7 +40,7 @@ STATE_NAME = "trainer_state.json"
 METRICS_NAME = "metrics.jsonl"
 SCHEDULER_NAME = "scheduler.json"
 # the only files a resume reads with torch.load (weights_only=True); every other pickle is refused
-_WEIGHTS_ONLY_RE = re.compile(r"^optimizer(_\d+)?\.bin$")
+_WEIGHTS_ONLY_RE = re.compile(r"^(optimizer(_\d+)?\.bin|scaler\.pt)$")  # fp16 runs: the GradScaler
 _PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".metadata")
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _RUN_FILE_RE = re.compile(r"^(final|recipe\.json|metrics\.jsonl|checkpoint-\d+|\.checkpoint-\d+\.tmp)$")

@@ -211,3 +211,19 @@ def test_resume_keeps_the_output_dir_guard_and_refuses_a_changed_recipe_or_data(
     assert rows[3] == {"step": 3, "resumed_from": str(ckpt), "resume_changes": {"train.lr": [0.003, 0.002]}}
     assert [r["step"] for r in rows] == [1, 2, 3, 3, 4, 5, 6]
     assert (out / "recipe.json").read_bytes() == recipe_json  # the run's recipe, as it started
+
+
+def test_only_the_weights_only_files_may_be_pickles(tmp_path):
+    from medusa.errors import CheckpointError
+    from medusa.training.checkpoint import check_no_pickles
+
+    for name in (STATE_NAME, "scheduler.json", "model.safetensors", "optimizer.bin", "optimizer_1.bin",
+                 "scaler.pt", "rng_state_0.json"):
+        (tmp_path / name).write_text("x")
+    check_no_pickles(tmp_path)  # read weights_only=True (optimizer, fp16 scaler) or not pickles at all
+    for planted in ("sub/optimizer.bin", "model.bin", "notes.PKL", "custom_checkpoint_1", "x/.metadata"):
+        (tmp_path / planted).parent.mkdir(exist_ok=True)
+        (tmp_path / planted).write_text("x")
+        with pytest.raises(CheckpointError, match=f"{planted}: a pickle"):
+            check_no_pickles(tmp_path)
+        (tmp_path / planted).unlink()
