@@ -31,10 +31,13 @@ import torch
 
 from benchmarks.low_precision import STORY_PROMPTS, greedy_identity
 from medusa import MedusaModel
-from medusa.decoding.candidates import decode_tree
 from medusa.decoding.compiled import compact_function, verify_function
 from medusa.decoding.generate import prefill
-from medusa.decoding.static_cache import cache_bucket, static_prefill
+from medusa.decoding.kv_cache import cache_bucket
+from medusa.decoding.proposals import choose_proposer
+from medusa.decoding.static_cache import static_prefill
+from medusa.decoding.tree_option import TreeChoice
+from medusa.decoding.trees import static_tree
 from medusa.eval.bench import bench
 from medusa.eval.timing import sync
 from medusa.modeling.base import load_base_model, load_tokenizer
@@ -71,14 +74,16 @@ def _time_verify(model: Any, nodes: int, compile: bool, prompt: int, steps: int)
     """Median seconds of one verify forward of a ``nodes``-node tree after a ``prompt``-token prefill."""
 
     device = model.device
-    dt = decode_tree(_tree(nodes), device, next(model.parameters()).dtype)
+    tree, dtype = _tree(nodes), next(model.parameters()).dtype
+    dt = static_tree(tree, device, dtype)
     ids = torch.randint(3, model.base_model.config.vocab_size, (1, prompt), device=device)
     verify = verify_function(model, compile)
     with torch.no_grad():
         new_cache = functools.partial(static_prefill, num_nodes=dt.num_nodes,
                                       capacity=cache_bucket(prompt + 2 * nodes + 8), dtype=dt.dtype,
                                       compact_fn=compact_function(model, compile))
-        state = prefill(model, ids, torch.ones_like(ids), dt, new_cache=new_cache)
+        proposer = choose_proposer(model.heads, TreeChoice(static=tree), device, dtype)
+        state = prefill(model, ids, torch.ones_like(ids), proposer, new_cache=new_cache)
         tokens = state.proposer.propose(state.root, state.hidden).tokens  # [1, N]
         pos = state.n_valid.view(1, 1) + dt.depths.view(1, -1)
         times = []

@@ -7,7 +7,7 @@ After the MEDUSA-1 bench, at the node budget MEDUSA-1's calibration chose (N nod
 2. ``hydra_calibrate``: the Hydra heads' accuracy-ranked tree of N nodes;
 3. ``hydra_bench``: benchmarked like MEDUSA-1;
 4. ``dynamic_bench``: the MEDUSA-1 heads with the dynamic tree of N nodes
-   (:class:`medusa.decoding.dynamic_tree.DynamicTree`, as ``medusa bench --tree dynamic --nodes N``);
+   (:class:`medusa.decoding.tree_option.DynamicTreeOption`, as ``medusa bench --tree dynamic --nodes N``);
 5. ``hydra_dynamic_bench``: the Hydra heads with the same dynamic tree.
 
 The rows, the tokens/step ratios and the fastest (heads, tree) land in ``summary["head_types"]``
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import stages as S
-from medusa.decoding.dynamic_tree import DynamicTree
+from medusa.decoding.tree_option import DynamicTreeOption
 
-# (heads dir, report path, tree: None for the checkpoint's tree.json, or a DynamicTree) -> bench summary
+# (heads dir, report path, tree: None for the checkpoint's tree.json, or a DynamicTreeOption) -> bench summary
 BenchFn = Callable[[Path, Path, Any], dict[str, Any]]
 STAGES = ("hydra_train", "hydra_calibrate", "hydra_bench", "dynamic_bench", "hydra_dynamic_bench")
 
@@ -71,7 +71,7 @@ def run_head_types(root: Path, plan: HeadTypePlan, medusa1: dict[str, Any], benc
     nodes = int(medusa1["calibrate"]["nodes"])
     trained = S.run_stage(root, "hydra_train", lambda: S.train_recipe(
         plan.recipe, hydra_overrides(plan), progress=plan.progress), log)
-    dynamic = DynamicTree(nodes)  # the same node budget, root included (as len(MedusaTree))
+    dynamic = DynamicTreeOption(nodes)  # the same node budget, root included (as len(MedusaTree))
     with S.torch_threads(plan.timing_threads):
         calibrated = S.run_stage(root, "hydra_calibrate", lambda: S.calibrate_stage(
             trained["final_dir"], plan.hydra_final, plan.calib_data, nodes=nodes, progress=plan.progress),

@@ -1,12 +1,8 @@
 """medusa: train, calibrate, export and decode with MEDUSA heads on any Hugging Face causal LM."""
 
-from medusa.decoding.generate import medusa_generate
 from medusa.errors import CheckpointError, ConfigError, DataError, MedusaError
 from medusa.modeling import MedusaConfig, MedusaHeads, MedusaModel, MedusaOutput, ResBlock
-from medusa.modeling.model import install_decode_loop
 from medusa.tree import MedusaTree
-
-install_decode_loop(medusa_generate)  # MedusaModel.generate's decode loop (decoding sits above modeling)
 
 __version__ = "0.1.0"
 

@@ -6,18 +6,18 @@ import argparse
 from pathlib import Path
 
 from medusa.cli import (
-    LOOKUP_TOKENS,
     MAX_NODES,
-    NEW_TOKENS,
-    NODES,
     SEED,
-    TEMPERATURE,
     THREADS,
-    TOP_K,
-    TOP_P,
     PathKind,
     add_overwrite,
     count,
+)
+from medusa.cli.decode_args import (
+    add_checkpoint_args,
+    add_output_length_args,
+    add_sampling_args,
+    add_tree_args,
 )
 from medusa.config.enums import ACCEPTANCE
 
@@ -26,7 +26,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from medusa.data.readers import read_prompts
-    from medusa.decoding.dynamic_tree import tree_option
+    from medusa.decoding.tree_option import tree_option
     from medusa.eval.bench import bench, check_lookup
     from medusa.eval.report import format_summary, report_paths, write_report
     from medusa.io import check_output_file
@@ -75,31 +75,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure MEDUSA against HF generate: speedup, tokens/step, overhead",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--heads", required=True, type=PathKind("dir"),
-                   help="a MEDUSA heads checkpoint directory (its tree.json is used)")
-    p.add_argument("--base", default=None, type=PathKind("model"),
-                   help="base model (default: the checkpoint's)")
+    add_checkpoint_args(p, "a MEDUSA heads checkpoint directory (its tree.json is used)")
     p.add_argument("--prompts", required=True, type=PathKind("file"),
                    help="JSONL with 'prompt' (or MT-bench 'turns': the first turn) per row, or a "
                         "text file, one prompt per line")
     p.add_argument("--limit", type=count(10**9), default=None, help="only the first N prompts (N >= 1)")
-    p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=128,
-                   help="tokens every method writes per prompt")
+    add_output_length_args(p, "tokens every method writes per prompt")
     p.add_argument("--acceptance", choices=list(ACCEPTANCE), default="greedy",
                    help="greedy compares with generate(do_sample=False); the others with do_sample=True")
-    p.add_argument("--temperature", type=TEMPERATURE, default=None,
-                   help="unset: the generation_config's (as HF)")
-    p.add_argument("--top-k", type=TOP_K, default=None)
-    p.add_argument("--top-p", type=TOP_P, default=None, help="in (0, 1]")
-    p.add_argument("--tree", default=None, type=PathKind("tree"),
-                   help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
-                        "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
-                        "the heads' raw probabilities), or 'lookup': the context-lookup chain alone, no "
-                        "heads (needs --lookup-tokens >= 1) (default: the checkpoint's tree, else built-in)")
-    p.add_argument("--nodes", type=NODES, default=None, help="nodes of the dynamic tree (default 32)")
-    p.add_argument("--lookup-tokens", type=LOOKUP_TOKENS, default=None, metavar="L",
-                   help="verify a chain of L context-lookup tokens beside the heads' tree in the same "
-                        "forward (0: heads only; default: the checkpoint tree's lookup_tokens)")
+    add_sampling_args(p)
+    add_tree_args(p)
     p.add_argument("--assistant-model", default=None, type=PathKind("model"),
                    help="also measure HF assisted generation with this draft model (speculative decoding)")
     p.add_argument("--prompt-lookup", action="store_true", help="also measure HF prompt-lookup decoding")
@@ -116,7 +101,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true",
                    help="wrap each prompt in the tokenizer's chat template as a user turn (as medusa "
                         "generate --chat)")
-    p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
     p.add_argument("--threads", type=THREADS, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--compile", action="store_true",
                    help="also compiled MEDUSA (static cache, torch.compile) vs HF static-cache "

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from medusa.cli import LOOKUP_TOKENS, NEW_TOKENS, NODES, SEED, TEMPERATURE, TOP_K, TOP_P, Bounded, PathKind
+from medusa.cli import SEED, Bounded, PathKind
+from medusa.cli.decode_args import (
+    add_checkpoint_args,
+    add_output_length_args,
+    add_sampling_args,
+    add_tree_args,
+)
 from medusa.config.enums import ACCEPTANCE
 from medusa.errors import MedusaError
 
@@ -13,7 +19,7 @@ from medusa.errors import MedusaError
 def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from medusa.decoding.dynamic_tree import tree_option
+    from medusa.decoding.tree_option import tree_option
 
     if args.prompt is None and args.prompts is None:
         raise MedusaError("give --prompt TEXT or --prompts FILE")
@@ -63,36 +69,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="decode with MEDUSA heads (prints text and tokens/step)")
-    p.add_argument("--heads", required=True, type=PathKind("dir"), help="a MEDUSA heads checkpoint directory")
-    p.add_argument("--base", default=None, type=PathKind("model"),
-                   help="base model path or id (default: the checkpoint's)")
+    add_checkpoint_args(p, "a MEDUSA heads checkpoint directory")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="one prompt")
     src.add_argument("--prompts", default=None, type=PathKind("file"),
                      help="a .txt (one per line) or .jsonl file of prompts")
     p.add_argument("--acceptance", choices=list(ACCEPTANCE), default="greedy",
                    help="greedy and sample are lossless; typical is faster at high temperature but lossy")
-    p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=128)
-    p.add_argument("--temperature", type=TEMPERATURE, default=None,
-                   help="as HF generate (unset: the model's generation_config, then 1.0)")
-    p.add_argument("--top-k", type=TOP_K, default=None,
-                   help="as HF generate (unset: generation_config, then 50)")
-    p.add_argument("--top-p", type=TOP_P, default=None,
-                   help="as HF generate, in (0, 1] (unset: generation_config, then 1.0)")
+    add_output_length_args(p)
+    add_sampling_args(p)
     p.add_argument("--posterior-threshold", type=Bounded(float, 0.0, 1.0), default=0.09,
                    help="typical acceptance epsilon, in [0, 1]")
     p.add_argument("--posterior-alpha", type=Bounded(float, 0.0, 1.0), default=0.3,
                    help="typical acceptance delta, in [0, 1]")
-    p.add_argument("--tree", default=None, type=PathKind("tree"),
-                   help="a tree.json, or 'dynamic': per step and row the --nodes most probable paths "
-                        "(scored by the calibrated path score when tree.json has one; 'dynamic-raw': by "
-                        "the heads' raw probabilities), or 'lookup': the context-lookup chain alone, no "
-                        "heads (needs --lookup-tokens >= 1) (default: the checkpoint's tree, else built-in)")
-    p.add_argument("--nodes", type=NODES, default=None, help="nodes of the dynamic tree (default 32)")
-    p.add_argument("--lookup-tokens", type=LOOKUP_TOKENS, default=None, metavar="L",
-                   help="verify a chain of L context-lookup tokens beside the heads' tree in the same "
-                        "forward (0: heads only; default: the checkpoint tree's lookup_tokens)")
-    p.add_argument("--dtype", default=None, help="base model dtype (float32 | bfloat16 | float16)")
+    add_tree_args(p)
     p.add_argument("--seed", type=SEED, default=None)
     p.add_argument("--compile", action="store_true",
                    help="static cache + torch.compile of the step (compiled once per shapes; time "

@@ -4,48 +4,38 @@ Every rule takes the verification logits ``[B, N, V]`` (the base model's logits 
 the tree tokens ``[B, N]``, and returns ``(path [B, D+1], n_accepted [B], next_token [B])``: the node
 indices of the kept root-to-leaf path, how many nodes past the root were accepted (``path[:, :n+1]``
 are the kept nodes), and the token that follows the last kept node (the next step's root).
+
+:class:`Scorer` is what a decode step calls: built once per run, it applies the logits processors (each
+tree node's scores after its own prefix) and then the run's rule; compiled decoding wraps the same scorer
+(its greedy rule compiled).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from medusa.decoding.candidates import DecodeTree
-from medusa.decoding.dynamic_tree import StepTree, is_per_row, rows_at
+from medusa.decoding.processors import Generation, Warp, apply_processors, process_nodes, warp_scores
+from medusa.decoding.trees import VerifyTree
 
-Warp = Callable[[torch.Tensor], torch.Tensor]
-
-
-def warp_logits(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> Warp:
-    """HF's sampling warpers in HF's order (temperature, top-k, top-p), as ``generate(do_sample=True)`` builds
-    them: temperature 1.0, top_k 0/None and top_p 1.0/None are skipped. ``[..., V] -> [..., V]`` logits."""
-    from transformers.generation.logits_process import (
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    warpers = []
-    if temperature is not None and temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(temperature))
-    if top_k is not None and top_k != 0:
-        warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
-    if top_p is not None and top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
-
-    def warp(logits: torch.Tensor) -> torch.Tensor:
-        shape = logits.shape
-        scores = logits.reshape(-1, shape[-1]).float()  # [R, V]
-        for w in warpers:
-            scores = w(None, scores)
-        return scores.view(shape)
-
-    return warp
+# (logits [B, N, V], tokens [B, N], tree) -> (path [B, D+1], n_accepted [B], next_token [B])
+Rule = Callable[[torch.Tensor, torch.Tensor, VerifyTree], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def _best_path(ok: torch.Tensor, dt: DecodeTree | StepTree, score: torch.Tensor | None = None
+def rows_at(x: torch.Tensor, index: torch.Tensor, per_row: bool) -> torch.Tensor:
+    """``x [B, N, ...]`` at node indices ``index``: ``[M...]`` shared by all rows (a static tree) or, with
+    ``per_row``, ``[B, M...]`` (a :class:`RowTrees`) -> ``[B, M..., ...]``."""
+    if not per_row:
+        return x[:, index]
+    b = x.shape[0]
+    rows = torch.arange(b, device=x.device).view(b, 1)
+    return x[rows, index.reshape(b, -1)].view(*index.shape, *x.shape[2:])
+
+
+def _best_path(ok: torch.Tensor, dt: VerifyTree, score: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Longest accepted prefix over root-to-leaf paths.
 
@@ -53,7 +43,7 @@ def _best_path(ok: torch.Tensor, dt: DecodeTree | StepTree, score: torch.Tensor 
     log-likelihood used to break ties between equally long paths. Returns (path [B, D+1], n [B], last [B]).
     """
     b = ok.shape[0]
-    per_row = is_per_row(dt)  # a dynamic tree: retrieve [B, L, D+1], every node a leaf
+    per_row = dt.per_row  # per-row trees: retrieve [B, L, D+1], every node a leaf
     nodes = dt.retrieve[..., 1:]  # [L, D] or [B, L, D]
     ok_path = rows_at(ok, nodes, per_row) & dt.retrieve_valid  # [B, L, D]
     run = ok_path.long().cumprod(dim=-1)  # [B, L, D]
@@ -74,11 +64,11 @@ def _best_path(ok: torch.Tensor, dt: DecodeTree | StepTree, score: torch.Tensor 
     return path, n, last
 
 
-def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | StepTree
+def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Longest path whose every token is the base model's argmax at its parent; next = argmax at the end."""
     pred = logits.argmax(dim=-1)  # [B, N]
-    ok = tokens == rows_at(pred, dt.parents, is_per_row(dt))  # [B, N]
+    ok = tokens == rows_at(pred, dt.parents, dt.per_row)  # [B, N]
     path, n, last = _best_path(ok, dt)
     nxt = pred.gather(1, last.view(-1, 1)).view(-1)
     return path, n, nxt
@@ -88,7 +78,7 @@ def _identity(scores: torch.Tensor) -> torch.Tensor:
     return scores
 
 
-def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | StepTree,
+def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree,
                    warp: Warp | None = None,
                    temperature: float = 1.0, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor,
@@ -106,7 +96,7 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | 
     entropy = -(probs * logp).nan_to_num().sum(dim=-1)  # [B, N]
     threshold = torch.minimum(torch.full_like(entropy, posterior_threshold),
                               posterior_alpha * torch.exp(-entropy))  # [B, N]
-    per_row = is_per_row(dt)
+    per_row = dt.per_row
     parent_logp = rows_at(logp, dt.parents, per_row)  # [B, N, V]
     cand_logp = parent_logp.gather(2, tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
     ok = cand_logp.exp() > rows_at(threshold, dt.parents, per_row)
@@ -117,7 +107,7 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | 
     return path, n, nxt
 
 
-def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | StepTree,
+def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree,
                   warp: Warp | None = None, generator: torch.Generator | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless recursive rejection sampling over siblings (proposals are the heads' deterministic top-k).
@@ -142,7 +132,7 @@ def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | S
         p = probs[rows, cur].clone()  # [B, V] unnormalised residual at the current node
         chosen = torch.full((b,), -1, dtype=torch.long, device=device)
         for r in range(dt.kmax):
-            child = dt.children[rows, cur, r] if is_per_row(dt) else dt.children[cur, r]  # [B]
+            child = dt.children[rows, cur, r] if dt.per_row else dt.children[cur, r]  # [B]
             cand = (child >= 0) & active & (chosen < 0)
             tok = tokens.gather(1, child.clamp(min=0).view(b, 1))  # [B, 1]
             p_tok = p.gather(1, tok).view(b)
@@ -161,3 +151,64 @@ def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: DecodeTree | S
     residual = torch.where(active.view(b, 1), probs[rows, cur], residual)  # reached a depth-D leaf
     nxt = torch.multinomial(residual, 1, generator=generator).view(b)
     return path, n, nxt
+
+
+@dataclass
+class Progress:
+    """Each row's progress on the host: written by the decode loop, read by the scorer's processors."""
+
+    prompt_len: int  # P (padded)
+    history: torch.Tensor | None  # [B, P + max_new_tokens]: padded prompt + emitted tokens (processors only)
+    generated: list[list[int]]  # per row: the tokens emitted so far
+    done: list[bool]  # per row: finished
+
+
+@dataclass
+class Scorer:
+    """Logits processors + the acceptance rule of one run, built once. ``scorer(logits, tokens, tree)``:
+    each node's logits ``[B, N, V]`` processed with its own prefix, then the rule (greedy, sample or
+    typical) -> ``(path [B, D+1], n_accepted [B], next_token [B])``. ``greedy_rule``: :func:`greedy_accept`
+    or its compiled wrapper (:func:`medusa.decoding.compiled.compiled_scorer`)."""
+
+    gen: Generation
+    acceptance: str  # "greedy" | "sample" | "typical"
+    progress: Progress
+    typical: tuple[float, float] = (0.09, 0.3)  # posterior_threshold, posterior_alpha
+    generator: torch.Generator | None = None
+    greedy_rule: Rule = greedy_accept
+
+    @property
+    def pure(self) -> bool:
+        """Greedy without logits processors: a function of the logits alone (safe to run twice)."""
+        return self.acceptance == "greedy" and not self.gen.needs_ids
+
+    def first_token(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The first new token ``[B]`` from the prompt's last logits ``[B, V]`` (as HF's first step)."""
+        scores = logits.float()
+        if self.gen.needs_ids:
+            scores = apply_processors(self.gen, input_ids, scores,
+                                      torch.arange(logits.shape[0], device=logits.device))
+        if self.acceptance == "greedy":
+            return scores.argmax(dim=-1)
+        probs = torch.softmax(warp_scores(self.gen, scores), dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator).view(-1)
+
+    def __call__(self, logits: torch.Tensor, tokens: torch.Tensor, tree: VerifyTree
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gen, run = self.gen, self.progress
+        scores = logits
+        if gen.needs_ids:
+            lengths = [run.prompt_len + len(g) for g in run.generated]
+            active = [not d for d in run.done]
+            scores = process_nodes(gen, run.history, lengths, active, tokens, logits, tree)
+        if self.acceptance == "greedy":
+            return self.greedy_rule(scores, tokens, tree)
+        warp = functools.partial(warp_scores, gen)
+        if self.acceptance == "sample":
+            return sample_accept(scores.float(), tokens, tree, warp, generator=self.generator)
+        threshold, alpha = self.typical
+        return typical_accept(scores.float(), tokens, tree, warp, gen.temperature, threshold, alpha,
+                              generator=self.generator)
+
+
+__all__ = ["Progress", "Rule", "Scorer", "greedy_accept", "rows_at", "sample_accept", "typical_accept"]

@@ -9,11 +9,12 @@ D small calls per step, all on the device: nothing is read back to the host.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from medusa.decoding.candidates import DecodeTree
+from medusa.decoding.trees import StaticTree
 
 
 @dataclass
@@ -27,10 +28,14 @@ class HydraLevel:
     source: torch.Tensor  # [M] index of each depth-d node's token in the flattened [E * topk] top-k table
 
 
-def hydra_levels(dt: DecodeTree) -> list[HydraLevel]:
-    """The tree's growth plan, one :class:`HydraLevel` per depth, built once per decode tree."""
-    if dt.hydra_levels is not None:
-        return dt.hydra_levels
+# each static tree's growth plan, built once (static trees are themselves built once per tree and device)
+_LEVELS: weakref.WeakKeyDictionary[StaticTree, list[HydraLevel]] = weakref.WeakKeyDictionary()
+
+
+def hydra_levels(dt: StaticTree) -> list[HydraLevel]:
+    """The tree's growth plan, one :class:`HydraLevel` per depth, built once per static tree."""
+    if dt in _LEVELS:
+        return _LEVELS[dt]
     device = dt.depths.device
     parent_of, children, ancestors = dt.parents.tolist(), dt.children.tolist(), dt.ancestors.tolist()
     levels = []
@@ -47,16 +52,17 @@ def hydra_levels(dt: DecodeTree) -> list[HydraLevel]:
             source=torch.tensor([parents.index(parent_of[i]) * topk + rank[i] for i in kids],
                                 dtype=torch.long, device=device),
         ))
-    dt.hydra_levels = levels
+    _LEVELS[dt] = levels
     return levels
 
 
-def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor, dt: DecodeTree
-                  ) -> torch.Tensor:
+def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tensor, dt: StaticTree,
+                  levels: list[HydraLevel] | None = None) -> torch.Tensor:
     """Tree tokens ``[B, N]`` grown by Hydra heads from ``root [B]`` and ``hidden [B, d]``.
 
     Node 0 is the root; a depth-d node with rank r under parent p holds head d's rank-r token on the input
-    ``[hidden, e(tokens on p's path)]``.
+    ``[hidden, e(tokens on p's path)]``. ``levels``: the tree's growth plan (default :func:`hydra_levels`;
+    the proposer passes the one it built, so compiled code never looks it up).
     """
     b, d_model = hidden.shape
     num_nodes = dt.num_nodes
@@ -65,7 +71,7 @@ def hydra_propose(heads: torch.nn.Module, root: torch.Tensor, hidden: torch.Tens
     emb = heads.embed(root).new_zeros(b, num_nodes, d_model)  # [B, N, d] node embeddings, filled per depth
     emb[:, 0] = heads.embed(root)
     h = hidden.to(emb.dtype)
-    for d, level in enumerate(hydra_levels(dt), start=1):
+    for d, level in enumerate(levels if levels is not None else hydra_levels(dt), start=1):
         e = level.expand.shape[0]
         path_emb = emb[:, level.paths.view(-1)].view(b, e, d * d_model)  # [B, E, d * d_model]
         wide = torch.cat([h.view(b, 1, d_model).expand(b, e, d_model), path_emb], dim=-1)  # [B, E, (d+1) d]

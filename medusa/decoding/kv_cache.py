@@ -7,9 +7,17 @@ from typing import Any, Protocol
 
 import torch
 
+from medusa.decoding.attention import window_layout
+from medusa.decoding.hf import text_config, unwrap
 from medusa.errors import MedusaError
-from medusa.modeling.attention import window_layout
-from medusa.modeling.base import text_config, unwrap
+
+MIN_BUCKET = 64  # the smallest cache / context bucket (columns)
+
+
+def cache_bucket(length: int) -> int:
+    """The cache length for ``length`` needed columns: the next power of two (at least :data:`MIN_BUCKET`), so
+    prompts of similar length share one compiled step."""
+    return max(MIN_BUCKET, 1 << (max(length, 1) - 1).bit_length())
 
 
 def new_cache() -> Any:
@@ -144,14 +152,14 @@ class DynamicKV:
 
 
 def dynamic_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, num_nodes: int, capacity: int,
-                    dtype: torch.dtype) -> tuple[DynamicKV, torch.Tensor, torch.Tensor]:
+                    dtype: torch.dtype) -> tuple[DynamicKV, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the left-padded prompt ``[B, P]`` into a fresh ``DynamicCache`` as HF generate does; returns the
-    cache (a ``dtype`` mask buffer of at least ``capacity`` columns), the last position's logits ``[B, V]``
-    and hidden state ``[B, d]``."""
+    cache (a ``dtype`` mask buffer of at least ``capacity`` columns), the last position's logits ``[B, V]``,
+    the base features at every prompt position ``[B, P, F]`` and at the last one ``[B, F]``."""
     p = input_ids.shape[1]
     hf = new_cache()
     last_position = torch.tensor([p - 1], device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=prompt_position_ids(mask2d),
                 past_key_values=hf, use_cache=True, positions=last_position, compute_heads=False)
     mask = tree_mask_buffer(mask2d, num_nodes, max(capacity, p + 2 * num_nodes), dtype)  # [B, 1, N, capacity]
-    return DynamicKV(hf, mask, p), out.logits[:, -1], out.hidden_states[:, -1]
+    return DynamicKV(hf, mask, p), out.logits[:, -1], out.hidden_states, out.hidden_states[:, -1]

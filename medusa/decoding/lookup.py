@@ -6,11 +6,12 @@ in the row's prompt + generated tokens, and the tokens that followed it are prop
 the device over a fixed-width token buffer (:class:`LookupContext`) with no host read: a row without a
 match gets a chain whose nodes are marked invalid (they are verified, never accepted).
 
-**The hybrid tree** (:class:`HybridTree`): the heads' static tree (N nodes, depth D) plus L chain nodes
+**The hybrid tree** (:func:`hybrid_tree`, proposed by :class:`medusa.decoding.proposals.HybridProposer`):
+the heads' static tree (N nodes, depth D) plus L chain nodes
 hanging from the root. Where the chain's first m tokens coincide with a path of the heads' tree the chain is
 merged into it: its L nodes hang from that path's node and carry the chain's tokens m .. m+L-1, so no
 prefix is verified twice and the merge lengthens the chain instead of wasting nodes. Every row has its own
-tree (a :class:`medusa.decoding.dynamic_tree.StepTree` of N + L nodes, depth D + L): the acceptance rules
+tree (a :class:`medusa.decoding.trees.RowTrees` of N + L nodes, depth D + L): the acceptance rules
 and the logits processors take it as they take a dynamic tree's. Lookup tokens are deterministic drafts
 (point masses) like the heads' top-k, so "sample" acceptance stays lossless: the chain's node is one more
 sibling, tried after the heads' children with recursive rejection sampling.
@@ -24,9 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from medusa.decoding.candidates import DecodeTree
-from medusa.decoding.dynamic_tree import StepTree, tree_structure
-from medusa.decoding.static_cache import cache_bucket
+from medusa.decoding.kv_cache import cache_bucket
+from medusa.decoding.trees import RowTrees, StaticTree, tree_structure
 
 MAX_NGRAM = 3  # the longest context suffix looked up (then shorter ones)
 
@@ -90,47 +90,8 @@ def lookup_chain(context: LookupContext, length: int, max_ngram: int = MAX_NGRAM
     return torch.where(valid, chain, 0), valid
 
 
-def root_only_tree(device: torch.device, dtype: torch.dtype) -> DecodeTree:
-    """The heads' part of a lookup-only tree: the root alone."""
-    zero = torch.zeros(1, dtype=torch.long, device=device)
-    return DecodeTree(num_nodes=1, depth=0, kmax=1, depths=zero, parents=zero,
-                      children=torch.full((1, 1), -1, dtype=torch.long, device=device),
-                      retrieve=zero.view(1, 1),
-                      retrieve_valid=torch.zeros(1, 0, dtype=torch.bool, device=device),
-                      topk_index=zero[:0], float_mask=torch.zeros(1, 1, dtype=dtype, device=device),
-                      ancestors=zero.view(1, 1), depth_list=[0])
-
-
-@dataclass
-class HybridTree:
-    """The decode tree's fixed sizes with a lookup chain: ``heads`` (the heads' static tree; the root alone
-    for lookup only) plus ``lookup_tokens`` chain nodes; ``room``: how far each row's context can grow
-    (the run's new tokens and one step's overshoot)."""
-
-    heads: DecodeTree
-    lookup_tokens: int  # L >= 1
-    room: int
-    max_ngram: int = MAX_NGRAM
-    lookup_only: bool = False
-    # cut each step's chain to the rows' longest acceptable one (a host read: the eager CPU path, where it
-    # costs nothing and saves verifying nodes that cannot be accepted; fixed shapes elsewhere)
-    trim: bool = False
-
-    @property
-    def num_nodes(self) -> int:
-        return self.heads.num_nodes + self.lookup_tokens
-
-    @property
-    def depth(self) -> int:
-        return self.heads.depth + self.lookup_tokens
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.heads.dtype
-
-
-def merge_point(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tensor, valid: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_point(head_tokens: torch.Tensor, heads: StaticTree | RowTrees, chain: torch.Tensor,
+                valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """How far the chain runs along a path of the heads' tree: ``(node [B], m [B])``, the deepest heads
     node whose path tokens equal the chain's first m tokens (the root and 0 when its first token is no
     child of the root). Siblings hold distinct tokens, so the path is unique."""
@@ -138,8 +99,9 @@ def merge_point(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tenso
     node = torch.zeros(b, dtype=torch.long, device=head_tokens.device)  # [B]
     m = torch.zeros_like(node)
     going = torch.ones(b, dtype=torch.bool, device=head_tokens.device)
+    rows = torch.arange(b, device=head_tokens.device) if heads.per_row else None  # per-row heads' trees only
     for j in range(heads.depth):
-        kids = heads.children[node]  # [B, kmax]
+        kids = heads.children[rows, node] if heads.per_row else heads.children[node]  # [B, kmax]
         kid_tokens = head_tokens.gather(1, kids.clamp(min=0))  # [B, kmax]
         hit = (kids >= 0) & (kid_tokens == chain[:, j:j + 1]) & valid[:, j:j + 1]  # [B, kmax]
         moved = going & hit.any(dim=1)
@@ -149,12 +111,13 @@ def merge_point(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tenso
     return node, m
 
 
-def hybrid_tree(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tensor, valid: torch.Tensor,
-                lookup_tokens: int, trim: bool = False) -> StepTree | None:
-    """Each row's tree: the heads' ``head_tokens [B, N]`` on ``heads`` plus ``lookup_tokens`` (L) chain
-    nodes merged where the chain (``chain [B, D+L]``, ``valid [B, D+L]``) follows a heads path. Nodes
-    N .. N+L-1 are the chain; invalid ones are in no candidate path and no node's child. ``trim``: L cut to
-    the rows' longest valid chain (a host read); None when no row has one (the heads' tree alone)."""
+def hybrid_tree(head_tokens: torch.Tensor, heads: StaticTree | RowTrees, chain: torch.Tensor,
+                valid: torch.Tensor, lookup_tokens: int, trim: bool = False) -> RowTrees | None:
+    """Each row's tree: the heads' ``head_tokens [B, N]`` on ``heads`` (one tree, or one per row) plus
+    ``lookup_tokens`` (L) chain nodes merged where the chain (``chain [B, D+L]``, ``valid [B, D+L]``)
+    follows a heads path. Nodes N .. N+L-1 are the chain; invalid ones are in no candidate path and no
+    node's child. ``trim``: L cut to the rows' longest valid chain (a host read); None when no row has one
+    (the heads' tree alone)."""
     b, n = head_tokens.shape
     device = head_tokens.device
     node, m = merge_point(head_tokens, heads, chain, valid)  # [B]
@@ -180,5 +143,5 @@ def hybrid_tree(head_tokens: torch.Tensor, heads: DecodeTree, chain: torch.Tenso
     return tree
 
 
-__all__ = ["MAX_NGRAM", "HybridTree", "LookupContext", "hybrid_tree", "lookup_chain",
-           "merge_point", "new_context", "observe", "root_only_tree"]
+__all__ = ["MAX_NGRAM", "LookupContext", "hybrid_tree", "lookup_chain", "merge_point", "new_context",
+           "observe"]

@@ -14,15 +14,17 @@ top-k...) only see scores, so they run on all nodes at once (:func:`warp_scores`
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from medusa.decoding.dynamic_tree import is_per_row
+from medusa.decoding.hf import unwrap
+from medusa.decoding.trees import VerifyTree
 from medusa.errors import MedusaError
-from medusa.modeling.base import unwrap
+
+Warp = Callable[[torch.Tensor], torch.Tensor]  # sampling scores [..., V] -> [..., V]
 
 # Settings that change HF's output and that MEDUSA does not reproduce: (name, "is it active?").
 _UNSUPPORTED = (
@@ -96,13 +98,33 @@ def _pad_id(cfg: Any, eos: list[int]) -> int:
     return int(pad) if pad is not None else (eos[0] if eos else 0)
 
 
-def check_supported_settings(cfg: Any) -> None:
-    """Raise :class:`MedusaError` naming the first setting that changes HF's output and is not reproduced."""
+def _first_unsupported(cfg: Any) -> tuple[str, Any] | None:
+    """``(name, value)`` of the first setting of ``cfg`` in :data:`_UNSUPPORTED` that is active, else None."""
     for name, active in _UNSUPPORTED:
         value = getattr(cfg, name, None)
         if active(value):
-            raise MedusaError(f"generation setting {name}={value!r} (from the arguments or the model's "
-                              "generation_config) is not supported by MEDUSA decoding; unset it")
+            return name, value
+    return None
+
+
+def check_supported_settings(cfg: Any) -> None:
+    """Raise :class:`MedusaError` naming the first setting that changes HF's output and is not reproduced."""
+    found = _first_unsupported(cfg)
+    if found is not None:
+        raise MedusaError(f"generation setting {found[0]}={found[1]!r} (from the arguments or the model's "
+                          "generation_config) is not supported by MEDUSA decoding; unset it")
+
+
+def sampling_only_blocker(base: Any) -> str | None:
+    """Why a loop that applies only temperature / top-k / top-p (self-distillation's refill loop) would not
+    reproduce ``base.generate``: the first setting of its generation_config that MEDUSA does not reproduce
+    either, or that adds a logits processor (named by the processor); None when there is none."""
+    cfg = merged_config(base, None, {})
+    found = _first_unsupported(cfg)
+    if found is not None:
+        return f"generation_config.{found[0]}={found[1]!r}"
+    procs = _build_processors(cfg, _eos_list(cfg, None), 1, torch.device("cpu"))
+    return f"generation_config adds {type(procs[0]).__name__}" if procs else None
 
 
 def _build_processors(cfg: Any, eos: list[int], prompt_len: int, device: torch.device) -> list:
@@ -200,15 +222,36 @@ def apply_processors(gen: Generation, ids: torch.Tensor, scores: torch.Tensor,
     return scores
 
 
-def warp_scores(gen: Generation, scores: torch.Tensor) -> torch.Tensor:
-    """The sampling warpers on ``scores [..., V]`` (they read no token ids)."""
-    if not gen.warpers:
+def apply_warpers(warpers: list, scores: torch.Tensor) -> torch.Tensor:
+    """HF warpers (``build_warpers``) on ``scores [..., V]``, in order (they read no token ids)."""
+    if not warpers:
         return scores
     shape = scores.shape
     flat = scores.reshape(-1, shape[-1])  # [R, V]
-    for w in gen.warpers:
+    for w in warpers:
         flat = w(None, flat)
     return flat.view(shape)
+
+
+def warp_scores(gen: Generation, scores: torch.Tensor) -> torch.Tensor:
+    """The run's sampling warpers on ``scores [..., V]``."""
+    return apply_warpers(gen.warpers, scores)
+
+
+def warp_logits(temperature: float | None = 1.0, top_k: int | None = None, top_p: float | None = None,
+                device: torch.device | str = "cpu") -> Warp:
+    """HF's sampling warpers for these three settings alone, in HF's order (:func:`build_warpers`:
+    temperature 1.0, top_k 0/None and top_p 1.0/None are skipped). ``[..., V] -> [..., V]`` fp32 scores."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(do_sample=True, temperature=1.0 if temperature is None else temperature,
+                           top_k=top_k or 0, top_p=1.0 if top_p is None else top_p)
+    warpers = build_warpers(cfg, device)
+
+    def warp(logits: torch.Tensor) -> torch.Tensor:
+        return apply_warpers(warpers, logits.float())
+
+    return warp
 
 
 def process_tree(gen: Generation, history: torch.Tensor, lengths: list[int], active: list[bool],
@@ -248,16 +291,16 @@ def process_tree(gen: Generation, history: torch.Tensor, lengths: list[int], act
 
 
 def process_nodes(gen: Generation, history: torch.Tensor, lengths: list[int], active: list[bool],
-                  tokens: torch.Tensor, logits: torch.Tensor, tree: Any) -> torch.Tensor:
-    """:func:`process_tree` on a static tree (``DecodeTree``), :func:`process_step_tree` on per-row trees."""
-    if is_per_row(tree):
+                  tokens: torch.Tensor, logits: torch.Tensor, tree: VerifyTree) -> torch.Tensor:
+    """:func:`process_tree` on a static tree, :func:`process_step_tree` on per-row trees."""
+    if tree.per_row:
         return process_step_tree(gen, history, lengths, active, tokens, logits, tree)
     return process_tree(gen, history, lengths, active, tokens, logits, tree.ancestors, tree.depth_list)
 
 
 def process_step_tree(gen: Generation, history: torch.Tensor, lengths: list[int], active: list[bool],
                       tokens: torch.Tensor, logits: torch.Tensor, tree: Any) -> torch.Tensor:
-    """:func:`process_tree` for per-row trees (a dynamic tree's ``StepTree``): node depths differ between
+    """:func:`process_tree` for per-row trees (``RowTrees``): node depths differ between
     rows and live on the device, so, with no host read, every node of the active rows is processed once per
     depth d = 0..D with its path cut to d tokens, and keeps the result of its own depth.
 
@@ -287,5 +330,7 @@ def process_step_tree(gen: Generation, history: torch.Tensor, lengths: list[int]
     return out
 
 
-__all__ = ["Generation", "apply_processors", "merged_config", "build_warpers", "check_supported_settings",
-           "process_nodes", "process_step_tree", "process_tree", "resolve_generation", "warp_scores"]
+__all__ = ["Generation", "Warp", "apply_processors", "apply_warpers", "build_warpers",
+           "check_supported_settings", "merged_config", "process_nodes", "process_step_tree", "process_tree",
+           "resolve_generation",
+           "sampling_only_blocker", "warp_logits", "warp_scores"]

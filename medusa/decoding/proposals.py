@@ -1,8 +1,8 @@
-"""Proposers: what a decode step verifies. Each one turns the next root token and the base hidden state at
-the last kept position into a :class:`Proposal` (the tree's tokens and the tree they sit in).
+"""Proposers: what a decode step verifies. Each one turns the next root token and the base features at the
+last kept position into a :class:`Proposal` (the tree's tokens and the tree they sit in).
 
 - :class:`StaticProposer` with :func:`medusa_tokens`: MEDUSA heads on a static tree, the heads' top-k at the
-  last kept position placed by rank (:func:`medusa.decoding.candidates.propose`).
+  last kept position placed by rank (:func:`place_topk`).
 - :class:`StaticProposer` with ``hydra_propose``: Hydra heads on a static tree, grown depth by depth
   (:mod:`medusa.decoding.hydra_candidates`).
 - :class:`DynamicProposer`: any heads, each row's N most probable paths (:mod:`medusa.decoding.dynamic_tree`).
@@ -10,62 +10,58 @@ the last kept position into a :class:`Proposal` (the tree's tokens and the tree 
   per-row tree (:mod:`medusa.decoding.lookup`).
 
 The head type and the tree kind are asked once, in :func:`choose_proposer`; the step
-(:mod:`medusa.decoding.step`) only calls ``proposer.propose``.
+(:mod:`medusa.decoding.step`) only calls the :class:`Proposer` hooks: ``prefill`` once after the prompt,
+then ``propose`` and ``observe`` every step.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from medusa.decoding.candidates import DecodeTree, decode_tree, propose
-from medusa.decoding.dynamic_tree import (
-    ChildrenFn,
-    DynamicTree,
-    StepTree,
-    build_step_tree,
-    hydra_children,
-    medusa_children,
-)
+from medusa.decoding.dynamic_tree import ChildrenFn, build_step_tree, hydra_children, medusa_children
+from medusa.decoding.eagle3_proposer import Eagle3Proposer
 from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
-from medusa.decoding.lookup import HybridTree, LookupContext, hybrid_tree, lookup_chain, observe
+from medusa.decoding.lookup import MAX_NGRAM, LookupContext, hybrid_tree, lookup_chain, new_context, observe
+from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice
+from medusa.decoding.trees import Proposal, StaticTree, root_only_tree, static_tree
 from medusa.errors import MedusaError
-from medusa.modeling.hydra import HydraHeads
-
-
-@dataclass
-class Proposal:
-    """One step's candidates: ``tokens [B, N]`` (node 0 = the root) and the tree they sit in — the static
-    tree shared by every row (:class:`DecodeTree`: mask ``[N, N]``, depths / parents ``[N]``) or one tree per
-    row (:class:`StepTree`: the same fields with a leading ``B``). ``draft_probs``: the proposal
-    distribution where sampling needs it; None for every proposer here (their drafts are deterministic,
-    point masses, so "sample" acceptance reads the target logits only)."""
-
-    tokens: torch.Tensor  # [B, N] long
-    tree: DecodeTree | StepTree
-    draft_probs: torch.Tensor | None = None  # [B, N, V] or None
 
 
 class Proposer(Protocol):
-    """What the decode step asks of a drafter: its tree's fixed sizes and one proposal per step."""
+    """What the decode step asks of a drafter: its tree's fixed sizes and three hooks."""
 
     @property
-    def shape(self) -> DecodeTree | DynamicTree:
-        """The tree's fixed sizes: ``num_nodes`` (N), ``depth`` (D), ``dtype`` (the mask's)."""
+    def num_nodes(self) -> int:
+        """N: the most nodes (root included) a proposal verifies (fixed for the run)."""
+        ...
+
+    @property
+    def depth(self) -> int:
+        """D: the deepest node of a proposal (fixed for the run)."""
+        ...
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor,
+                root: torch.Tensor) -> None:
+        """Called once after the prompt's forward: the prompt ``input_ids [B, T]`` and ``attention_mask
+        [B, T]`` (left padding), the base features at every prompt position ``features [B, T, F]`` and the
+        first root ``root [B]``."""
         ...
 
     def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
-        """``root [B]`` (the next token, already chosen) and ``hidden [B, d]`` (the base hidden state at the
+        """``root [B]`` (the next token, already chosen) and ``hidden [B, F]`` (the base features at the
         last kept position) -> the proposal for this step."""
         ...
 
-    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor,
+                features: torch.Tensor) -> None:
         """What the step kept: ``kept [B, D+1]`` the path's tokens (root first, the first ``keep [B]``
-        kept) and ``next_root [B]``; drafters that read the context record it (device ops, no host read)."""
+        kept), ``next_root [B]`` and ``features [B, D+1, F]``, the base features at the path's nodes (from
+        the verify forward); drafters that read the context record it (device ops, no host read)."""
         ...
 
 
@@ -78,88 +74,131 @@ def stacked_heads(heads: Any, hidden: torch.Tensor) -> torch.Tensor:
     return heads(hidden)
 
 
-def medusa_tokens(heads: Any, root: torch.Tensor, hidden: torch.Tensor, dt: DecodeTree) -> torch.Tensor:
+def place_topk(root: torch.Tensor, head_topk: torch.Tensor, tree: StaticTree) -> torch.Tensor:
+    """Tree tokens: node 0 is ``root [B]``; node with path (r1..rd) is head d's rank-rd token.
+
+    ``head_topk [K, B, kmax]`` holds each head's top-k token ids at the root position. Returns ``[B, N]``.
+    """
+    k, b, kmax = head_topk.shape
+    flat = head_topk.permute(1, 0, 2).reshape(b, k * kmax)  # [B, K * kmax]
+    return torch.cat([root.view(b, 1), flat.index_select(1, tree.topk_index)], dim=1)  # [B, N]
+
+
+def medusa_tokens(heads: Any, root: torch.Tensor, hidden: torch.Tensor, tree: StaticTree) -> torch.Tensor:
     """MEDUSA heads on a static tree: node (r1..rd) holds head d's rank-rd token at the last kept position
     (``hidden [B, d]``), node 0 ``root [B]``. Returns ``[B, N]``."""
     if torch.compiler.is_compiling():
         logits = stacked_heads(heads, hidden.unsqueeze(1))[:, :, 0]  # [K, B, V]
-        topk = logits.topk(dt.kmax, dim=-1).indices
+        topk = logits.topk(tree.kmax, dim=-1).indices
     else:
-        topk = heads.topk(hidden, dt.kmax)  # [K, B, kmax] target ids
-    return propose(root, topk, dt)
+        topk = heads.topk(hidden, tree.kmax)  # [K, B, kmax] target ids
+    return place_topk(root, topk, tree)
 
 
 # (heads, root [B], hidden [B, d], tree) -> tokens [B, N]
-GrowFn = Callable[[Any, torch.Tensor, torch.Tensor, DecodeTree], torch.Tensor]
+GrowFn = Callable[[Any, torch.Tensor, torch.Tensor, StaticTree], torch.Tensor]
+
+
+class _ReadsHiddenOnly:
+    """The hooks of proposers whose heads read the hidden state only: nothing to record."""
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor,
+                root: torch.Tensor) -> None:
+        """The heads read the last position's hidden state only (the step hands it to ``propose``)."""
+
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor,
+                features: torch.Tensor) -> None:
+        """The heads read the hidden state only."""
 
 
 @dataclass
-class StaticProposer:
+class StaticProposer(_ReadsHiddenOnly):
     """Heads on a static tree: ``grow`` fills its N nodes (:func:`medusa_tokens` for MEDUSA heads,
     :func:`medusa.decoding.hydra_candidates.hydra_propose` for Hydra heads, which grow it depth by depth)."""
 
     heads: Any
-    tree: DecodeTree
+    tree: StaticTree
     grow: GrowFn
 
     @property
-    def shape(self) -> DecodeTree:
-        return self.tree
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes
+
+    @property
+    def depth(self) -> int:
+        return self.tree.depth
 
     def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
         return Proposal(self.grow(self.heads, root, hidden, self.tree), self.tree)
 
-    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
-        """The heads read the hidden state only."""
-
 
 @dataclass
-class DynamicProposer:
+class DynamicProposer(_ReadsHiddenOnly):
     """Any heads on a dynamic tree: each row's ``num_nodes`` best paths, scored by ``children``."""
 
     heads: Any
-    tree: DynamicTree
-    children: Any  # (heads, hidden [B, d], branch, depth) -> ChildrenFn
+    option: DynamicTreeOption  # depth resolved
+    dtype: torch.dtype  # the float mask's
+    children: Callable[[Any, torch.Tensor, int, int], ChildrenFn]  # (heads, hidden [B, d], branch, depth)
     branch: int
 
     @property
-    def shape(self) -> DynamicTree:
-        return self.tree
+    def num_nodes(self) -> int:
+        return self.option.num_nodes
+
+    @property
+    def depth(self) -> int:
+        return int(self.option.depth)
 
     def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
-        dt = self.tree
-        children = self.children(self.heads, hidden, self.branch, dt.depth)
-        step = build_step_tree(root, children, dt.num_nodes, dt.depth, dt.dtype, self.branch,
-                               path_score=dt.score)
-        return Proposal(step.tokens, step)
-
-    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
-        """The heads read the hidden state only."""
+        children = self.children(self.heads, hidden, self.branch, self.depth)
+        trees = build_step_tree(root, children, self.num_nodes, self.depth, self.dtype, self.branch,
+                                path_score=self.option.score)
+        return Proposal(trees.tokens, trees)
 
 
 @dataclass
 class HybridProposer:
-    """The heads' static tree (``heads``: a :class:`StaticProposer`; None for lookup alone) plus a lookup
-    chain from ``context``, merged into one per-row tree (:func:`medusa.decoding.lookup.hybrid_tree`)."""
+    """The heads' static tree (``heads``: a :class:`StaticProposer`; None for lookup alone, whose ``tree``
+    is the root alone) plus ``lookup_tokens`` chain nodes from each row's context, merged into one per-row
+    tree (:func:`medusa.decoding.lookup.hybrid_tree`). ``room``: how far each row's context can grow (the
+    run's new tokens and one step's overshoot); ``trim``: cut each step's chain to the rows' longest
+    acceptable one (a host read: the eager CPU path, where it costs nothing; fixed shapes elsewhere)."""
 
     heads: StaticProposer | None
-    tree: HybridTree
-    context: LookupContext
+    tree: StaticTree
+    lookup_tokens: int
+    room: int
+    max_ngram: int = MAX_NGRAM
+    trim: bool = False
+    context: LookupContext | None = None  # set by prefill
 
     @property
-    def shape(self) -> HybridTree:
-        return self.tree
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes + self.lookup_tokens
+
+    @property
+    def depth(self) -> int:
+        return self.tree.depth + self.lookup_tokens
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor,
+                root: torch.Tensor) -> None:
+        """Record each row's prompt (its real tokens) and first root as its lookup context."""
+        self.context = new_context(input_ids, attention_mask, root, self.room)
 
     def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
-        ht, length = self.tree.heads, self.tree.lookup_tokens
+        if self.context is None:
+            raise MedusaError("HybridProposer.propose before prefill: the lookup context is not recorded")
+        ht = self.tree
         head_tokens = root.view(-1, 1) if self.heads is None else self.heads.propose(root, hidden).tokens
-        chain, valid = lookup_chain(self.context, ht.depth + length, self.tree.max_ngram)  # [B, D+L]
-        tree = hybrid_tree(head_tokens, ht, chain, valid, length, self.tree.trim)
-        if tree is None:  # trimmed: no row has a chain to verify this step
+        chain, valid = lookup_chain(self.context, ht.depth + self.lookup_tokens, self.max_ngram)  # [B, D+L]
+        trees = hybrid_tree(head_tokens, ht, chain, valid, self.lookup_tokens, self.trim)
+        if trees is None:  # trimmed: no row has a chain to verify this step
             return Proposal(head_tokens, ht)
-        return Proposal(tree.tokens, tree)
+        return Proposal(trees.tokens, trees)
 
-    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor) -> None:
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor,
+                features: torch.Tensor) -> None:
         observe(self.context, kept, keep, next_root)
 
 
@@ -172,32 +211,36 @@ def _hydra_children(heads: Any, hidden: torch.Tensor, branch: int, depth: int) -
     return hydra_children(heads, hidden, branch)
 
 
-def choose_proposer(heads: Any, tree: DecodeTree | DynamicTree | HybridTree,
-                    context: LookupContext | None = None) -> Proposer:
-    """The proposer for ``heads`` on ``tree`` (static buffers from :func:`decoding_tree`): the one place that
-    asks which head family and which tree kind decoding has. A :class:`HybridTree` needs the run's lookup
-    ``context``."""
-    if isinstance(tree, HybridTree):
-        if context is None:
-            raise MedusaError("a tree with a lookup chain needs the run's LookupContext")
-        inner = None if tree.lookup_only else choose_proposer(heads, tree.heads)
-        return HybridProposer(inner, tree, context)
-    hydra = isinstance(heads, HydraHeads)
-    if isinstance(tree, DynamicTree):
-        branch = min(tree.branch or tree.num_nodes - 1, heads.vocab_size)
-        return DynamicProposer(heads, tree, _hydra_children if hydra else _medusa_children, branch)
-    if hydra:
-        hydra_levels(tree)  # the growth plan (host lists) is built once, outside any compiled function
-        return StaticProposer(heads, tree, hydra_propose)
+def choose_proposer(heads: Any, choice: TreeChoice, device: torch.device, dtype: torch.dtype,
+                    room: int = 0, trim_lookup: bool = False) -> Proposer:
+    """The proposer for ``heads`` on the run's tree ``choice`` (masks in ``dtype`` on ``device``): the one
+    place that asks which head family (``heads.head_type``) and which tree kind decoding has. ``room`` and
+    ``trim_lookup``: a lookup chain's context room and trimming (:class:`HybridProposer`)."""
+    head_type = getattr(heads, "head_type", "linear")
+    if head_type == "eagle3":  # the EAGLE-3 drafter grows its own per-row tree each step
+        if choice.draft is None:  # tree="lookup": the chain alone, no drafter
+            return HybridProposer(None, root_only_tree(device, dtype), choice.lookup_tokens, room,
+                                  trim=trim_lookup)
+        return Eagle3Proposer(heads, choice.draft, dtype, room, trim=trim_lookup)
+    if choice.lookup_tokens:
+        tree = (root_only_tree(device, dtype) if choice.lookup_only
+                else static_tree(choice.static, device, dtype))
+        inner = None if choice.lookup_only else _static_proposer(heads, head_type, tree)
+        return HybridProposer(inner, tree, choice.lookup_tokens, room, trim=trim_lookup)
+    if choice.dynamic is not None:
+        option = choice.dynamic
+        branch = min(option.branch or option.num_nodes - 1, heads.vocab_size)
+        children = _hydra_children if head_type == "hydra" else _medusa_children
+        return DynamicProposer(heads, option, dtype, children, branch)
+    return _static_proposer(heads, head_type, static_tree(choice.static, device, dtype))
+
+
+def _static_proposer(heads: Any, head_type: str, tree: StaticTree) -> StaticProposer:
+    if head_type == "hydra":
+        # the growth plan (host lists) is built once, outside any compiled function
+        return StaticProposer(heads, tree, functools.partial(hydra_propose, levels=hydra_levels(tree)))
     return StaticProposer(heads, tree, medusa_tokens)
 
 
-def decoding_tree(tree: Any, device: torch.device, dtype: torch.dtype) -> DecodeTree | DynamicTree:
-    """A static tree's buffers on ``device`` (mask in ``dtype``), or the dynamic tree with that mask dtype."""
-    if isinstance(tree, DynamicTree):
-        return dataclasses.replace(tree, dtype=dtype)
-    return decode_tree(tree, device, dtype)
-
-
 __all__ = ["DynamicProposer", "GrowFn", "HybridProposer", "Proposal", "Proposer", "StaticProposer",
-           "choose_proposer", "decoding_tree", "medusa_tokens", "stacked_heads"]
+           "choose_proposer", "medusa_tokens", "place_topk", "stacked_heads"]

@@ -13,24 +13,17 @@ from typing import Any
 
 import torch
 
-from medusa.decoding.kv_cache import prompt_position_ids, tree_mask_buffer
+from medusa.decoding.hf import text_config, unwrap
+from medusa.decoding.kv_cache import cache_bucket, prompt_position_ids, tree_mask_buffer
 from medusa.errors import MedusaError
-from medusa.modeling.base import text_config, unwrap
-
-MIN_BUCKET = 64
 
 
-def cache_bucket(length: int) -> int:
-    """The cache length for ``length`` needed columns: the next power of two (at least :data:`MIN_BUCKET`), so
-    prompts of similar length share one compiled step."""
-    return max(MIN_BUCKET, 1 << (max(length, 1) - 1).bit_length())
-
-
-def static_capacity(prompt_len: int, max_new_tokens: int, batch: int, dt: Any) -> int:
-    """Cache columns a run can need: the prompt, the tree, and the kept entries of every step. One row
-    advances by its own gain (<= max_new + D); rows of a batch advance by the step's largest gain (holes)."""
-    kept = max_new_tokens + dt.depth + 1 if batch == 1 else (dt.depth + 1) * max_new_tokens
-    return cache_bucket(prompt_len + kept + dt.num_nodes)
+def static_capacity(prompt_len: int, max_new_tokens: int, batch: int, num_nodes: int, depth: int) -> int:
+    """Cache columns a run can need: the prompt, the tree (``num_nodes``, ``depth`` deep), and the kept
+    entries of every step. One row advances by its own gain (<= max_new + D); rows of a batch advance by the
+    step's largest gain (holes)."""
+    kept = max_new_tokens + depth + 1 if batch == 1 else (depth + 1) * max_new_tokens
+    return cache_bucket(prompt_len + kept + num_nodes)
 
 
 def new_static_cache(model: Any, max_len: int) -> Any:
@@ -93,10 +86,12 @@ class StaticKV:
 
 
 def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, num_nodes: int, capacity: int,
-                   dtype: torch.dtype, compact_fn: Compact) -> tuple[StaticKV, torch.Tensor, torch.Tensor]:
+                   dtype: torch.dtype, compact_fn: Compact
+                   ) -> tuple[StaticKV, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the left-padded prompt ``[B, P]`` into a fresh ``StaticCache`` of ``capacity`` columns (eager: the
-    prompt length varies); returns the cache, the last position's logits ``[B, V]`` and hidden state
-    ``[B, d]`` (contiguous, as every later step's: compiled functions specialise on strides)."""
+    prompt length varies); returns the cache, the last position's logits ``[B, V]``, the base features at
+    every prompt position ``[B, P, F]`` and at the last one ``[B, F]`` (contiguous, as every later step's:
+    compiled functions specialise on strides)."""
     b, p = input_ids.shape
     device = input_ids.device
     hf = new_static_cache(model, capacity)
@@ -113,7 +108,8 @@ def static_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, nu
     for t in (mask, past):  # mutated inside the compiled step: fixed addresses (CUDA graphs need them)
         torch._dynamo.mark_static_address(t)
     kv = StaticKV(hf, mask, past, torch.arange(num_nodes, device=device), compact_fn, p)
-    return kv, out.logits[:, -1], out.hidden_states[:, -1].clone(memory_format=torch.contiguous_format)
+    last = out.hidden_states[:, -1].clone(memory_format=torch.contiguous_format)  # [B, F]
+    return kv, out.logits[:, -1], out.hidden_states, last
 
 
 def compact(cache: Any, mask: torch.Tensor, past: torch.Tensor, path: torch.Tensor, keep: torch.Tensor,
@@ -138,4 +134,4 @@ def compact(cache: Any, mask: torch.Tensor, past: torch.Tensor, path: torch.Tens
     return keep
 
 
-__all__ = ["StaticKV", "cache_bucket", "compact", "new_static_cache", "static_capacity", "static_prefill"]
+__all__ = ["StaticKV", "compact", "new_static_cache", "static_capacity", "static_prefill"]

@@ -1,18 +1,21 @@
-"""One decode step, written once: propose -> verify -> accept -> compact.
+"""One decode step, written once, and the loop that runs it: propose -> verify -> accept -> compact.
 
 ```
-state (root [B], hidden [B, d], n_valid [B], cache)
+state (root [B], hidden [B, F], n_valid [B], cache)
   -> proposer.propose(root, hidden)            Proposal(tokens [B, N], tree: mask, depths, parents)
   -> verify: cache.write_tree(mask); forward over the N nodes at n_valid + depths -> logits [B, N, V]
      (propose + verify: one function, one compiled graph)
-  -> accept(logits, tokens, tree)              path [B, D+1], n_acc [B], next root [B]
-  -> proposer.observe(kept tokens, keep, next root)   (a lookup drafter appends them to its context)
+  -> scorer(logits, tokens, tree)              path [B, D+1], n_acc [B], next root [B]
+  -> proposer.observe(kept tokens, keep, next root, features at the path [B, D+1, F])
   -> one host copy (StepResult) ; cache.compact(path, keep) ; state advances
 ```
-The step does not know which proposer (:mod:`medusa.decoding.proposals`) or which cache
-(:class:`medusa.decoding.kv_cache.DynamicKV`, :class:`medusa.decoding.static_cache.StaticKV`) it has.
-Compiled decoding runs this same function with :class:`StepFns` whose device functions are wrapped by
-``torch.compile`` (:mod:`medusa.decoding.compiled`); eager decoding with the plain ones.
+The step does not know which proposer (:mod:`medusa.decoding.proposals`), which cache
+(:class:`medusa.decoding.kv_cache.DynamicKV`, :class:`medusa.decoding.static_cache.StaticKV`) or which
+acceptance rule (:class:`medusa.decoding.acceptance.Scorer`, built once per run) it has. Compiled decoding
+runs this same function with :class:`StepFns` whose ``propose_verify`` is wrapped by ``torch.compile`` and a
+scorer whose greedy rule is (:mod:`medusa.decoding.compiled`); eager decoding with the plain ones.
+:func:`decode_loop` runs steps until every row is done and records each row's tokens in the run's
+:class:`medusa.decoding.acceptance.Progress`.
 """
 
 from __future__ import annotations
@@ -24,11 +27,9 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.acceptance import Progress, Scorer
 from medusa.decoding.kv_cache import TreeCache
 from medusa.decoding.proposals import Proposal, Proposer
-
-# accept(logits [B, N, V], tokens [B, N], tree) -> (path [B, D+1], n_accepted [B], next_root [B])
-Accept = Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -39,7 +40,7 @@ class DecodeState:
     cache: TreeCache
     n_valid: torch.Tensor  # [B] real tokens in each row's cache = the next position id
     root: torch.Tensor  # [B] the next tree's root token (already chosen, not yet in the cache)
-    hidden: torch.Tensor  # [B, d] base hidden state at the last cached position (the proposer's input)
+    hidden: torch.Tensor  # [B, F] base features at the last cached position (the proposer's input)
     compile_time_s: float = 0.0  # warm-up (compilation) time, reported apart from decode time
     warm: bool = False  # the compiled functions have run on this state's shapes
 
@@ -68,7 +69,7 @@ def verify(model: Any, cache: TreeCache, tokens: torch.Tensor, positions: torch.
            float_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward over the tree ``tokens [B, N]`` at ``positions [B, N]``, attending to the cache and, inside
     the tree, to each node's ancestors (``float_mask [N, N]`` or ``[B, N, N]``). Returns logits ``[B, N, V]``
-    and hidden states ``[B, N, d]``; the tree's keys / values are appended to the cache."""
+    and base features ``[B, N, F]``; the tree's keys / values are appended to the cache."""
     mask, kv = cache.write_tree(float_mask)
     out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=kv,
                 use_cache=True, compute_heads=False)
@@ -77,8 +78,8 @@ def verify(model: Any, cache: TreeCache, tokens: torch.Tensor, positions: torch.
 
 def propose_verify(model: Any, proposer: Proposer, cache: TreeCache, root: torch.Tensor, hidden: torch.Tensor,
                    n_valid: torch.Tensor) -> tuple[Proposal, torch.Tensor, torch.Tensor]:
-    """Propose from ``root [B]`` / ``hidden [B, d]`` and verify the proposal at positions ``n_valid [B]`` +
-    node depths: (proposal, logits ``[B, N, V]``, hidden states ``[B, N, d]``). One function, so compiled
+    """Propose from ``root [B]`` / ``hidden [B, F]`` and verify the proposal at positions ``n_valid [B]`` +
+    node depths: (proposal, logits ``[B, N, V]``, features ``[B, N, F]``). One function, so compiled
     decoding compiles drafting and verification into one graph."""
     proposal = proposer.propose(root, hidden)
     tokens, tree = proposal.tokens, proposal.tree
@@ -89,28 +90,29 @@ def propose_verify(model: Any, proposer: Proposer, cache: TreeCache, root: torch
 
 @dataclass
 class StepFns:
-    """The step's device functions: the plain ones, or their ``torch.compile`` wrappers (same signatures).
-    ``accept``: replaces the run's acceptance (compiled greedy acceptance without logits processors)."""
+    """The step's device function: the plain ``propose_verify`` or its ``torch.compile`` wrapper."""
 
     propose_verify: Callable[..., tuple[Proposal, torch.Tensor, torch.Tensor]] = propose_verify
-    accept: Accept | None = None
     compiled: bool = False
 
 
-def last_hidden(hidden: torch.Tensor, path: torch.Tensor, n_acc: torch.Tensor) -> torch.Tensor:
-    """The hidden state ``[B, d]`` at each row's last kept node (``hidden [B, N, d]``, ``path [B, D+1]``)."""
-    b = path.shape[0]
-    last = path.gather(1, n_acc.view(b, 1))  # [B, 1]
-    return hidden.gather(1, last.view(b, 1, 1).expand(-1, -1, hidden.shape[-1]))[:, 0]  # [B, d]
+def path_features(hidden: torch.Tensor, path: torch.Tensor, n_acc: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The features at the kept path's nodes ``[B, D+1, F]`` (``hidden [B, N, F]``, ``path [B, D+1]``) and at
+    each row's last kept node ``[B, F]``."""
+    b, width = path.shape
+    f = hidden.shape[-1]
+    on_path = hidden.gather(1, path.view(b, width, 1).expand(-1, -1, f))  # [B, D+1, F]
+    return on_path, on_path.gather(1, n_acc.view(b, 1, 1).expand(-1, -1, f))[:, 0]  # [B, F]
 
 
-def step(model: Any, state: DecodeState, accept: Accept, fns: StepFns | None = None) -> StepResult:
+def step(model: Any, state: DecodeState, scorer: Scorer, fns: StepFns | None = None) -> StepResult:
     """Propose, verify (one forward over the tree), accept, compact; advances ``state`` in place and returns
     the step's :class:`StepResult` (its one device sync)."""
     fns = fns or StepFns()
-    state.cache.reserve(state.proposer.shape.num_nodes)
+    state.cache.reserve(state.proposer.num_nodes)
     if fns.compiled and not state.warm:
-        warm_up(model, state, fns, accept)
+        warm_up(model, state, fns, scorer)
     graphs = fns.compiled and state.root.device.type == "cuda"
     if graphs:  # CUDA graphs: outputs of the previous replay may be overwritten from here on
         torch.compiler.cudagraph_mark_step_begin()
@@ -118,12 +120,12 @@ def step(model: Any, state: DecodeState, accept: Accept, fns: StepFns | None = N
                                                   state.hidden, state.n_valid)
     tokens, tree = proposal.tokens, proposal.tree
     b = tokens.shape[0]
-    path, n_acc, nxt = (fns.accept or accept)(logits, tokens, tree)  # logits [B, N, V]
-    state.hidden = last_hidden(hidden, path, n_acc)  # [B, d]
+    path, n_acc, nxt = scorer(logits, tokens, tree)  # logits [B, N, V]
+    features, state.hidden = path_features(hidden, path, n_acc)  # [B, D+1, F], [B, F]
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
     width = path.shape[1]
     kept = tokens.gather(1, path)  # [B, D+1]
-    state.proposer.observe(kept, keep, nxt)
+    state.proposer.observe(kept, keep, nxt, features)
     both = torch.cat([kept, keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
     result = StepResult(both[:, :width], both[:, width], both[:, width + 1], both[:, width + 2:])
     state.cache.compact(path, keep, result)
@@ -132,17 +134,18 @@ def step(model: Any, state: DecodeState, accept: Accept, fns: StepFns | None = N
     return result
 
 
-def warm_up(model: Any, state: DecodeState, fns: StepFns, accept: Accept) -> None:
+def warm_up(model: Any, state: DecodeState, fns: StepFns, scorer: Scorer) -> None:
     """Run the compiled functions once on this state's shapes without changing the decode: propose is pure,
-    verify idempotent (the real call rewrites the same cache columns), acceptance pure, and compaction runs
-    on clones with the KV restored (``cache.dry_compact``). The time counts as compile time."""
+    verify idempotent (the real call rewrites the same cache columns), a pure scorer (greedy, no
+    processors) runs too, and compaction runs on clones with the KV restored (``cache.dry_compact``). The
+    time counts as compile time."""
     t0 = time.perf_counter()
     proposal, logits, _ = fns.propose_verify(model, state.proposer, state.cache, state.root, state.hidden,
                                              state.n_valid)
     tokens, tree = proposal.tokens, proposal.tree
     b = tokens.shape[0]
-    if fns.accept is not None:
-        fns.accept(logits, tokens, tree)
+    if scorer.pure:
+        scorer(logits, tokens, tree)
     path = torch.arange(tree.depth + 1, device=tokens.device).expand(b, -1).contiguous()  # [B, D+1]
     state.cache.dry_compact(path, torch.ones(b, dtype=torch.long, device=tokens.device))
     if tokens.device.type == "cuda":
@@ -151,5 +154,44 @@ def warm_up(model: Any, state: DecodeState, fns: StepFns, accept: Accept) -> Non
     state.warm = True
 
 
-__all__ = ["Accept", "DecodeState", "StepFns", "StepResult", "last_hidden", "propose_verify", "step",
-           "verify", "warm_up"]
+def record(progress: Progress, row: int, new: list[int], eos: list[int], limit: int) -> int:
+    """Emit ``new`` tokens for ``row`` (up to ``limit`` new tokens / EOS); returns how many were kept."""
+    out = progress.generated[row]
+    before = len(out)
+    progress.done[row] = _emit(out, new, eos, limit)
+    if progress.history is not None and not progress.done[row]:
+        start = progress.prompt_len + before
+        progress.history[row, start:start + len(out) - before] = torch.tensor(out[before:], dtype=torch.long)
+    return len(out) - before
+
+
+def _emit(out: list[int], new: list[int], eos: list[int], limit: int) -> bool:
+    """Append ``new`` to ``out`` up to ``limit`` tokens or the first EOS; True when the row is finished."""
+    for tok in new:
+        out.append(tok)
+        if tok in eos or len(out) >= limit:
+            return True
+    return len(out) >= limit
+
+
+def decode_loop(model: Any, state: DecodeState, scorer: Scorer, eos: list[int], limit: int,
+                accept_lengths: list[list[int]], streamer: Any = None, fns: StepFns | None = None) -> int:
+    """Steps until every row of ``scorer.progress`` is done (``limit`` new tokens or an EOS of ``eos``); each
+    row's tokens gained per step go to ``accept_lengths``. Returns the number of steps."""
+    progress = scorer.progress
+    steps = 0
+    while not all(progress.done):
+        result = step(model, state, scorer, fns)
+        steps += 1
+        for row in range(len(progress.done)):
+            if progress.done[row]:
+                continue
+            gained = record(progress, row, result.new_tokens(row), eos, limit)
+            accept_lengths[row].append(gained)
+            if streamer is not None:
+                streamer.put(torch.tensor(progress.generated[row][-gained:]))
+    return steps
+
+
+__all__ = ["DecodeState", "StepFns", "StepResult", "decode_loop", "path_features", "propose_verify", "record",
+           "step", "verify", "warm_up"]

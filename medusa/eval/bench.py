@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from medusa.config.enums import ACCEPTANCE
-from medusa.decoding.dynamic_tree import LOOKUP_TREE, DynamicTree, is_lookup_tree
 from medusa.decoding.generate import sampling_defaults
+from medusa.decoding.tree_option import LOOKUP_TREE, DynamicTreeOption, is_lookup_tree
 from medusa.errors import MedusaError
 from medusa.eval.bench_compiled import (
     compiled_fields,
@@ -250,7 +250,7 @@ def check_lookup(tree: Any, lookup_tokens: int | None, compare_lookup: int) -> N
     if not isinstance(compare_lookup, int) or isinstance(compare_lookup, bool) or compare_lookup < 0:
         raise MedusaError(f"compare_lookup must be an integer >= 0, got {compare_lookup!r}")
     is_lookup = is_lookup_tree(tree)
-    dynamic = isinstance(tree, DynamicTree) or (isinstance(tree, str) and tree.startswith("dynamic"))
+    dynamic = isinstance(tree, DynamicTreeOption) or (isinstance(tree, str) and tree.startswith("dynamic"))
     if compare_lookup and (is_lookup or dynamic):
         raise MedusaError("--compare-lookup needs a static tree (a tree.json or the checkpoint's): its "
                           "hybrid row merges the lookup chain into it")

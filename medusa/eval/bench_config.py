@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 
-from medusa.decoding.dynamic_tree import LOOKUP_TREE, is_lookup_tree, tree_kind
-from medusa.decoding.generate import resolve_lookup_tokens
+from medusa.decoding.tree_option import LOOKUP_TREE, is_lookup_tree, resolve_lookup_tokens, tree_kind
 
 
 def bench_config(s: Any, assistant_model: Any, prompt_lookup: bool, lookup_tokens: int, repeats: int,

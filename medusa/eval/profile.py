@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from medusa.data.readers import read_prompts
-from medusa.decoding.dynamic_tree import resolve_dynamic
+from medusa.decoding.tree_option import resolve_dynamic
 from medusa.errors import MedusaError
 from medusa.eval.step_cost import step_op_counts, verify_floor
 from medusa.eval.timing import plain_step_time, timed

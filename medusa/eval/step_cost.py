@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from medusa.decoding.candidates import decode_tree
 from medusa.decoding.kv_cache import new_cache
+from medusa.decoding.trees import static_tree
 from medusa.eval.timing import timed
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ def verify_floor(model: Any, input_ids: torch.Tensor, tree: Any, repeats: int = 
 
     base, device = model.base_model, model.device
     dtype = next(p for p in base.parameters() if p.is_floating_point()).dtype
-    dt = decode_tree(tree, device, dtype)
+    dt = static_tree(tree, device, dtype)
     p, n = input_ids.shape[1], dt.num_nodes
     cache = new_cache()
     base(input_ids=input_ids, past_key_values=cache, use_cache=True)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from medusa.decoding.hf import text_config, unwrap
 from medusa.errors import CheckpointError, MedusaError, first_line
 from medusa.io import read_text
 
@@ -88,18 +89,6 @@ def load_tokenizer(name_or_path: str, *, chat_template: str | None = None, paddi
         if tok.pad_token is None:
             tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
     return tok
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The underlying ``PreTrainedModel`` of a peft wrapper (LoRA layers stay injected), else the model."""
-    if hasattr(model, "get_base_model"):
-        return model.get_base_model()
-    return model
-
-
-def text_config(model: nn.Module) -> Any:
-    config = unwrap(model).config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def decoder_of(model: nn.Module) -> nn.Module:

@@ -7,20 +7,20 @@ a weight reordered once into oneDNN's blocked layout costs 8 ms (1 thread, `docs
 A MEDUSA step verifies 8-40 tree nodes at batch 1 -- exactly those shapes -- so the verification forward
 is where the re-packing hurts.
 
-:func:`pack_linears` reorders every float32 ``nn.Linear`` weight of a module once
-(``torch.ops.mkldnn._reorder_linear_weight``) and gives the layer an instance ``forward`` that uses the
-packed copy (``torch.ops.mkldnn._linear_pointwise``) when the input has ``MIN_ROWS..MAX_ROWS`` rows, is
-float32 on the CPU, needs no gradient, and the weight is still the one packed (a changed weight is re-packed
-on its next call). Everything else -- one row (plain decoding stays the stock computation), long
-prefills, training, ``torch.compile`` tracing, other dtypes -- runs the stock ``F.linear``. Parameters and
-state-dict keys are untouched; the packed copies are plain attributes, so they cost memory (one more copy
-of every packed weight) and are never saved.
+:func:`pack_linears` swaps every float32 CPU ``nn.Linear`` inside a module for a :class:`PackedLinear` (as
+torch's quantization swaps modules): the same ``weight`` / ``bias`` Parameters (state-dict keys and tied
+weights unchanged) plus a copy of the weight reordered once (``torch.ops.mkldnn._reorder_linear_weight``),
+used (``torch.ops.mkldnn._linear_pointwise``) when the input has ``MIN_ROWS..MAX_ROWS`` rows, is float32
+on the CPU, needs no gradient, and the weight is still the one packed (a changed weight is re-packed on its
+next call). Everything else -- one row (plain decoding stays the stock computation), long prefills,
+training, ``torch.compile`` tracing, other dtypes -- runs the stock ``F.linear``. The packed copy is a plain
+attribute of the module (not a buffer): it costs memory (one more copy of the weight) and is never saved.
+:func:`unpack_linears` swaps stock ``nn.Linear``s back (the same Parameters).
 """
 
 from __future__ import annotations
 
 import os
-from types import MethodType
 from typing import Any
 
 import torch
@@ -29,7 +29,6 @@ from torch import nn
 
 MIN_ROWS, MAX_ROWS = 3, 64  # rows (tokens) per call that use the packed weight (2 rows: no gain measured)
 PACK_HINT = 8  # the row count oneDNN lays the blocked weight out for (best over 4..64 rows on this CPU)
-PACK_ATTR = "_medusa_cpu_pack"  # (packed weight, weight data_ptr, weight _version)
 ENV = "MEDUSA_CPU_PACK"  # "0": never pack (load_for_generation's default is "auto")
 
 
@@ -42,14 +41,8 @@ def packing_supported() -> bool:
 
 def _packable(layer: nn.Module) -> bool:
     w = getattr(layer, "weight", None)
-    return (isinstance(layer, nn.Linear) and isinstance(w, torch.Tensor) and w.dtype == torch.float32
+    return (type(layer) is nn.Linear and isinstance(w, torch.Tensor) and w.dtype == torch.float32
             and w.device.type == "cpu" and (layer.bias is None or layer.bias.dtype == torch.float32))
-
-
-def _pack(layer: nn.Linear) -> None:
-    w = layer.weight
-    packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
-    layer.__dict__[PACK_ATTR] = (packed, w.data_ptr(), w._version)
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -57,52 +50,88 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, through the packed weight where it pays (see the module docstring)."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-    if (torch.compiler.is_compiling() or not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32
-            or x.device.type != "cpu" or needs_grad or PACK_ATTR not in self.__dict__):
-        return F.linear(x, self.weight, self.bias)
-    w = self.weight
-    packed, ptr, version = self.__dict__[PACK_ATTR]
-    if w.data_ptr() != ptr or w._version != version or w.dtype != torch.float32:
-        if not _packable(self):
+class PackedLinear(nn.Module):
+    """An ``nn.Linear``'s own ``weight`` / ``bias`` Parameters plus their oneDNN-packed copy, used for the
+    few-row float32 CPU calls where it pays (see the module docstring); ``F.linear`` otherwise."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same Parameters: state-dict keys and tied weights unchanged
+        self.bias = linear.bias
+        self.packed: torch.Tensor | None = None  # the reordered weight (not a buffer: never saved)
+        self.packed_key: tuple[int, int] = (0, -1)  # (weight data_ptr, weight _version) when packed
+        self.repack()
+
+    def packable(self) -> bool:
+        """The weight (and bias) are float32 on the CPU: what the packed path computes in."""
+        w, b = self.weight, self.bias
+        return w.dtype == torch.float32 and w.device.type == "cpu" and (b is None or b.dtype == torch.float32)
+
+    def repack(self) -> None:
+        """Reorder the current weight (it changed since it was packed: loaded, trained, moved)."""
+        w = self.weight
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
+        self.packed_key = (w.data_ptr(), w._version)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, through the packed weight where it pays."""
+        w = self.weight
+        rows = x.numel() // max(x.shape[-1], 1)
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+        if (torch.compiler.is_compiling() or not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32
+                or x.device.type != "cpu" or needs_grad or not self.packable()):
             return F.linear(x, w, self.bias)
-        _pack(self)  # the weight changed since it was packed (loaded, trained, moved)
-        packed = self.__dict__[PACK_ATTR][0]
-    bias = None if self.bias is None else self.bias.detach()
-    y = packed_matmul(x.reshape(rows, x.shape[-1]), packed, bias)  # [rows, out]
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+        if (w.data_ptr(), w._version) != self.packed_key:
+            self.repack()
+        bias = None if self.bias is None else self.bias.detach()
+        y = packed_matmul(x.reshape(rows, x.shape[-1]), self.packed, bias)  # [rows, out]
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+def _stock(layer: PackedLinear) -> nn.Linear:
+    """A stock ``nn.Linear`` holding ``layer``'s Parameters."""
+    linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+    linear.weight, linear.bias = layer.weight, layer.bias
+    return linear
+
+
+def _swap(module: nn.Module, pick: Any, make: Any) -> int:
+    """Replace every child ``c`` of ``module`` (at any depth) for which ``pick(c)`` by ``make(c)`` in its
+    parent; returns how many."""
+    count = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if pick(child):
+                setattr(parent, name, make(child))
+                count += 1
+    return count
 
 
 def pack_linears(module: nn.Module) -> int:
-    """Pack every float32 CPU ``nn.Linear`` inside ``module`` (in place); returns how many. A layer packed
-    before is re-packed. No-op (0) where :func:`packing_supported` is False."""
+    """Swap every float32 CPU ``nn.Linear`` inside ``module`` for a :class:`PackedLinear` (in place; a layer
+    packed before is re-packed); returns how many. No-op (0) where :func:`packing_supported` is False."""
     if not packing_supported():
         return 0
-    count = 0
+    repacked = 0
     for layer in module.modules():
-        if _packable(layer):
-            _pack(layer)
-            layer.forward = MethodType(_packed_forward, layer)
-            count += 1
-    return count
+        if isinstance(layer, PackedLinear) and layer.packable():
+            layer.repack()
+            repacked += 1
+    return repacked + _swap(module, _packable, PackedLinear)
 
 
 def unpack_linears(module: nn.Module) -> int:
-    """Undo :func:`pack_linears`: the stock forward and no packed copy; returns how many layers."""
-    count = 0
-    for layer in module.modules():
-        if PACK_ATTR in layer.__dict__:
-            del layer.__dict__[PACK_ATTR]
-            layer.__dict__.pop("forward", None)
-            count += 1
-    return count
+    """Undo :func:`pack_linears`: stock ``nn.Linear``s (the same Parameters) again; returns how many."""
+    return _swap(module, lambda m: isinstance(m, PackedLinear), _stock)
 
 
 def packed_count(module: nn.Module) -> int:
-    return sum(PACK_ATTR in layer.__dict__ for layer in module.modules())
+    return sum(isinstance(layer, PackedLinear) for layer in module.modules())
 
 
 def linear_bytes(module: nn.Module) -> int:
@@ -136,5 +165,5 @@ def auto_pack(model: Any, share: float = 0.25) -> int:
     return pack_linears(model)
 
 
-__all__ = ["ENV", "MAX_ROWS", "MIN_ROWS", "auto_pack", "linear_bytes", "pack_linears", "packed_count",
-           "packed_matmul", "packing_supported", "unpack_linears"]
+__all__ = ["ENV", "MAX_ROWS", "MIN_ROWS", "PackedLinear", "auto_pack", "linear_bytes", "pack_linears",
+           "packed_count", "packed_matmul", "packing_supported", "unpack_linears"]

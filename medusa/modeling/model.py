@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from medusa.errors import CheckpointError, MedusaError
+from medusa.decoding.attention import body_mask
+from medusa.decoding.generate import medusa_generate
+from medusa.errors import CheckpointError
 from medusa.io import atomic_directory
-from medusa.modeling.attention import body_mask
 from medusa.modeling.base import (
     base_logits,
     decoder_of,
@@ -48,7 +48,9 @@ from medusa.tree import MedusaTree, default_tree
 class MedusaOutput:
     logits: torch.Tensor  # base logits [B, P, V] at the requested positions (P = T by default)
     head_logits: torch.Tensor | None  # [K, B, P, V]
-    hidden_states: torch.Tensor  # last hidden state [B, T, d] (post final norm), all positions
+    # [B, T, d] the last hidden state (post final norm), all positions; heads with ``feature_layers``:
+    # [B, T, len(feature_layers) * d], the base's hidden_states[i] (0 = embeddings) concatenated over them
+    hidden_states: torch.Tensor
     past_key_values: Any = None
 
 
@@ -62,17 +64,6 @@ def _gather_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.
     return torch.gather(x, 1, idx)
 
 
-# Decoding sits above modeling (medusa.decoding imports medusa.modeling), so MedusaModel.generate cannot
-# import the decode loop; medusa/__init__.py, which runs before any ``import medusa.x``, hands it in here.
-_DECODE_LOOP: dict[str, Callable[..., Any]] = {}
-
-
-def install_decode_loop(generate: Callable[..., Any]) -> None:
-    """Make ``MedusaModel.generate`` call ``generate(model, input_ids, ...)``
-    (:func:`medusa.decoding.generate.medusa_generate`)."""
-    _DECODE_LOOP["generate"] = generate
-
-
 class MedusaModel(nn.Module):
     """A base causal LM (``base_model``) with K MEDUSA heads (``heads``) and, once calibrated, a ``tree``."""
 
@@ -82,8 +73,6 @@ class MedusaModel(nn.Module):
         self.heads = heads
         self.config = config
         self.tree = tree
-        # what medusa.decoding builds once per model: compiled step functions, keyed by name and device
-        self.decoding_cache: dict[str, Any] = {}
         self._default_trees: dict[int, MedusaTree] = {}  # built-in default tree per head count
 
     def default_tree(self) -> MedusaTree:
@@ -196,11 +185,16 @@ class MedusaModel(nn.Module):
         ``[B, 1, T, S]``; sliding-window layers get it cut to their window (:func:`body_mask`).
         """
         body = decoder_of(self.base_model)
+        layers = getattr(self.heads, "feature_layers", None)  # drafters that read several base layers
+        if layers is not None:
+            kwargs["output_hidden_states"] = True
         out = body(input_ids=input_ids, attention_mask=body_mask(self.base_model, attention_mask),
                    position_ids=position_ids,
                    past_key_values=past_key_values, use_cache=use_cache, **kwargs)
-        hidden = out.last_hidden_state  # [B, T, d]
-        picked = _gather_positions(hidden, positions)  # [B, P, d]
+        last = out.last_hidden_state  # [B, T, d]
+        picked = _gather_positions(last, positions)  # [B, P, d]
+        # the features the heads read: the last hidden state, or the chosen layers' concatenated [B, T, n * d]
+        hidden = last if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         logits = base_logits(self.base_model, picked)  # [B, P, V]
         # None from heads that also read draft tokens (Hydra): decoding and training build their inputs.
         head_logits = self.heads.hidden_logits(picked) if compute_heads else None  # [K, B, P, V]
@@ -215,12 +209,9 @@ class MedusaModel(nn.Module):
         ``kwargs``, e.g. ``repetition_penalty``) resolve as in HF ``generate``: the base model's
         generation_config, then HF's defaults; its logits processors apply to every tree node.
         """
-        decode = _DECODE_LOOP.get("generate")
-        if decode is None:
-            raise MedusaError("MEDUSA decoding is not installed: import medusa (its __init__ installs it)")
-        return decode(self, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                               acceptance=acceptance, temperature=temperature, top_k=top_k,
-                               top_p=top_p, **kwargs)
+        return medusa_generate(self, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                               acceptance=acceptance, temperature=temperature, top_k=top_k, top_p=top_p,
+                               **kwargs)
 
     # ------------------------------------------------------------------ save / load
     def save_pretrained(self, path: str | Path, save_base: bool = False, tokenizer: Any = None,

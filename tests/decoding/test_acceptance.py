@@ -8,8 +8,9 @@ from chi_square import chi2_pvalue, exact_joint
 from decoding_helpers import FULL_TREE, SAMPLER_VOCAB, exact_joint3, sampler_model
 
 from medusa import MedusaTree
-from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept, warp_logits
-from medusa.decoding.candidates import decode_tree
+from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
+from medusa.decoding.processors import warp_logits
+from medusa.decoding.trees import static_tree
 
 CPU = torch.device("cpu")
 
@@ -20,7 +21,7 @@ def _logits_from_probs(rows):
 
 def test_greedy_accept_longest_matching_path():
     tree = MedusaTree.from_choices([[0], [1], [0, 0], [1, 0]])  # nodes (), (0), (1), (0,0), (1,0)
-    dt = decode_tree(tree, CPU, torch.float32)
+    dt = static_tree(tree, CPU, torch.float32)
     v = 6
     argmax = [2, 4, 1, 5, 0]  # base argmax at each node
     logits = torch.nn.functional.one_hot(torch.tensor([argmax]), v).float()  # [1, N, V]
@@ -35,7 +36,7 @@ def test_greedy_accept_longest_matching_path():
 def test_typical_accept_hand_computed():
     # nodes: 0 (), 1 (0), 2 (1), 3 (0,0); vocab 4
     tree = MedusaTree.from_choices([[0], [1], [0, 0]])
-    dt = decode_tree(tree, CPU, torch.float32)
+    dt = static_tree(tree, CPU, torch.float32)
     p_root = [0.7, 0.2, 0.05, 0.05]
     # root: H = 0.871 nats, 0.3 * exp(-H) = 0.1256, threshold = min(0.09, 0.1256) = 0.09
     h = -sum(p * math.log(p) for p in p_root)
@@ -56,7 +57,7 @@ def test_typical_accept_hand_computed():
 
 def test_typical_ties_go_to_higher_likelihood():
     tree = MedusaTree.from_choices([[0], [1]])  # two depth-1 siblings
-    dt = decode_tree(tree, CPU, torch.float32)
+    dt = static_tree(tree, CPU, torch.float32)
     logits = _logits_from_probs([[0.1, 0.4, 0.45, 0.05], [0.25] * 4, [0.25] * 4])
     tokens = torch.tensor([[0, 1, 2]])  # both accepted (0.4 and 0.45 > 0.09); rank 1 is likelier
     path, n, _ = typical_accept(logits, tokens, dt, warp_logits(), 1.0, 0.09, 0.3)
@@ -104,7 +105,7 @@ def test_chi_square_catches_a_lossy_rule():
 def test_sample_accept_recursive_rejection_single_node():
     """One node, two proposed siblings: exact probabilities of each outcome by enumeration."""
     tree = MedusaTree.from_choices([[0], [1]])
-    dt = decode_tree(tree, CPU, torch.float32)
+    dt = static_tree(tree, CPU, torch.float32)
     p = torch.tensor([0.5, 0.3, 0.2])
     logits = torch.log(p).view(1, 1, 3).repeat(20000, 3, 1)  # [B, N, V]
     tokens = torch.tensor([[0, 1, 2]]).repeat(20000, 1)  # proposals: token 1 then token 2

@@ -7,7 +7,7 @@ import torch
 from decoding_helpers import COMBO_IDS, COMBOS, FITTED_NEW, SCORE, check_stories_greedy, fitted_llama
 
 from medusa import MedusaTree
-from medusa.decoding.dynamic_tree import DynamicTree
+from medusa.decoding.tree_option import DynamicTreeOption
 
 from fit_heads import fitted_stories_heads
 
@@ -105,6 +105,6 @@ def test_dynamic_tree_recompiles_once_per_tree_size():
     other = run("dynamic:6")
     assert _graphs() == 2 * per_shape  # a new node count recompiles once, not at every step
     assert other.num_steps >= 8 and torch.equal(other.sequences, ref)
-    calibrated = run(DynamicTree(num_nodes=16, score=SCORE))
+    calibrated = run(DynamicTreeOption(num_nodes=16, score=SCORE))
     assert _graphs() == 2 * per_shape + 1  # the calibrated score: finish_propose once more, nothing else
     assert calibrated.num_steps >= 8 and torch.equal(calibrated.sequences, ref)

@@ -98,7 +98,7 @@ def test_hydra_dynamic_tree_is_the_top_n_paths():
 
 
 def _static_twin(tree, b):
-    """Row ``b`` of a StepTree as a static MedusaTree (sibling ranks as choices) and its node order."""
+    """Row ``b`` of a RowTrees as a static MedusaTree (sibling ranks as choices) and its node order."""
     from medusa import MedusaTree
 
     ranks = {0: ()}
@@ -112,7 +112,7 @@ def _static_twin(tree, b):
 
 def test_acceptance_on_per_row_trees_equals_each_row_on_its_static_twin():
     from medusa.decoding.acceptance import greedy_accept, typical_accept
-    from medusa.decoding.candidates import decode_tree
+    from medusa.decoding.trees import static_tree
 
     torch.manual_seed(5)
     k, b, v, n = 3, 4, 7, 10
@@ -126,7 +126,7 @@ def test_acceptance_on_per_row_trees_equals_each_row_on_its_static_twin():
     assert n_acc.max() >= 1
     for row in range(b):
         static, order = _static_twin(tree, row)
-        dt = decode_tree(static, torch.device("cpu"), torch.float32)
+        dt = static_tree(static, torch.device("cpu"), torch.float32)
         idx = torch.tensor(order)
         s_path, s_n, s_nxt = greedy_accept(logits[row:row + 1, idx], tree.tokens[row:row + 1, idx], dt)
         got = tree.tokens[row, path[row, :int(n_acc[row]) + 1]].tolist()

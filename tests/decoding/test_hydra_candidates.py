@@ -9,8 +9,8 @@ import torch
 from decoding_helpers import check_stories_greedy
 
 from medusa import MedusaTree
-from medusa.decoding.candidates import decode_tree
 from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
+from medusa.decoding.trees import static_tree
 
 from fit_heads import fitted_stories_heads
 
@@ -24,7 +24,7 @@ def _levels(level):
 
 
 def test_hydra_levels_of_a_small_tree():
-    dt = decode_tree(MedusaTree.from_choices(CHOICES), torch.device("cpu"), torch.float32)
+    dt = static_tree(MedusaTree.from_choices(CHOICES), torch.device("cpu"), torch.float32)
     levels = hydra_levels(dt)
     assert [_levels(level) for level in levels] == [
         # depth 1: the root expanded, ranks 0..2 -> nodes 1, 2, 3
@@ -34,7 +34,7 @@ def test_hydra_levels_of_a_small_tree():
         # depth 3: node 4 expanded along its path (root, 1, 4), its rank 0 -> node 7
         ([4], [[0, 1, 4]], 1, [7], [0]),
     ]
-    assert dt.hydra_levels is levels and hydra_levels(dt) is levels  # built once per decode tree
+    assert hydra_levels(dt) is levels and not hasattr(dt, "hydra_levels")  # built once, kept by its user
 
 
 class _PathSumHeads:
@@ -52,7 +52,7 @@ class _PathSumHeads:
 
 def test_hydra_propose_grows_each_node_from_its_own_path():
     tree = MedusaTree.from_choices(CHOICES)
-    dt = decode_tree(tree, torch.device("cpu"), torch.float32)
+    dt = static_tree(tree, torch.device("cpu"), torch.float32)
     root, hidden = torch.tensor([1, 2]), torch.tensor([[0.0], [5.0]])
     got = hydra_propose(_PathSumHeads(), root, hidden, dt)  # [B, N]
     for b in range(2):

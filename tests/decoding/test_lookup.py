@@ -11,8 +11,8 @@ from decoding_helpers import FITTED_NEW, SAMPLER_VOCAB, exact_joint3, fitted_lla
 from sampling_law import patch_sample_accept, sample_accept_variant
 
 from medusa import MedusaModel, MedusaTree
-from medusa.decoding.candidates import decode_tree
 from medusa.decoding.lookup import hybrid_tree, lookup_chain, merge_point, new_context, observe
+from medusa.decoding.trees import static_tree
 from medusa.errors import MedusaError
 
 from tiny_models import tiny_model
@@ -57,7 +57,7 @@ def test_observe_appends_the_kept_tokens_and_the_next_root():
 
 def test_chain_merges_into_the_heads_path_it_follows():
     tree = MedusaTree.from_choices([[0], [1], [0, 0], [0, 1]])  # root, a, b, a-a, a-b
-    heads = decode_tree(tree, CPU, torch.float32)
+    heads = static_tree(tree, CPU, torch.float32)
     head_tokens = torch.tensor([[9, 20, 21, 30, 31], [9, 20, 21, 30, 31]])  # node tokens (root 9)
     chain = torch.tensor([[20, 31, 40, 41, 42], [50, 51, 52, 53, 54]])  # row 0 follows a then a-b
     valid = torch.ones(2, 5, dtype=torch.bool)

@@ -19,17 +19,11 @@ from decoding_helpers import (
 )
 
 from medusa import MedusaModel, MedusaTree
-from medusa.decoding.acceptance import warp_logits
-from medusa.decoding.candidates import DecodeTree, decode_tree
-from medusa.decoding.dynamic_tree import DynamicTree, StepTree, resolve_dynamic
-from medusa.decoding.hydra_candidates import hydra_propose
-from medusa.decoding.proposals import (
-    DynamicProposer,
-    StaticProposer,
-    choose_proposer,
-    decoding_tree,
-    medusa_tokens,
-)
+from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
+from medusa.decoding.processors import warp_logits
+from medusa.decoding.proposals import DynamicProposer, StaticProposer, choose_proposer, medusa_tokens
+from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice, resolve_dynamic
+from medusa.decoding.trees import RowTrees, StaticTree, static_tree
 
 from fit_heads import fitted_stories_heads
 from tiny_models import tiny_model
@@ -58,23 +52,35 @@ def _hidden() -> torch.Tensor:
     return torch.randn(2, 32, generator=torch.Generator().manual_seed(3))  # [B, d]
 
 
-def _tree(kind: str):
-    """A fresh tree (decode buffers not yet built) of ``kind``: static, or dynamic of 10 nodes, depth 3."""
-    tree = MedusaTree.from_choices(CHOICES) if kind == "static" else resolve_dynamic("dynamic:10", 3)
-    return decoding_tree(tree, CPU, torch.float32)
+def _tree(kind: str) -> TreeChoice:
+    """A fresh tree choice of ``kind``: static, or dynamic of 10 nodes, depth 3."""
+    if kind == "static":
+        return TreeChoice(static=MedusaTree.from_choices(CHOICES))
+    return TreeChoice(dynamic=resolve_dynamic("dynamic:10", 3))
+
+
+def _choose(heads, choice, dtype=torch.float32):
+    if isinstance(choice, DynamicTreeOption):
+        choice = TreeChoice(dynamic=choice)
+    return choose_proposer(heads, choice, CPU, dtype)
 
 
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("head_type", ["linear", "hydra"])
 def test_choose_proposer_by_heads_and_tree(head_type, kind):
     model = _model(head_type)
-    dt = _tree(kind)
-    proposer = choose_proposer(model.heads, dt)
+    choice = _tree(kind)
+    proposer = _choose(model.heads, choice)
     assert type(proposer) is (StaticProposer if kind == "static" else DynamicProposer)
-    assert proposer.shape is dt and proposer.heads is model.heads
+    assert proposer.heads is model.heads
+    dt = proposer.tree if kind == "static" else proposer.option
+    assert dt is (static_tree(choice.static, CPU, torch.float32) if kind == "static" else choice.dynamic)
     if kind == "static":  # MEDUSA top-k or Hydra growth (its plan built once, here: outside compiled code)
-        assert proposer.grow is (hydra_propose if head_type == "hydra" else medusa_tokens)
-        assert (dt.hydra_levels is not None) == (head_type == "hydra")
+        if head_type == "hydra":
+            assert proposer.grow.func is hydra_propose
+            assert proposer.grow.keywords["levels"] is hydra_levels(dt)
+        else:
+            assert proposer.grow is medusa_tokens
     with torch.no_grad():
         proposal = proposer.propose(ROOT, _hidden())
     assert proposal.tokens.shape == (2, dt.num_nodes) and proposal.tokens[:, 0].tolist() == ROOT.tolist()
@@ -85,24 +91,25 @@ def test_choose_proposer_by_heads_and_tree(head_type, kind):
 
 def test_dynamic_branch_defaults_to_n_minus_1_capped_by_the_vocabulary():
     heads = _model("linear").heads
-    assert choose_proposer(heads, _tree("dynamic")).branch == 9
-    assert choose_proposer(heads, DynamicTree(num_nodes=10, depth=3, branch=4)).branch == 4
-    assert choose_proposer(heads, DynamicTree(num_nodes=200, depth=3)).branch == 96  # the vocabulary
+    assert _choose(heads, _tree("dynamic")).branch == 9
+    assert _choose(heads, DynamicTreeOption(num_nodes=10, depth=3, branch=4)).branch == 4
+    assert _choose(heads, DynamicTreeOption(num_nodes=200, depth=3)).branch == 96  # the vocabulary
 
 
-def test_decoding_tree_static_buffers_or_dynamic_settings():
+def test_proposer_trees_static_buffers_or_dynamic_settings():
     tree = MedusaTree.from_choices(CHOICES)
-    dt = decoding_tree(tree, CPU, torch.bfloat16)
-    assert isinstance(dt, DecodeTree) and dt is decode_tree(tree, CPU, torch.bfloat16)
+    heads = _model("linear").heads
+    dt = _choose(heads, TreeChoice(static=tree), torch.bfloat16).tree
+    assert isinstance(dt, StaticTree) and dt is static_tree(tree, CPU, torch.bfloat16)
     assert dt.float_mask.dtype == torch.bfloat16 and dt.num_nodes == 8
-    dyn = decoding_tree(DynamicTree(num_nodes=12, depth=3), CPU, torch.bfloat16)
-    assert dyn == DynamicTree(num_nodes=12, depth=3, dtype=torch.bfloat16)
+    dyn = _choose(heads, DynamicTreeOption(num_nodes=12, depth=3), torch.bfloat16)
+    assert dyn.option == DynamicTreeOption(num_nodes=12, depth=3) and dyn.dtype == torch.bfloat16
 
 
 def test_medusa_proposal_holds_each_heads_ranks():
     model, hidden = _model("linear"), _hidden()
     tree = MedusaTree.from_choices(CHOICES)
-    proposer = choose_proposer(model.heads, decoding_tree(tree, CPU, torch.float32))
+    proposer = _choose(model.heads, TreeChoice(static=tree))
     with torch.no_grad():
         tokens = proposer.propose(ROOT, hidden).tokens  # [B, N]
         ranked = model.heads(hidden.unsqueeze(1))[:, :, 0].topk(3, dim=-1).indices  # [K, B, 3]
@@ -115,7 +122,7 @@ def test_hydra_proposal_conditions_each_node_on_its_path():
     model, hidden = _model("hydra"), _hidden()
     heads = model.heads
     tree = MedusaTree.from_choices(CHOICES)
-    proposer = choose_proposer(heads, decoding_tree(tree, CPU, torch.float32))
+    proposer = _choose(heads, TreeChoice(static=tree))
     with torch.no_grad():
         tokens = proposer.propose(ROOT, hidden).tokens  # [B, N]
         for b in range(2):
@@ -131,13 +138,13 @@ def test_dynamic_proposal_is_a_tree_of_n_nodes_per_row(head_type):
     model, hidden = _model(head_type), _hidden()
     heads = model.heads
     with torch.no_grad():
-        proposal = choose_proposer(heads, _tree("dynamic")).propose(ROOT, hidden)
+        proposal = _choose(heads, _tree("dynamic")).propose(ROOT, hidden)
         if head_type == "linear":  # the likeliest single token: head 1's argmax at the last kept position
             best = heads(hidden.unsqueeze(1))[0, :, 0].argmax(-1)  # [B]
         else:  # Hydra head 1 on [h, e(root)]
             best = heads.head_logits(0, torch.cat([hidden, heads.embed(ROOT)], dim=-1)).argmax(-1)
     tree, tokens = proposal.tree, proposal.tokens
-    assert isinstance(tree, StepTree) and tree.tokens is tokens and tokens.shape == (2, 10)
+    assert isinstance(tree, RowTrees) and tree.tokens is tokens and tokens.shape == (2, 10)
     assert tree.depths.shape == tree.parents.shape == (2, 10)
     assert tree.depths[:, 0].tolist() == [0, 0] and bool((tree.depths[:, 1:] >= 1).all())
     assert int(tree.depths.max()) <= 3
@@ -162,7 +169,7 @@ def _check_greedy(model, tree, min_tokens_per_step):
     return check_stories_greedy(model, tree, NEW, min_tokens_per_step)[0].tokens_per_step
 
 
-@pytest.mark.parametrize("tree", [None, "dynamic:16", DynamicTree(num_nodes=48, branch=8)],
+@pytest.mark.parametrize("tree", [None, "dynamic:16", DynamicTreeOption(num_nodes=48, branch=8)],
                          ids=["static", "dynamic16", "dynamic48-branch8"])
 def test_hydra_greedy_equals_hf(hydra, tree):
     _check_greedy(hydra, tree, 1.8)
@@ -209,3 +216,74 @@ def test_sample_is_lossless_chi_square(head_type, tree, setting):
                                                                 torch.ones(n, dtype=torch.float64))
     expected = exact_joint(base, prompt, warp_logits(**setting)).view(-1) * n
     assert chi2_pvalue(counts, expected) > 1e-3
+
+
+class _Recording:
+    """A proposer around ``inner`` that records what the step hands its hooks."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.num_nodes, self.depth = inner.num_nodes, inner.depth
+
+    def prefill(self, input_ids, attention_mask, features, root):
+        self.calls.append(("prefill", input_ids, attention_mask, features, root))
+        self.inner.prefill(input_ids, attention_mask, features, root)
+
+    def propose(self, root, hidden):
+        return self.inner.propose(root, hidden)
+
+    def observe(self, kept, keep, next_root, features):
+        self.calls.append(("observe", kept, keep, next_root, features))
+        self.inner.observe(kept, keep, next_root, features)
+
+
+def test_prefill_and_observe_hooks_get_the_prompt_and_the_kept_paths_features():
+    from medusa.decoding.acceptance import greedy_accept
+    from medusa.decoding.generate import prefill
+    from medusa.decoding.step import step
+    from medusa.modeling.base import decoder_of
+
+    model = _model("linear")
+    ids, mask = left_padded_batch(V, lengths=(9, 6), seed=4)
+    proposer = _Recording(_choose(model.heads, TreeChoice(static=MedusaTree.from_choices(CHOICES))))
+    with torch.no_grad():
+        state = prefill(model, ids, mask, proposer)
+        results = [step(model, state, greedy_accept) for _ in range(3)]
+    name, got_ids, got_mask, features, root = proposer.calls[0]
+    assert name == "prefill" and torch.equal(got_ids, ids) and torch.equal(got_mask, mask.long())
+    assert features.shape == (2, ids.shape[1], 32)  # [B, T, F]: every prompt position
+    with torch.no_grad():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ref = decoder_of(model.base_model)(input_ids=ids, attention_mask=mask,
+                                           position_ids=pos).last_hidden_state  # [B, T, d]
+    real = mask.bool()
+    torch.testing.assert_close(features[real], ref[real])
+    assert root.tolist() == results[0].tokens[:, 0].tolist()  # the first step's root
+    observed = [c for c in proposer.calls if c[0] == "observe"]
+    assert len(observed) == 3 and [c[0] for c in proposer.calls] == ["prefill"] + ["observe"] * 3
+    seqs = [ids[b][mask[b].bool()].tolist() for b in range(2)]
+    for (_, kept, keep, next_root, feats), result in zip(observed, results):
+        assert feats.shape == (2, kept.shape[1], 32)  # [B, D+1, F]
+        assert torch.equal(kept.cpu(), result.tokens) and keep.tolist() == result.kept.tolist()
+        assert next_root.tolist() == result.next_root.tolist()
+        for b in range(2):  # each kept node's features: the base's hidden state after its own prefix
+            for j in range(int(keep[b])):
+                seqs[b].append(int(kept[b, j]))
+                with torch.no_grad():
+                    body = decoder_of(model.base_model)
+                    h = body(input_ids=torch.tensor([seqs[b]])).last_hidden_state[0, -1]  # [d]
+                torch.testing.assert_close(feats[b, j], h, rtol=1e-4, atol=1e-5)
+
+
+def test_lookup_proposer_records_the_prompt_at_prefill():
+    from medusa.decoding.lookup import new_context
+
+    heads = _model("linear").heads
+    ids, mask = left_padded_batch(V, lengths=(9, 6), seed=5)
+    root = torch.tensor([7, 8])
+    proposer = choose_proposer(heads, TreeChoice(static=MedusaTree.from_choices(CHOICES), lookup_tokens=3),
+                               CPU, torch.float32, room=20)
+    assert proposer.context is None and (proposer.num_nodes, proposer.depth) == (8 + 3, 3 + 3)
+    proposer.prefill(ids, mask, torch.zeros(2, ids.shape[1], 32), root)
+    want = new_context(ids, mask, root, 20)
+    assert torch.equal(proposer.context.tokens, want.tokens) and torch.equal(proposer.context.end, want.end)

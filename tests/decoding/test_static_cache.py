@@ -22,8 +22,9 @@ from decoding_helpers import (
 )
 
 from medusa import MedusaTree
-from medusa.decoding.acceptance import warp_logits
-from medusa.decoding.static_cache import cache_bucket, compact, static_capacity, static_prefill
+from medusa.decoding.kv_cache import cache_bucket
+from medusa.decoding.processors import warp_logits
+from medusa.decoding.static_cache import compact, static_capacity, static_prefill
 from medusa.errors import MedusaError
 
 from fit_heads import fitted_stories_heads
@@ -50,7 +51,8 @@ def test_static_greedy_equals_hf(gen):
 def test_static_compaction_equals_prefill():
     def new_cache(ids, dt):
         return functools.partial(static_prefill, num_nodes=dt.num_nodes,
-                                 capacity=static_capacity(ids.shape[1], 60, 3, dt), dtype=dt.dtype,
+                                 capacity=static_capacity(ids.shape[1], 60, 3, dt.num_nodes, dt.depth),
+                                 dtype=dt.dtype,
                                  compact_fn=compact)
 
     cache = check_compaction_equals_prefill("llama", new_cache).cache  # StaticKV

@@ -7,10 +7,10 @@ from decoding_helpers import left_padded_batch, memorise_heads, real_rows
 
 from medusa import MedusaModel
 from medusa.decoding.acceptance import greedy_accept
-from medusa.decoding.candidates import decode_tree
 from medusa.decoding.generate import prefill
-from medusa.decoding.proposals import StaticProposer, medusa_tokens
-from medusa.decoding.step import StepResult, last_hidden, step
+from medusa.decoding.proposals import StaticProposer, choose_proposer, medusa_tokens
+from medusa.decoding.step import StepResult, path_features, step
+from medusa.decoding.tree_option import TreeChoice
 from medusa.tree import default_tree
 
 from tiny_models import tiny_model
@@ -29,8 +29,9 @@ def test_step_result_new_tokens_and_max_kept():
 def test_last_hidden_is_each_rows_last_kept_node():
     hidden = torch.arange(2 * 5 * 3, dtype=torch.float32).view(2, 5, 3)  # [B, N, d]
     path = torch.tensor([[0, 2, 4], [0, 1, 3]])  # [B, D+1]
-    got = last_hidden(hidden, path, torch.tensor([2, 0]))  # row 0 kept 2 nodes past the root, row 1 none
+    on_path, got = path_features(hidden, path, torch.tensor([2, 0]))  # row 0 kept 2 nodes past the root
     assert torch.equal(got, torch.stack([hidden[0, 4], hidden[1, 0]]))
+    assert torch.equal(on_path, torch.stack([hidden[0, [0, 2, 4]], hidden[1, [0, 1, 3]]]))  # [B, D+1, d]
 
 
 def test_one_step_equals_the_first_step_of_generate():
@@ -42,7 +43,8 @@ def test_one_step_equals_the_first_step_of_generate():
     tree = default_tree(4, 64)
     p = ids.shape[1]
     with torch.no_grad():
-        state = prefill(model, ids, mask, decode_tree(tree, torch.device("cpu"), torch.float32))
+        proposer = choose_proposer(model.heads, TreeChoice(static=tree), torch.device("cpu"), torch.float32)
+        state = prefill(model, ids, mask, proposer)
         assert isinstance(state.proposer, StaticProposer) and state.proposer.grow is medusa_tokens
         root = state.root.tolist()
         assert root == ref[:, p].tolist()  # the prefill's token: HF's first greedy token

@@ -9,10 +9,11 @@ import torch.nn.functional as F
 
 from medusa import MedusaModel
 from medusa.decoding.acceptance import greedy_accept
-from medusa.decoding.candidates import decode_tree
-from medusa.decoding.dynamic_tree import DynamicTree
 from medusa.decoding.generate import prefill
+from medusa.decoding.proposals import choose_proposer
 from medusa.decoding.step import step
+from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice
+from medusa.decoding.trees import static_tree
 from medusa.tree import default_tree
 
 from tiny_models import tiny_model
@@ -26,7 +27,8 @@ FULL_TREE = ([[r] for r in range(SAMPLER_VOCAB)] + [[0, r] for r in range(SAMPLE
 # calibrated path score (medusa.tree.path_score's record; depth 4 scored raw).
 SCORE = {"weight": [2.0, 1.5, 1.2, 1.0], "bias": [1.0, 0.5, 0.2, 0.0], "positions": [99] * 4, "raw": [3]}
 COMBOS = [("hydra", None), ("hydra", "dynamic:16"), ("linear", "dynamic:16"),
-          ("linear", DynamicTree(num_nodes=48, branch=8)), ("hydra", DynamicTree(num_nodes=16, score=SCORE))]
+          ("linear", DynamicTreeOption(num_nodes=48, branch=8)),
+          ("hydra", DynamicTreeOption(num_nodes=16, score=SCORE))]
 COMBO_IDS = ["hydra-static", "hydra-dynamic16", "medusa-dynamic16", "medusa-dynamic48-branch8",
              "hydra-calibrated16"]
 
@@ -214,9 +216,12 @@ def check_compaction_equals_prefill(arch: str, new_cache=None):
     ref = base.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=60, eos_token_id=None)
     model = MedusaModel.from_base(base, num_heads=4)
     memorise_heads(model, real_rows(ref, mask)[:2], steps=30)  # row 2 unknown to the heads: uneven accepts
-    dt = decode_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
+    dt = static_tree(default_tree(4, 64), torch.device("cpu"), torch.float32)
     with torch.no_grad():
-        state = prefill(model, ids, mask, dt, new_cache=None if new_cache is None else new_cache(ids, dt))
+        proposer = choose_proposer(model.heads, TreeChoice(static=default_tree(4, 64)), torch.device("cpu"),
+                                   torch.float32)
+        state = prefill(model, ids, mask, proposer,
+                        new_cache=None if new_cache is None else new_cache(ids, dt))
         cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
         kept = []
         for _ in range(12):

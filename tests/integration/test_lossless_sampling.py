@@ -14,7 +14,7 @@ from decoding_helpers import left_padded_batch
 from sampling_law import UNRENORMALISED, pair_counts, pair_law, patch_sample_accept, sample_accept_variant
 
 from medusa import MedusaModel, MedusaTree
-from medusa.decoding.dynamic_tree import DynamicTree
+from medusa.decoding.tree_option import DynamicTreeOption
 
 from fit_heads import fit_heads
 from tiny_models import tiny_model
@@ -25,7 +25,7 @@ FIRST = 5  # the law of new tokens 5 and 6
 ROWS = 3000  # samples per prompt
 # Depth 2 (so the first step emits tokens 2..4 at most): new token 5 is decided at the second step or later.
 STATIC = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
-DYNAMIC = DynamicTree(num_nodes=8, depth=2, branch=3)
+DYNAMIC = DynamicTreeOption(num_nodes=8, depth=2, branch=3)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from medusa.modeling import cpu_linear
 from medusa.modeling.cpu_linear import (
     MAX_ROWS,
     MIN_ROWS,
+    PackedLinear,
     linear_bytes,
     pack_linears,
     packed_count,
@@ -43,10 +44,11 @@ def calls(monkeypatch):
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_rows_give_f_linear_and_others_are_stock(calls, bias):
     torch.manual_seed(0)
-    layer = nn.Linear(48, 200, bias=bias)
-    ref = nn.Linear(48, 200, bias=bias)
+    layer = nn.Sequential(nn.Linear(48, 200, bias=bias))  # the linear is swapped inside its parent
+    ref = nn.Sequential(nn.Linear(48, 200, bias=bias))
     ref.load_state_dict(layer.state_dict())
     assert pack_linears(layer) == 1 and packed_count(layer) == 1
+    assert isinstance(layer[0], PackedLinear) and "forward" not in layer[0].__dict__  # a module, not a patch
     with torch.no_grad():
         for rows in (1, MIN_ROWS - 1, MIN_ROWS, 8, 3 * 7, MAX_ROWS, MAX_ROWS + 1):
             x = torch.randn(3, 7, 48) if rows == 21 else torch.randn(rows, 48)  # any leading shape
@@ -62,8 +64,9 @@ def test_packed_rows_give_f_linear_and_others_are_stock(calls, bias):
 
 def test_gradients_and_a_changed_weight_take_the_stock_path(calls):
     torch.manual_seed(1)
-    layer = nn.Linear(16, 32)
-    pack_linears(layer)
+    model = nn.Sequential(nn.Linear(16, 32))
+    pack_linears(model)
+    layer = model[0]
     x = torch.randn(8, 16)
     layer(x).sum().backward()  # training: F.linear, gradients flow
     assert calls == [] and layer.weight.grad is not None
@@ -74,16 +77,20 @@ def test_gradients_and_a_changed_weight_take_the_stock_path(calls):
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         assert layer.to(torch.bfloat16)(x.bfloat16()).dtype == torch.bfloat16  # another dtype: stock
     assert calls == [8, 8]
-    assert unpack_linears(layer) == 1 and packed_count(layer) == 0 and "forward" not in layer.__dict__
+    weight = layer.weight
+    assert unpack_linears(model) == 1 and packed_count(model) == 0 and type(model[0]) is nn.Linear
+    assert model[0].weight is weight and "forward" not in model[0].__dict__  # the same Parameter, stock
 
 
 def test_only_float32_cpu_linears_are_packed_and_shared_weights_counted_once():
     model = tiny_model("llama")  # tied embeddings: the LM head shares the embedding's weight
     n = sum(isinstance(m, nn.Linear) for m in model.modules())
+    sizes = {m.weight.data_ptr(): m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear)}
+    need = linear_bytes(model)
     assert pack_linears(model) == n
     tied = model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
-    sizes = {m.weight.data_ptr(): m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear)}
-    assert linear_bytes(model) == sum(sizes.values()) and (tied or len(sizes) == n)
+    assert not tied or model.lm_head.weight is model.get_input_embeddings().weight  # still tied once packed
+    assert need == sum(sizes.values()) and (tied or len(sizes) == n)
     half = nn.Linear(8, 8).to(torch.bfloat16)
     assert pack_linears(half) == 0
 

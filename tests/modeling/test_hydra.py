@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from medusa import CheckpointError, MedusaModel, MedusaTree
-from medusa.decoding.candidates import decode_tree
 from medusa.decoding.dynamic_tree import hydra_children
 from medusa.decoding.hydra_candidates import hydra_propose
+from medusa.decoding.trees import static_tree
 from medusa.modeling.base import lm_head_of
 from medusa.modeling.hydra import HydraHeads
 
@@ -127,7 +127,7 @@ def test_hydra_propose_matches_node_by_node_reference():
     root = torch.tensor([5, 17])
     hidden = torch.randn(2, 32)
     with torch.no_grad():
-        got = hydra_propose(model.heads, root, hidden, decode_tree(tree, torch.device("cpu"), torch.float32))
+        got = hydra_propose(model.heads, root, hidden, static_tree(tree, torch.device("cpu"), torch.float32))
         for b in range(2):
             assert got[b].tolist() == _naive_propose(model.heads, root[b], hidden[b], tree)
 
@@ -312,7 +312,7 @@ def test_hydra_candidates_embed_target_ids(projection):
     tree = MedusaTree.from_choices([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 2], [1, 0, 0]])
     root, hidden = torch.tensor([5, 17]), torch.randn(2, D)
     with torch.no_grad():
-        got = hydra_propose(heads, root, hidden, decode_tree(tree, torch.device("cpu"), torch.float32))
+        got = hydra_propose(heads, root, hidden, static_tree(tree, torch.device("cpu"), torch.float32))
         for b in range(2):
             assert got[b].tolist() == _naive_propose_target_ids(heads, root[b], hidden[b], tree)
         assert torch.isin(got[:, 1:], heads.token_map).all()

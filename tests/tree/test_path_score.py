@@ -8,15 +8,8 @@ import math
 import pytest
 import torch
 
-from medusa.decoding.dynamic_tree import (
-    TIE_BREAK,
-    DynamicTree,
-    build_step_tree,
-    medusa_children,
-    resolve_dynamic,
-    tree_kind,
-    tree_option,
-)
+from medusa.decoding.dynamic_tree import TIE_BREAK, build_step_tree, medusa_children
+from medusa.decoding.tree_option import DynamicTreeOption, resolve_dynamic, tree_kind, tree_option
 from medusa.tree import MedusaTree
 from medusa.tree.path_score import depth_samples, fit_logistic, fit_path_score, score_log_probs
 
@@ -97,8 +90,8 @@ def test_resolve_dynamic_takes_the_checkpoints_score():
     plain = MedusaTree.from_choices([(0,), (1,)], num_heads=2)
     assert resolve_dynamic("dynamic:8", 2, calibrated).score == score
     assert resolve_dynamic("dynamic:8", 2, plain).score is None
-    assert resolve_dynamic(DynamicTree(8, calibrated=False), 2, calibrated).score is None
-    assert tree_option("dynamic-raw", 8) == DynamicTree(8, calibrated=False)
+    assert resolve_dynamic(DynamicTreeOption(8, calibrated=False), 2, calibrated).score is None
+    assert tree_option("dynamic-raw", 8) == DynamicTreeOption(8, calibrated=False)
     assert tree_kind("dynamic", calibrated) == "dynamic (calibrated path score)"
-    assert tree_kind(DynamicTree(8, calibrated=False), calibrated) == "dynamic (raw head probabilities)"
+    assert tree_kind(DynamicTreeOption(8, calibrated=False), calibrated) == "dynamic (raw head probabilities)"
     assert tree_kind(plain, calibrated) == "static"

@@ -9,7 +9,16 @@ are not its own, so every reply equals the one a lone ``generate`` call would gi
 
 Supported: decoder-only models whose attention takes a 4-D mask and calls ``cache.update(k, v, layer)``
 (Llama, Mistral without a window, Qwen2/3, Gemma, Phi-3, GPT-NeoX...), and a generation config with no
-logits processors beyond temperature / top-k / top-p (:func:`refill_supported` says which).
+logits processors beyond temperature / top-k / top-p (:func:`refill_supported` says which, from decoding's
+one list of settings, :func:`medusa.decoding.processors.sampling_only_blocker`). Sampling uses decoding's
+warpers (:func:`medusa.decoding.processors.warp_logits`).
+
+Why :class:`SlotCache` is not one of decoding's KV caches (:mod:`medusa.decoding.kv_cache`): their needs do
+not meet. Here every slot is admitted at its own time (a prompt prefilled alone, then copied into a running
+batch), columns are shifted left as replies end and the batch shrinks; one column per step, no tree. Decoding
+prefills one batch once and compacts a verified tree's accepted path inside each row every step, on
+transformers' own ``DynamicCache`` / ``StaticCache`` (whose layer objects the static path drives). A shared
+class would carry both sets of operations with neither user needing the other's.
 """
 
 from __future__ import annotations
@@ -23,11 +32,8 @@ from typing import Any
 
 import torch
 
-# Generation-config fields that add a logits processor this loop does not apply (their neutral value).
-UNSUPPORTED_GENERATION = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "bad_words_ids": None,
-                          "suppress_tokens": None, "begin_suppress_tokens": None, "min_new_tokens": None,
-                          "min_length": 0, "forced_bos_token_id": None, "forced_eos_token_id": None,
-                          "sequence_bias": None, "encoder_repetition_penalty": 1.0}
+from medusa.decoding.processors import Warp, sampling_only_blocker, warp_logits
+
 COMPACT_EVERY = 64  # shift the buffers left once every slot's first column is at least this far in
 
 
@@ -42,12 +48,7 @@ def refill_supported(model: torch.nn.Module) -> str | None:
     impl = str(getattr(text, "_attn_implementation", "") or "")
     if "flash" in impl or "paged" in impl or "flex" in impl:
         return f"attn_implementation={impl}"
-    gen = getattr(model, "generation_config", None)
-    for key, neutral in UNSUPPORTED_GENERATION.items():
-        value = getattr(gen, key, neutral) if gen is not None else neutral
-        if value not in (neutral, None, [], 0):
-            return f"generation_config.{key}={value!r}"
-    return None
+    return sampling_only_blocker(model)
 
 
 class SlotCache:
@@ -102,23 +103,12 @@ class Row:
     tokens: list[int] = field(default_factory=list)
 
 
-def pick_tokens(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,
-                generator: torch.Generator | None) -> torch.Tensor:
-    """``logits [B, V]`` -> next tokens ``[B]``: argmax when ``temperature == 0``, else a sample after
-    temperature, top-k and top-p (HF's order)."""
-    if temperature <= 0:
+def pick_tokens(logits: torch.Tensor, warp: Warp | None, generator: torch.Generator | None) -> torch.Tensor:
+    """``logits [B, V]`` -> next tokens ``[B]``: argmax without a ``warp`` (greedy), else a sample after it
+    (HF's temperature, top-k and top-p warpers: :func:`medusa.decoding.processors.warp_logits`)."""
+    if warp is None:
         return logits.float().argmax(-1)  # bf16 argmax is ~10x slower on CPU
-    scores = logits.float() / temperature
-    if top_k:
-        kth = scores.topk(min(top_k, scores.shape[-1]), dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1)  # ascending, as HF's TopPLogitsWarper
-        cum = sorted_scores.softmax(-1).cumsum(-1)
-        drop = cum <= 1 - top_p
-        drop[:, -1] = False
-        scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
-    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
+    return torch.multinomial(warp(logits).softmax(-1), 1, generator=generator).squeeze(-1)
 
 
 class RefillLoop:
@@ -265,12 +255,13 @@ def generate_refill(model: torch.nn.Module, prompts: Sequence[list[int]], *, max
     if not prompts:
         return
     loop = RefillLoop(model, prompts, max_new_tokens, batch_size, pad_id, eos_ids)
-    generator = None
+    generator, warp = None, None
     if temperature > 0:
         generator = torch.Generator(device=loop.device).manual_seed(seed)
+        warp = warp_logits(temperature, top_k, top_p, loop.device)
 
     def pick(logits: torch.Tensor) -> torch.Tensor:
-        return pick_tokens(logits, temperature, top_k, top_p, generator)
+        return pick_tokens(logits, warp, generator)
 
     with torch.inference_mode(), grouped_sdpa():
         index, logits = loop.admit(list(range(len(loop.slots))))

@@ -1,4 +1,4 @@
-"""Sliding-window layers under a custom 4-D tree mask (medusa/modeling/attention.py).
+"""Sliding-window layers under a custom 4-D tree mask (medusa/decoding/attention.py).
 
 The window is applied by position (the keys a query sees, counted back from itself), never by cache column:
 a tiny random Gemma-3 with a window of 16 decodes greedily exactly as HF ``generate`` over many steps across
@@ -14,8 +14,8 @@ import torch
 from decoding_helpers import memorise_heads, real_rows
 
 from medusa import MedusaModel
+from medusa.decoding.attention import FULL, SLIDING, body_mask, window_layout, window_mask
 from medusa.errors import MedusaError
-from medusa.modeling.attention import FULL, SLIDING, body_mask, window_layout, window_mask
 from medusa.modeling.base import decoder_of
 
 WINDOW = 16

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.hf import text_config, unwrap
 from medusa.errors import MedusaError
-from medusa.modeling.base import text_config, unwrap
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
