@@ -30,6 +30,8 @@ Heads with a draft vocabulary (``heads.draft_vocab``) export only to ``vllm`` (`
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ from medusa.export.serving import (
     official_note,
     serving_commands,
 )
+from medusa.export.speculators import write_speculators
 from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory
 from medusa.modeling.base import dtype_name
@@ -85,6 +88,8 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     src, out = Path(src), Path(out)
     _check_paths(src, out)
     pre = MedusaConfig.load(src)
+    if format == "speculators":
+        return _export_speculators(src, out, pre, base, overwrite)
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to "
                               f"{format}: it serves MEDUSA heads of head_type "
@@ -110,6 +115,27 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
         tok_dir = backbone.tokenizer_dir
         copied = copy_tokenizer(str(tok_dir), tmp) if format == "tgi" and tok_dir is not None else []
     return _summary(format, out, config, heads, backbone, choices, copied)
+
+
+def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | None,
+                        overwrite: bool) -> dict[str, Any]:
+    """eagle3 heads -> a speculators ``eagle3`` checkpoint naming the backbone as its verifier."""
+    from transformers import AutoConfig
+
+    backbone = resolve_backbone(src, config, out, base=base)
+    base_cfg = AutoConfig.from_pretrained(backbone.path)
+    text = base_cfg.get_text_config() if hasattr(base_cfg, "get_text_config") else base_cfg
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, base]) as tmp:
+        info = write_speculators(src, config, text.to_dict(), backbone.path, tmp)
+    comment = f"  # {backbone.hub_id}" if backbone.hub_id else ""
+    spec = json.dumps({"model": str(out), "num_speculative_tokens": config.num_heads})
+    commands = [shlex.join(["vllm", "serve", str(out)]) + comment,
+                shlex.join(["vllm", "serve", backbone.path, "--speculative-config", spec]) + comment]
+    return {"format": "speculators", "out": str(out), "num_heads": config.num_heads, "num_layers": 1,
+            "layout": "speculators-eagle3", "materialised_lm_head": False, "lm_head_copies": 1,
+            "tree_nodes": None, "tree_depth": None, "tokenizer_files": [], "backbone": backbone.path,
+            "backbone_source": backbone.source, "backbone_description": backbone.description,
+            "tokenizer": backbone.tokenizer, "commands": commands, "notes": [], **info}
 
 
 def _export_choices(format: str, src: Path, tree: str | Path | None,

@@ -1,0 +1,107 @@
+"""``--format speculators``: ``head_type: eagle3`` heads as a speculators ``eagle3`` checkpoint (speculators
+0.9.0's format) that vLLM 0.32 loads unmodified (``vllm serve OUT`` or a speculative_config naming OUT).
+
+What vLLM 0.32 reads (``transformers_utils/configs/speculators/{base,algos}.py``, ``models/llama_eagle3.py``):
+
+- ``speculators_model_type: "eagle3"``; ``speculators_config.proposal_methods[0].speculative_tokens`` (the
+  draft steps) and ``speculators_config.verifier.name_or_path`` (the target vLLM then serves: the base the
+  heads were trained on, a local directory here); a dict ``transformer_layer_config`` (the base's text config,
+  ``num_hidden_layers: 1``, ``vocab_size`` = the TARGET vocabulary: vLLM builds the ``[..., V]`` logits from
+  it); ``model_type`` llama or qwen3 only (``Eagle3LlamaForCausalLM`` / ``Eagle3Qwen3ForCausalLM``).
+- ``draft_vocab_size`` always (vLLM copies it unchecked; N = V means no mapping); ``norm_before_residual``
+  always: vLLM defaults it to TRUE when absent, speculators to false; ours is false (the residual is the
+  fused hidden state before ``hidden_norm``).
+- ``eagle_aux_hidden_state_layer_ids``: vLLM id i = the residual stream after i decoder layers = Hugging
+  Face's ``hidden_states[i]``, our ``feature_layers`` numbering; vLLM concatenates them in ASCENDING layer
+  order, so ``fc.weight [d, 3d]``'s column blocks are written in that order.
+- tensors: ``fc.weight``, ``layers.0.*`` (q / k / v read ``2d``), ``norm.weight``, ``lm_head.weight [N, d]``;
+  ``d2t [N]`` int64 OFFSETS (target id = draft id + ``d2t[draft id]``) and ``t2d [V]`` bool (vLLM skips it,
+  speculators reads it) only with a draft vocabulary (with N = V vLLM has no parameter to put ``d2t`` in).
+  No ``embed_tokens``: vLLM then shares the target's embedding (as ours reads the base's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from medusa.errors import CheckpointError, MedusaError
+from medusa.export.common import write_json
+from medusa.modeling.base import dtype_name
+from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.model import read_heads_file
+
+SPECULATORS_VERSION = "0.9.0"
+VLLM_MODEL_TYPES = ("llama", "qwen3")  # vLLM 0.32's eagle3 architectures
+
+
+def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
+                   vocab_size: int) -> dict[str, torch.Tensor]:
+    """Our eagle3 heads' tensors -> the speculators names (fc columns in ascending layer order, d2t / t2d
+    from ``token_map``)."""
+    out = {k: v.contiguous() for k, v in state.items() if k != "token_map"}
+    order = sorted(range(len(layers)), key=lambda i: layers[i])
+    if order != list(range(len(layers))):
+        d = out["fc.weight"].shape[0]
+        blocks = out["fc.weight"].split(d, dim=1)  # one [d, d] block per feature layer, ours in our order
+        out["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1).contiguous()
+    token_map = state.get("token_map")
+    if token_map is not None:
+        tm = token_map.to(torch.int64)
+        out["d2t"] = (tm - torch.arange(tm.numel())).contiguous()  # [N] offsets
+        t2d = torch.zeros(vocab_size, dtype=torch.bool)
+        t2d[tm] = True
+        out["t2d"] = t2d  # [V]
+    return out
+
+
+def eagle3_config(cfg: MedusaConfig, base_config: dict[str, Any], verifier: str,
+                  draft_vocab_size: int) -> dict[str, Any]:
+    """config.json of the speculators checkpoint (see the module docstring for what vLLM needs)."""
+    layer_cfg = {k: v for k, v in base_config.items()
+                 if k not in ("architectures", "auto_map", "_name_or_path", "transformers_version")}
+    layer_cfg.update(num_hidden_layers=1, tie_word_embeddings=False)
+    proposal = {"proposal_type": "greedy", "speculative_tokens": cfg.num_heads}
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [proposal],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": base_config.get("architectures") or []},
+        },
+        "transformer_layer_config": layer_cfg,
+        "draft_vocab_size": draft_vocab_size,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": sorted(cfg.feature_layers or []),
+        "torch_dtype": cfg.dtype,
+    }
+
+
+def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any], verifier: str,
+                      out: Path) -> dict[str, Any]:
+    """Write ``out/config.json`` + ``out/model.safetensors``; returns what the summary reports."""
+    if cfg.head_type != "eagle3":
+        raise CheckpointError(f"{src / CONFIG_NAME}: --format speculators exports head_type eagle3 heads "
+                              f"(this checkpoint's is {cfg.head_type!r}); MEDUSA heads export with --format "
+                              "vllm")
+    if base_config.get("model_type") not in VLLM_MODEL_TYPES:
+        raise MedusaError(f"vLLM 0.32 serves speculators eagle3 drafters on {' / '.join(VLLM_MODEL_TYPES)} "
+                          f"bases only (this base's model_type is {base_config.get('model_type')!r})")
+    if not cfg.feature_layers or len(set(cfg.feature_layers)) != len(cfg.feature_layers):
+        # vLLM collects each layer once: a repeated layer would feed fc fewer blocks than it has
+        raise CheckpointError(f"{src / CONFIG_NAME}: eagle3 heads need distinct feature_layers for vLLM, got "
+                              f"{cfg.feature_layers!r}")
+    state = read_heads_file(src / WEIGHTS_NAME)
+    if "lm_head.weight" not in state:
+        raise CheckpointError(f"{src / WEIGHTS_NAME}: missing tensor lm_head.weight")
+    tensors = eagle3_tensors(state, list(cfg.feature_layers), cfg.vocab_size)
+    n = int(tensors["lm_head.weight"].shape[0])
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_json(out / "config.json", eagle3_config(cfg, base_config, verifier, n))
+    return {"draft_vocab_size": n, "dtype": dtype_name(tensors["lm_head.weight"].dtype)}

@@ -1,0 +1,77 @@
+"""--format speculators (medusa.export.speculators): eagle3 heads -> the speculators eagle3 layout vLLM 0.32
+reads: config keys, tensor names, fc blocks in ascending layer order, d2t offsets / t2d, MEDUSA heads
+refused."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from medusa import MedusaModel
+from medusa.errors import CheckpointError
+from medusa.export import export_checkpoint
+
+from tiny_models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base") / "llama"
+    tiny_model("llama", layers=4).save_pretrained(path)  # 4 layers: three distinct feature layers
+    return path
+
+
+def _eagle3(tmp_path, base_dir, feature_layers, token_map=None):
+    model = MedusaModel.from_base(str(base_dir), num_heads=3, head_type="eagle3",
+                                  feature_layers=feature_layers, token_map=token_map)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path / "heads")
+    return tmp_path / "heads", model
+
+
+def test_speculators_config_and_tensors(tmp_path, base_dir):
+    V = MedusaModel.from_base(str(base_dir), num_heads=1).config.vocab_size
+    tm = torch.arange(0, V, 2)[: V // 4]  # a draft vocabulary of every other id
+    src, model = _eagle3(tmp_path, base_dir, [2, 0, 3], token_map=tm)
+    summary = export_checkpoint(src, tmp_path / "spec", "speculators")
+    cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["draft_vocab_size"] == len(tm)
+    assert cfg["norm_before_residual"] is False  # vLLM would default it to True
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    spec = cfg["speculators_config"]
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 3
+    assert spec["verifier"]["name_or_path"] == summary["backbone"] == str(base_dir.resolve())
+    layer = cfg["transformer_layer_config"]
+    assert layer["num_hidden_layers"] == 1 and layer["vocab_size"] == V and layer["model_type"] == "llama"
+    state = load_file(tmp_path / "spec" / "model.safetensors")
+    ours = model.heads.state_dict()
+    assert "token_map" not in state and "embed_tokens.weight" not in state
+    assert torch.equal(state["d2t"] + torch.arange(len(tm)), tm)  # target = draft + d2t[draft]
+    assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == len(tm) and state["t2d"][tm].all()
+    d = ours["fc.weight"].shape[0]
+    blocks = ours["fc.weight"].split(d, dim=1)  # ours: layers 2, 0, 3 -> written 0, 2, 3
+    assert torch.equal(state["fc.weight"], torch.cat([blocks[1], blocks[0], blocks[2]], dim=1))
+    for name in ours:
+        if name not in ("fc.weight", "token_map"):
+            assert torch.equal(state[name], ours[name]), name
+    assert summary["commands"][0].startswith(f"vllm serve {tmp_path / 'spec'}")
+
+
+def test_full_vocabulary_eagle3_has_no_mapping(tmp_path, base_dir):
+    src, _ = _eagle3(tmp_path, base_dir, None)
+    export_checkpoint(src, tmp_path / "spec", "speculators")
+    state = load_file(tmp_path / "spec" / "model.safetensors")
+    assert "d2t" not in state and "t2d" not in state  # vLLM has no parameter for d2t when N == V
+
+
+@pytest.mark.parametrize("head_type", ["linear", "hydra"])
+def test_other_heads_are_refused(tmp_path, base_dir, head_type):
+    model = MedusaModel.from_base(str(base_dir), num_heads=2, head_type=head_type)
+    model.save_pretrained(tmp_path / "m")
+    with pytest.raises(CheckpointError, match=f"eagle3 heads .this checkpoint's is '{head_type}'"):
+        export_checkpoint(tmp_path / "m", tmp_path / "spec", "speculators")
+    assert not (tmp_path / "spec").exists()
