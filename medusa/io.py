@@ -210,17 +210,28 @@ def _lock_path(path: Path) -> Path:
     return parent / f".{'__'.join(parts)}.lock"
 
 
+def _open_lock(lock: Path) -> int | None:
+    """The lock file's descriptor; None where the folder refuses it (read-only, not ours)."""
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return None
+        raise MedusaError(f"{lock}: cannot create the output's lock file ({exc.strerror})") from None
+
+
 @contextlib.contextmanager
 def output_lock(path: str | Path) -> Iterator[None]:
     """Hold the lock of output ``path`` for the body: a second run on the same output is refused naming
     the holder's pid. The lock is an ``flock`` on ``.<name>.lock`` (removed at the end): a killed run's
-    lock file is taken over, never stuck."""
+    lock file is taken over, never stuck. Where the lock file cannot be made (a read-only or foreign
+    folder) the body runs unlocked: its own writes there fail first, with the error naming them."""
     lock = _lock_path(Path(path))
     while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise MedusaError(f"{lock}: cannot create the output's lock file ({exc.strerror})") from None
+        fd = _open_lock(lock)
+        if fd is None:  # nothing can be written beside the output: the run's own write fails, naming it
+            yield
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
