@@ -151,7 +151,10 @@ def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name
     meta = writer.first_meta
     if not meta:
         return
-    for key, value in (("mode", cfg.mode), ("model", model_name), ("sampling", cfg.sampling.to_dict())):
+    checks = [("mode", cfg.mode), ("model", model_name)]
+    if "sampling" in meta:  # recorded in every row this version writes
+        checks.append(("sampling", cfg.sampling.to_dict()))
+    for key, value in checks:
         if meta.get(key) != value:
             raise MedusaError(f"{cfg.out} already holds rows with {key} {meta.get(key)!r}, not {value!r}: "
                               "rows made with other settings are not appended; use another --out to start "
