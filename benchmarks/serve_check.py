@@ -19,7 +19,7 @@ import argparse
 import json
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -173,12 +173,33 @@ def export_heads(heads: Path, out: Path) -> dict[str, Any]:
     return export_checkpoint(heads, out, "vllm", overwrite=True)
 
 
+def write_report(out: Path, summary: dict[str, Any], prompts: list[dict[str, Any]], vllm: dict[str, Any],
+                 ours: dict[str, Any] | None, max_tokens: int) -> str:
+    """report.json + table.md under ``out`` (from every config the worker finished); returns the table."""
+    rows = summarise(vllm, prompts)
+    if ours is not None:
+        plain = next(r["tokens"] for c in vllm["configs"] if c["name"] == "plain" for r in c["runs"]
+                     if r["mode"] == "batch1")
+        ours["identical_to_plain"] = sum(a == b for a, b in zip(ours["tokens"], plain))
+        ours["max_gap_vs_vllm_k3"] = agreement(rows, ours, summary["num_heads"])
+    report = {"commands": summary["commands"], "export": summary["out"], "backbone": summary["backbone"],
+              "prompts": len(prompts), "max_tokens": max_tokens, "rows": rows,
+              "ours": {k: v for k, v in (ours or {}).items() if k != "tokens"}}
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    table = markdown(rows, ours)
+    gap = (ours or {}).get("max_gap_vs_vllm_k3")
+    if gap is not None:
+        table += f"\nlargest per-position gap, vLLM medusa k={summary['num_heads']} vs our chain: {gap:.4f}\n"
+    (out / "table.md").write_text(table)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", type=Path, default=HEADS)
     ap.add_argument("--prompts", type=Path, default=SPEC_BENCH)
-    ap.add_argument("--per-category", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("out/serve_check"))
     ap.add_argument("--export", type=Path, default=EXPORT, help="where the vLLM export is written")
     ap.add_argument("--modes", default="batch1,batched")
@@ -186,39 +207,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop at EOS (default: ignore it: every run writes --max-tokens, as medusa bench)")
     ap.add_argument("--no-ours", action="store_true", help="skip our decoder's chain-mode acceptance")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild the report from OUT's files (the configs finished so far); no export")
     args = ap.parse_args(argv)
-    export = args.export
-    summary = export_heads(args.heads, export)
+    summary_file = args.out / "export.json"
+    if args.report_only and summary_file.is_file():
+        summary = json.loads(summary_file.read_text())
+    elif args.report_only:  # a run from before export.json was written: the summary of a throwaway export
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = export_heads(args.heads, Path(tmp) / "export")
+    else:
+        summary = export_heads(args.heads, args.export)
+        args.out.mkdir(parents=True, exist_ok=True)
+        summary_file.write_text(json.dumps(summary))
     base = summary["backbone"]
     prompts = spec_bench_prompts(args.prompts, args.per_category)
     ids = chat_ids(base, [p["prompt"] for p in prompts])
     job = {"model": base, "dtype": "float32", "max_tokens": args.max_tokens, "prompts": ids,
            "ignore_eos": not args.stop_at_eos,
            "engine": {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": len(ids)},
-           "configs": configs(export, summary["num_heads"], args.modes.split(","))}
-    start = time.perf_counter()
-    ours = None
-    if not args.no_ours:  # first: the comparison is the point, the vLLM configs are saved one by one
-        ours = our_chain_acceptance(args.heads, base, ids, args.max_tokens,
-                                    ignore_eos=not args.stop_at_eos)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "ours.json").write_text(json.dumps(ours))
-    vllm = run_vllm(job, args.out, cores=args.cores)
-    rows = summarise(vllm, prompts)
-    if ours is not None:
-        plain = next(r["tokens"] for c in vllm["configs"] if c["name"] == "plain" for r in c["runs"]
-                     if r["mode"] == "batch1")
-        ours["identical_to_plain"] = sum(a == b for a, b in zip(ours["tokens"], plain))
-        ours["max_gap_vs_vllm_k3"] = agreement(rows, ours, 3)
-    report = {"commands": summary["commands"], "export": str(export), "backbone": base,
-              "prompts": len(prompts), "max_tokens": args.max_tokens, "rows": rows,
-              "ours": {k: v for k, v in (ours or {}).items() if k != "tokens"},
-              "minutes": (time.perf_counter() - start) / 60}
-    (args.out / "report.json").write_text(json.dumps(report, indent=2))
-    (args.out / "table.md").write_text(markdown(rows, ours))
-    print(markdown(rows, ours))
-    if ours is not None:
-        print(f"largest per-position gap, vLLM medusa k=3 vs our chain: {ours['max_gap_vs_vllm_k3']:.4f}")
+           "configs": configs(args.export, summary["num_heads"], args.modes.split(","))}
+    args.out.mkdir(parents=True, exist_ok=True)
+    ours_file = args.out / "ours.json"
+    if args.report_only:
+        vllm = json.loads((args.out / "vllm_out.json").read_text())
+        ours = json.loads(ours_file.read_text()) if ours_file.is_file() else None
+    else:
+        ours = None
+        if not args.no_ours:  # first: the comparison is the point; the worker saves configs one by one
+            ours = our_chain_acceptance(args.heads, base, ids, args.max_tokens, depth=summary["num_heads"],
+                                        ignore_eos=not args.stop_at_eos)
+            ours_file.write_text(json.dumps(ours))
+        vllm = run_vllm(job, args.out, cores=args.cores)
+    print(write_report(args.out, summary, prompts, vllm, ours, args.max_tokens))
     return 0
 
 
