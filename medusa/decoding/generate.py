@@ -151,6 +151,9 @@ def medusa_generate(
     input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens,
                                          streamer)
     choice = resolve_tree(model, tree, lookup_tokens)
+    if compile and choice.draft is not None:
+        raise MedusaError("compile=True: not available for eagle3 heads (their drafter's loop and KV cache "
+                          "run eagerly); decode without it (cache_implementation='static' works)")
     scorer = build_scorer(model, input_ids, mask2d, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, generator=generator,
         hf=dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p),

@@ -122,3 +122,19 @@ def test_sample_keeps_the_models_law():
     cells = (x[:, 0] * v + x[:, 1]) * v + x[:, 2]
     counts = torch.zeros(v ** 3, dtype=torch.float64).index_add_(0, cells, torch.ones(n, dtype=torch.float64))
     assert chi2_pvalue(counts, exact_joint3(base, prompt).reshape(-1) * n) > 1e-3
+
+
+def test_static_cache_equals_and_compile_refused(fitted):
+    from medusa.errors import MedusaError
+
+    model, prompts = fitted
+    ids = prompts[3:4]
+    want = model.base_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                                     do_sample=False, eos_token_id=None, pad_token_id=0)
+    got = model.generate(ids, max_new_tokens=16, tree=DraftTreeShape(8, 4, 2, 2), eos_token_id=[],
+                         cache_implementation="static")
+    assert torch.equal(got, want)
+    with pytest.raises(MedusaError, match="compile=True: not available for eagle3"):
+        model.generate(ids, max_new_tokens=4, compile=True)
+    with pytest.raises(MedusaError, match="draft their own tree"):
+        model.generate(ids, max_new_tokens=4, tree="dynamic")
