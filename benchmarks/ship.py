@@ -35,8 +35,10 @@ def trim_to_tree(directory: Path, dtype: torch.dtype | None) -> dict[str, Any]:
 
     config = MedusaConfig.load(directory)
     tree = json.loads((directory / TREE_NAME).read_text())
-    depth = max(len(c) for c in tree["choices"])
     state = load_file(directory / WEIGHTS_NAME)
+    if config.head_type == "eagle3":  # one drafter drafting every depth: nothing to trim, only the dtype
+        return _store_dtype(directory, config, state, dtype)
+    depth = max(len(c) for c in tree["choices"])
     keep = {k: v for k, v in state.items()
             if not (k.split(".")[0] in ("blocks", "lm_heads") and int(k.split(".")[1]) >= depth)}
     if dtype is not None:
@@ -49,6 +51,18 @@ def trim_to_tree(directory: Path, dtype: torch.dtype | None) -> dict[str, Any]:
     (directory / TREE_NAME).write_text(json.dumps(tree, indent=1) + "\n")
     config.save(directory)
     return {"num_heads": depth, "dropped_heads": dropped, "dtype": config.dtype}
+
+
+def _store_dtype(directory: Path, config: MedusaConfig, state: dict[str, torch.Tensor],
+                 dtype: torch.dtype | None) -> dict[str, Any]:
+    from safetensors.torch import save_file
+
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        config.dtype = str(dtype).replace("torch.", "")
+        save_file(state, directory / WEIGHTS_NAME)
+        config.save(directory)
+    return {"num_heads": config.num_heads, "dropped_heads": 0, "dtype": config.dtype}
 
 
 def tie_to_packaged(heads_dir: str | Path, dest: str | Path, base_dir: str | Path,
@@ -65,7 +79,7 @@ def tie_to_packaged(heads_dir: str | Path, dest: str | Path, base_dir: str | Pat
             "weights": weights_fingerprint(base)}
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(heads_dir, tmp, ignore=shutil.ignore_patterns("*.png"))
+    shutil.copytree(heads_dir, tmp, ignore=shutil.ignore_patterns("*.png", ".medusa-manifest.json"))
     config = MedusaConfig.load(tmp)
     config.extra = {**(config.extra or {}), PACKAGED_KEY: info}
     if hub_id:
