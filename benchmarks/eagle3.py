@@ -131,13 +131,13 @@ def curve_stage(s: Settings, run_dir: Path, calib: Path, trained: dict[str, Any]
 
     final = Path(trained["final_dir"])
     steps = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("checkpoint-*") if p.name[11:].isdigit())
-    total = max(steps[-1] if steps else 0, 1)
+    total = max(int(trained.get("steps") or 0), steps[-1] if steps else 0, 1)
     points = []
-    for fraction in (0.25, 0.5):
-        near = [st for st in steps if st <= fraction * total]
-        if near:
-            points.append((near[-1], checkpoint_heads(run_dir / f"checkpoint-{near[-1]}", final,
-                                                      run_dir.parent / "curve" / f"step-{near[-1]}")))
+    for fraction in (0.25, 0.5):  # the checkpoint nearest to that share of the data
+        if steps:
+            step = min(steps, key=lambda st: abs(st - fraction * total))
+            points.append((step, checkpoint_heads(run_dir / f"checkpoint-{step}", final,
+                                                  run_dir.parent / "curve" / f"step-{step}")))
     points.append((total, final))
     rows = []
     for step, directory in points:
