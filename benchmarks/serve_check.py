@@ -130,6 +130,8 @@ def summarise(vllm: dict[str, Any], prompts: list[dict[str, Any]]) -> list[dict[
              for run in cfg["runs"]}
     rows = []
     for cfg in vllm["configs"]:
+        if cfg.get("error"):
+            rows.append({"config": cfg["name"], "mode": "-", "error": cfg["error"]})
         for run in cfg["runs"]:
             ref = plain.get("batch1") or plain.get(run["mode"])
             same = sum(a == b for a, b in zip(run["tokens"], ref)) if ref else None
@@ -146,6 +148,9 @@ def markdown(rows: list[dict[str, Any]], ours: dict[str, Any] | None) -> str:
              "| greedy = plain |",
              "|---|---|---:|---:|---|---:|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['config']} | failed: {r['error'][:100]} | | | | |")
+            continue
         acc = r["acceptance"]
         mal = f"{acc['mean_acceptance_length']:.3f}" if acc else "-"
         pos = " / ".join(f"{p:.3f}" for p in acc["per_position"]) if acc else "-"
@@ -203,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("out/serve_check"))
     ap.add_argument("--export", type=Path, default=EXPORT, help="where the vLLM export is written")
     ap.add_argument("--modes", default="batch1,batched")
+    ap.add_argument("--only", default=None, help="comma-separated config names to run (default: all)")
     ap.add_argument("--cores", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default: this process's)")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop at EOS (default: ignore it: every run writes --max-tokens, as medusa bench)")
@@ -226,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     job = {"model": base, "dtype": "float32", "max_tokens": args.max_tokens, "prompts": ids,
            "ignore_eos": not args.stop_at_eos,
            "engine": {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": len(ids)},
-           "configs": configs(args.export, summary["num_heads"], args.modes.split(","))}
+           "configs": [c for c in configs(args.export, summary["num_heads"], args.modes.split(","))
+                       if args.only is None or c["name"] in args.only.split(",")]}
     args.out.mkdir(parents=True, exist_ok=True)
     ours_file = args.out / "ours.json"
     if args.report_only:

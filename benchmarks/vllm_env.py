@@ -6,6 +6,9 @@ The venv is built once and reused while its stamp names the same pins (like the 
 wheels it drags in are removed: they are built for another torch and the engine dies at start with
 ``operator torchvision::nms does not exist`` while they are installed.
 
+vLLM's suffix drafter also needs ``arctic-inference==0.1.1``, a source-only build here (not installed:
+that row of the serve check fails and the others run).
+
 The engine's environment: ``VLLM_CPU_OMP_THREADS_BIND`` (the cores this process may use), tcmalloc
 (Debian ``libtcmalloc-minimal4``, installed with apt-get when missing and we are root; a failure only costs
 speed) and the wheel's Intel OpenMP (``libiomp5.so``) preloaded, a small KV cache, offline hub.

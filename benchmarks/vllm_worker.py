@@ -77,7 +77,11 @@ def main(argv: list[str]) -> int:
     job = json.loads(open(argv[1]).read())
     results = []
     for config in job["configs"]:
-        results.append(run_config(job, config))
+        try:
+            results.append(run_config(job, config))
+        except Exception as exc:  # one config the engine refuses must not lose the others
+            results.append({"name": config["name"], "speculative_config": config.get("speculative_config"),
+                            "error": f"{type(exc).__name__}: {exc}", "runs": []})
         with open(argv[2], "w") as f:  # written after every config: a crash keeps what finished
             json.dump({"configs": results}, f)
     return 0
