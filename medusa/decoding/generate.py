@@ -150,10 +150,7 @@ def medusa_generate(
     """
     input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens,
                                          streamer)
-    choice = resolve_tree(model, tree, lookup_tokens)
-    if compile and choice.draft is not None:
-        raise MedusaError("compile=True: not available for eagle3 heads (their drafter's loop and KV cache "
-                          "run eagerly); decode without it (cache_implementation='static' works)")
+    choice = _check_compile(resolve_tree(model, tree, lookup_tokens), compile)
     scorer = build_scorer(model, input_ids, mask2d, acceptance, max_new_tokens, dict(
         eos_token_id=eos_token_id, generation_config=generation_config, generator=generator,
         hf=dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p),
@@ -168,6 +165,14 @@ def medusa_generate(
         scorer = compiled_scorer(model, scorer)
     out = _timed_decode(model, proposer, scorer, input_ids, mask2d, streamer, new_cache, fns, max_new_tokens)
     return out if return_dict_in_generate else out.sequences
+
+
+def _check_compile(choice: TreeChoice, compile: bool) -> TreeChoice:
+    """``choice``, or an error where ``compile=True`` cannot run it (an eagle3 drafter runs eagerly)."""
+    if compile and choice.draft is not None:
+        raise MedusaError("compile=True: not available for eagle3 heads (their drafter's loop and KV cache "
+                          "run eagerly); decode without it (cache_implementation='static' works)")
+    return choice
 
 
 def _timed_decode(model: Any, proposer: Proposer, scorer: Scorer, input_ids: torch.Tensor,
