@@ -56,6 +56,11 @@ def medusa_spec(export: Path, k: int) -> dict[str, Any]:
     return {"method": "medusa", "model": str(export), "num_speculative_tokens": k}
 
 
+def eagle3_spec(export: Path, k: int) -> dict[str, Any]:
+    """vLLM's speculative config for a ``--format speculators`` export of eagle3 heads (a chain of k)."""
+    return {"method": "eagle3", "model": str(export), "num_speculative_tokens": k}
+
+
 def configs(export: Path, num_heads: int, modes: list[str]) -> list[dict[str, Any]]:
     """plain, ours with every head, n-gram, suffix, then ours at every smaller k vLLM accepts (k <= n_predict;
     a larger k must be a multiple and finds no weights): the worker saves each config as it finishes."""
@@ -96,17 +101,20 @@ def vllm_acceptance(spec: dict[str, Any]) -> dict[str, Any] | None:
 
 def our_chain_acceptance(heads: Path, base: str, prompts: list[list[int]], max_tokens: int,
                          depth: int = 3, ignore_eos: bool = True) -> dict[str, Any]:
-    """Our decoder with the heads as a chain of ``depth`` (lookup off), float32, greedy: per-position
-    acceptance over all steps, the tokens per prompt. ``ignore_eos`` as vLLM's: every prompt writes
-    ``max_tokens`` (vLLM counts drafts its last step accepts past an EOS, which would skew the comparison)."""
+    """Our decoder with the heads as a chain of ``depth`` (lookup off; eagle3 heads: a drafted chain,
+    branch 1), float32, greedy: per-position acceptance over all steps, the tokens per prompt.
+    ``ignore_eos`` as vLLM's: every prompt writes ``max_tokens`` (vLLM counts drafts its last step accepts
+    past an EOS, which would skew the comparison)."""
     import torch
 
     from medusa import MedusaModel, MedusaTree
+    from medusa.tree import DraftTreeShape
 
     model = MedusaModel.from_pretrained(str(heads), base_model=base)
     model.base_model.float()
     model.heads.float()
-    tree = MedusaTree.from_choices(CHAIN[:depth], num_heads=model.config.num_heads)
+    tree = (DraftTreeShape(depth + 1, depth, 1, 1) if model.config.head_type == "eagle3"
+            else MedusaTree.from_choices(CHAIN[:depth], num_heads=model.config.num_heads))
     eos = [] if ignore_eos else model.base_model.generation_config.eos_token_id
     steps, accepted, tokens = 0, [0] * depth, []
     with torch.no_grad():
@@ -172,10 +180,11 @@ def agreement(rows: list[dict[str, Any]], ours: dict[str, Any], k: int) -> float
     return max(abs(a - b) for a, b in zip(run["acceptance"]["per_position"], ours["per_position"]))
 
 
-def export_heads(heads: Path, out: Path) -> dict[str, Any]:
+def export_heads(heads: Path, out: Path, format: str = "vllm") -> dict[str, Any]:
+    """``medusa export --format vllm`` (MEDUSA heads) or ``--format speculators`` (eagle3 heads)."""
     from medusa.export import export_checkpoint
 
-    return export_checkpoint(heads, out, "vllm", overwrite=True)
+    return export_checkpoint(heads, out, format, overwrite=True)
 
 
 def write_report(out: Path, summary: dict[str, Any], prompts: list[dict[str, Any]], vllm: dict[str, Any],
