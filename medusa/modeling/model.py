@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.hydra import HydraHeads
 from medusa.modeling.packaged import check_packaged_base
 from medusa.modeling.protocol import Heads
-from medusa.tree import MedusaTree, default_tree
+from medusa.tree import DraftTreeShape, MedusaTree, default_tree
 
 
 @dataclass
@@ -117,10 +116,7 @@ class MedusaModel(nn.Module):
             heads_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         heads_dtype = resolve_dtype(heads_dtype)
         draft_vocab = 0 if token_map is None else int(token_map.shape[0])
-        projection = hydra_projection if head_type == "hydra" else None
-        if head_type != "hydra" and hydra_projection != "own":
-            raise ValueError(f"hydra_projection={hydra_projection!r} is for head_type='hydra', "
-                             f"got {head_type!r}")
+        projection = _check_head_args(head_type, num_layers, hydra_projection)
         heads = build_heads(base, cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
                             draft_vocab, hydra_projection=projection, feature_layers=feature_layers)
         if token_map is not None:
@@ -286,7 +282,9 @@ class MedusaModel(nn.Module):
                               strict=True)
         heads.to(device=lm_head_weight(base_model).device)
         tree = None
-        if (path / TREE_NAME).is_file():
+        if (path / TREE_NAME).is_file() and config.head_type == "eagle3":
+            tree = DraftTreeShape.from_json(path / TREE_NAME)  # the drafter's per-step tree sizes
+        elif (path / TREE_NAME).is_file():
             tree = MedusaTree.from_json(path / TREE_NAME)
             if tree.depth > config.num_heads:
                 raise CheckpointError(
@@ -294,6 +292,16 @@ class MedusaModel(nn.Module):
                     f"{config.num_heads} heads"
                 )
         return cls(base_model, heads, config, tree=tree)
+
+
+def _check_head_args(head_type: str, num_layers: int, hydra_projection: str) -> str | None:
+    """``from_base``'s head arguments that only some head types take; returns the hydra projection (None
+    for other heads)."""
+    if head_type == "eagle3" and num_layers != 1:
+        raise ValueError(f"eagle3 heads have exactly 1 draft decoder layer, got num_layers={num_layers}")
+    if head_type != "hydra" and hydra_projection != "own":
+        raise ValueError(f"hydra_projection={hydra_projection!r} is for head_type='hydra', got {head_type!r}")
+    return hydra_projection if head_type == "hydra" else None
 
 
 def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int,
@@ -357,39 +365,3 @@ def check_state_keys(heads: Heads, state: dict[str, torch.Tensor], source: str) 
                                   f"expected {tuple(expected[key].shape)}")
 
 
-def summarize(path: str | Path) -> dict[str, Any]:
-    """A checkpoint summary (no base model loaded): base, heads, parameter count, tree."""
-    path = Path(path)
-    config = MedusaConfig.load(path)
-    state = read_heads_file(path / WEIGHTS_NAME)
-    summary: dict[str, Any] = {
-        "path": str(path),
-        "base_model": config.base_model_name_or_path,
-        "base_model_type": config.base_model_type,
-        "hidden_size": config.hidden_size,
-        "vocab_size": config.vocab_size,
-        "num_heads": config.num_heads,
-        "num_layers": config.num_layers,
-        "head_type": config.head_type,
-        "draft_vocab": config.draft_vocab,
-        "hydra_projection": config.hydra_projection,
-        "dtype": config.dtype,
-        "parameters": int(sum(t.numel() for k, t in state.items() if k != "token_map")),
-        "merged_backbone": bool(config.base_model_subdir),
-        "trained_with": (config.recipe or {}).get("method"),
-        "tree": None,
-    }
-    tree_path = path / TREE_NAME
-    if tree_path.is_file():
-        try:
-            data = json.loads(tree_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{tree_path}: corrupt JSON ({exc})") from None
-        choices = data.get("choices", [])
-        calib = data.get("calibration") or {}
-        summary["tree"] = {
-            "nodes": len(choices) + 1,
-            "depth": max((len(c) for c in choices), default=0),
-            "expected_tokens_per_step": calib.get("expected_tokens_per_step"),
-        }
-    return summary

@@ -77,11 +77,12 @@ RESUME_FREE_KEYS = frozenset({"output_dir", "train.resume", "train.logging_steps
                               "train.eval_steps", "report_to"})
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_keys(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> ``{"train.lr": ..., ...}``."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_keys(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -111,13 +112,13 @@ def resume_changes(recipe: dict[str, Any], path: Path, fingerprint: str | None,
     files' contents. Refused (naming them) unless ``allow``; returns the changes to record."""
     try:
         state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
-        old = _flat(state["recipe"]) if isinstance(state.get("recipe"), dict) else {}
+        old = flat_keys(state["recipe"]) if isinstance(state.get("recipe"), dict) else {}
         step = state["global_step"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"train.resume: {path / STATE_NAME}: not a trainer state ({exc})") from None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"train.resume: {path / STATE_NAME}: global_step {step!r} is not a step")
-    new = _flat(recipe)
+    new = flat_keys(recipe)
     changes = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
                if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k)}
     if not old:  # an older or foreign checkpoint: nothing to compare with

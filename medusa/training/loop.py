@@ -34,6 +34,7 @@ from medusa.training.checkpoint import (
     METRICS_NAME,
     check_output_dir,
     data_fingerprint,
+    flat_keys,
     load_checkpoint,
     remove_run_files,
     resolve_resume,
@@ -382,12 +383,7 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
     return TrainResult(run.out_dir, final_dir, step, last, final_eval or eval_metrics, model)
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flat(d: dict[str, Any]) -> dict[str, Any]:
     """Trackers take flat scalar configs: ``{"train.lr": 1e-3, ...}``; lists become strings."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
-    return out
+    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+            for k, v in flat_keys(d).items()}

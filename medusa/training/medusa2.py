@@ -42,7 +42,7 @@ from medusa.training.backbone import (
 )
 from medusa.training.losses import Teacher, medusa2_loss, medusa_head_loss
 from medusa.training.schedules import lambda0_at
-from medusa.training.setup import load_backbone, load_tokenizer, param_groups
+from medusa.training.setup import load_backbone, load_tokenizer, load_whole, param_groups
 
 # ---------------------------------------------------------------------------------------------- teacher
 _WARNED_4BIT_TEACHER = [False]
@@ -232,19 +232,6 @@ def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torc
     return loss, stats, metrics
 
 
-@contextlib.contextmanager
-def _without_zero3_init() -> Iterator[None]:
-    """Models built in the body load whole (transformers would otherwise build them under zero.Init)."""
-    from transformers.integrations import deepspeed as hf_ds
-
-    ref = hf_ds._hf_deepspeed_config_weak_ref
-    hf_ds.unset_hf_deepspeed_config()
-    try:
-        yield
-    finally:
-        hf_ds._hf_deepspeed_config_weak_ref = ref
-
-
 def _gather_state(module: nn.Module, keep: bool) -> dict[str, torch.Tensor]:
     """The full fp32 state of a ZeRO-3 partitioned module, one parameter gathered at a time (every rank
     must call this; only ``keep`` ranks get the tensors)."""
@@ -267,7 +254,7 @@ def _gathered_module(unwrapped: Medusa2Module, model: MedusaModel, recipe: Recip
     full = _gather_state(unwrapped, is_main)  # every process takes part
     if not is_main:
         return None
-    with _without_zero3_init():
+    with load_whole():
         base = load_base_model(recipe.model, dtype="float32")
     fresh = medusa_from_base(base, num_heads=model.num_heads, num_layers=model.config.num_layers,
                              head_type=model.config.head_type, heads_dtype=torch.float32,

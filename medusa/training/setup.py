@@ -170,7 +170,7 @@ def load_data(recipe: Recipe, tokenizer: Any) -> RunData:
 
 # ----------------------------------------------------------------------------------------- model
 @contextlib.contextmanager
-def _whole() -> Iterator[None]:
+def load_whole() -> Iterator[None]:
     """Models built in the body load whole (transformers would otherwise build them under ZeRO-3's
     ``zero.Init``, partitioned)."""
     from transformers.integrations import deepspeed as hf_ds
@@ -187,7 +187,7 @@ def load_backbone(recipe: Recipe, device: torch.device) -> nn.Module:
     """The base model on ``device``, in ``recipe.dtype`` or quantised with bitsandbytes
     (``recipe.quantization``; 4-bit layers keep the plain NF4 layout on CPU)."""
     if recipe.quantization is None and recipe.method == "medusa1":
-        with _whole():  # MEDUSA-1's frozen backbone stays outside the engine: whole, even under ZeRO-3
+        with load_whole():  # MEDUSA-1's frozen backbone stays outside the engine: whole, even under ZeRO-3
             return load_base_model(recipe.model, dtype=recipe.dtype).to(device)
     if recipe.quantization is None:
         return load_base_model(recipe.model, dtype=recipe.dtype).to(device)

@@ -57,25 +57,22 @@ def test_vllm_loads_the_draft_vocab_export_and_keeps_greedy_text(served):
     assert runs["plain"]["spec"]["vllm:spec_decode_num_drafts"] == 0
 
 
-def test_vllm_acceptance_matches_our_chain(served):
+def _check_acceptance(served, name: str, heads: Path) -> None:
+    """vLLM's per-position acceptance of config ``name`` equals our decoder's chain of 3 within 0.03."""
     summary, ids, runs = served
-    theirs = vllm_acceptance(runs["medusa"]["spec"])
+    theirs = vllm_acceptance(runs[name]["spec"])
     assert theirs is not None and len(theirs["per_position"]) == 3
-    print(f"vLLM: mean acceptance length {theirs['mean_acceptance_length']:.3f}, per position "
+    print(f"vLLM {name}: mean acceptance length {theirs['mean_acceptance_length']:.3f}, per position "
           f"{[round(p, 3) for p in theirs['per_position']]}")
-    ours = our_chain_acceptance(Path(__file__).parents[2] / HEADS, summary["backbone"], ids, MAX_TOKENS)
+    ours = our_chain_acceptance(Path(__file__).parents[2] / heads, summary["backbone"], ids, MAX_TOKENS)
     assert ours["tokens"] == runs["plain"]["tokens"]
     for a, b in zip(theirs["per_position"], ours["per_position"]):
         assert abs(a - b) <= 0.03, (theirs, ours)
+
+
+def test_vllm_acceptance_matches_our_chain(served):
+    _check_acceptance(served, "medusa", HEADS)
 
 
 def test_vllm_eagle3_acceptance_matches_our_drafted_chain(served):
-    summary, ids, runs = served
-    theirs = vllm_acceptance(runs["eagle3"]["spec"])
-    assert theirs is not None and len(theirs["per_position"]) == 3
-    print(f"vLLM eagle3: mean acceptance length {theirs['mean_acceptance_length']:.3f}, per position "
-          f"{[round(p, 3) for p in theirs['per_position']]}")
-    ours = our_chain_acceptance(Path(__file__).parents[2] / EAGLE3, summary["backbone"], ids, MAX_TOKENS)
-    assert ours["tokens"] == runs["plain"]["tokens"]
-    for a, b in zip(theirs["per_position"], ours["per_position"]):
-        assert abs(a - b) <= 0.03, (theirs, ours)
+    _check_acceptance(served, "eagle3", EAGLE3)
