@@ -4,7 +4,7 @@ from medusa.config import enums
 
 
 def test_head_types_and_projections():
-    assert enums.HEAD_TYPES == ("linear", "shared_lm_head", "hydra")
+    assert enums.HEAD_TYPES == ("linear", "shared_lm_head", "hydra", "eagle3")
     assert set(enums.MEDUSA_HEAD_TYPES) <= set(enums.HEAD_TYPES)
     assert "hydra" not in enums.EXPORTABLE_HEAD_TYPES
     assert enums.HYDRA_PROJECTIONS == ("own", "shared_lm_head")

@@ -10,7 +10,7 @@ def test_recipe_sections_and_keys():
     assert list(data) == ["model", "method", "dtype", "quantization", "heads", "data", "train", "lora",
                           "medusa2", "output_dir", "report_to"]
     assert list(data["heads"]) == ["num_heads", "num_layers", "head_type", "hydra_projection", "decay",
-                                   "init_from", "draft_vocab", "teacher_loss"]
+                                   "init_from", "draft_vocab", "feature_layers", "teacher_loss"]
     assert data["train"]["lr"] == 1e-3 and data["train"]["mixed_precision"] is None
     assert data["medusa2"]["schedule"] == "constant" and data["data"]["format"] == "auto"
 

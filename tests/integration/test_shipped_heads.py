@@ -44,8 +44,10 @@ def test_shipped_heads_are_tied_to_the_packaged_base(name):
     assert info["name"] == "smollm2-135m-instruct" and len(info["gguf_sha256"]) == 64 and info["weights"]
     assert (SHIPPED / name / "tree.json").is_file()
     assert Path(base_location(SHIPPED / name, config)) == smollm2_dir()  # found where make test put it
-    total = sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file())
+    total = sum(f.stat().st_size for s in SETS for f in (SHIPPED / s).rglob("*") if f.is_file())
     assert total < 20 * 2**20  # both head sets, bf16, trimmed to their trees' depth
+    drafter = sum(f.stat().st_size for f in (SHIPPED / "eagle3").rglob("*") if f.is_file())
+    assert drafter < 40 * 2**20  # the eagle3 drafter: 9.8M parameters, float32 (CPU decoding)
 
 
 @pytest.mark.parametrize("name", SETS)
