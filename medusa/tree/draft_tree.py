@@ -53,6 +53,10 @@ class DraftTreeShape:
                             f"candidates; depth {self.depth}, branch {self.branch}, expand {self.expand} "
                             f"give {pool}")
 
+    def __len__(self) -> int:
+        """The drafted nodes verified per step, root included (a lookup chain's come on top)."""
+        return self.num_nodes
+
     @property
     def drafter_forwards(self) -> int:
         """Draft-layer passes per step: the catch-up over the kept path, then one per level below the

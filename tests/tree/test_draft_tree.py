@@ -45,3 +45,7 @@ def test_bad_files_name_the_file(tmp_path, data, words):
     with pytest.raises(TreeError, match=words) as err:
         DraftTreeShape.from_json(path)
     assert str(path) in str(err.value)
+
+
+def test_len_is_the_drafted_nodes():
+    assert len(DraftTreeShape(12, 5, 3, 2, lookup_tokens=4)) == 12
