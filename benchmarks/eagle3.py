@@ -230,9 +230,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"shipped to {summary['ship']['dir']}")
     if "bench" in summary:
         lines.append(summary["bench"]["table"])
-        for key, t in summary["targets"].items():
-            lines.append(f"target {key} >= {t['target']}: measured {t['measured']:.2f} "
-                         + ("(met)" if t["met"] else f"(missed by {t['target'] - t['measured']:.2f})"))
+        lines += S.target_lines(summary["targets"])
     return "\n".join(lines)
 
 

@@ -334,9 +334,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "medusa2" in summary:
         lines += [f"MEDUSA-2 ({summary['medusa2']['calibrate']['nodes']}-node tree):",
                   summary["medusa2"]["bench"]["table"]]
-    for key, t in summary["targets"].items():
-        lines.append(f"target {key} >= {t['target']}: measured {t['measured']:.2f} "
-                     + ("(met)" if t["met"] else f"(missed by {t['target'] - t['measured']:.2f})"))
+    lines += S.target_lines(summary["targets"])
     return "\n".join(lines)
 
 

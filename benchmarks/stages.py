@@ -144,6 +144,13 @@ def format_head_types(section: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def target_lines(targets: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per target: ``target KEY >= T: measured M (met)`` or ``(missed by D)``."""
+    return [f"target {key} >= {t['target']}: measured {t['measured']:.2f} "
+            + ("(met)" if t["met"] else f"(missed by {t['target'] - t['measured']:.2f})")
+            for key, t in targets.items()]
+
+
 def _exact(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
