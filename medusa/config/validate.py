@@ -130,7 +130,8 @@ def _validate_heads(recipe: Recipe) -> None:
 
 
 def _validate_eagle3(recipe: Recipe) -> None:
-    """``heads.head_type: eagle3``: one draft layer, trained with a frozen base (MEDUSA-1), CE loss."""
+    """``heads.head_type: eagle3``: one draft layer, trained with a frozen base (MEDUSA-1); the teacher's KL
+    reads the base online."""
     h = recipe.heads
     if h.head_type != "eagle3":
         if h.feature_layers is not None:
@@ -139,9 +140,10 @@ def _validate_eagle3(recipe: Recipe) -> None:
     if recipe.method != "medusa1":
         raise ConfigError(f"method: eagle3 heads train on a frozen base (method: medusa1), "
                           f"got {recipe.method}")
-    if h.teacher_loss:
-        raise ConfigError("heads.teacher_loss: not supported for eagle3 heads (they train on the base's own "
-                          "tokens, CE per unrolled step); set it to 0")
+    if h.teacher_loss and recipe.train.hidden_cache:
+        raise ConfigError("heads.teacher_loss: eagle3 heads read the base's last hidden state for the KL, "
+                          "which train.hidden_cache does not store; set train.hidden_cache: null or "
+                          "heads.teacher_loss: 0")
     layers = h.feature_layers
     if layers is not None and (not isinstance(layers, list) or len(layers) != 3 or not all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in layers)):

@@ -212,14 +212,21 @@ class Eagle3Heads(nn.Module):
         return hidden
 
 
-def base_features(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                  layers: tuple[int, ...]) -> torch.Tensor:
-    """The frozen base's features for eagle3 heads: ``[B, T, len(layers) * d]``, no autograd."""
+def base_states(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen base's features for eagle3 heads ``[B, T, len(layers) * d]`` and its last (normed) hidden
+    state ``[B, T, d]`` (what its LM head reads: the teacher's input), no autograd."""
     with torch.no_grad():
         out = decoder_of(base)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                                output_hidden_states=True)
-    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1), out.last_hidden_state
 
 
-__all__ = ["DraftKV", "Eagle3Heads", "base_features", "check_feature_layers", "default_feature_layers",
-           "draft_layer"]
+def base_features(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                  layers: tuple[int, ...]) -> torch.Tensor:
+    """The frozen base's features for eagle3 heads: ``[B, T, len(layers) * d]``, no autograd."""
+    return base_states(base, input_ids, attention_mask, layers)[0]
+
+
+__all__ = ["DraftKV", "Eagle3Heads", "base_features", "base_states", "check_feature_layers",
+           "default_feature_layers", "draft_layer"]

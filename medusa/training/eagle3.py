@@ -9,9 +9,12 @@ entries of steps 1..j (the diagonal), which is what a tree node sees when it is 
 context plus its ancestors.
 
 The loss is ``sum_j decay^(j+1) * mean CE(logits_j, y_j)`` over the labelled targets inside the draft
-vocabulary (a label outside it is a miss: counted, no CE term), with the MEDUSA statistics per step
-(``[STATS_ROWS, K]``: CE sum, top-1, top-5, count, missed) so the loop's metrics read ``head{j+1}_top1``
-as the drafter's accuracy at unrolled step j + 1.
+vocabulary (a label outside it is a miss: counted, no CE term). With a teacher (``heads.teacher_loss`` w > 0)
+each step's term is ``(1 - w) * mean CE + w * mean KL(p_base || p_draft)`` over the same targets, p_base the
+base's own next-token distribution at the target (its LM head on its last hidden state at ``i + 1 + j``)
+restricted to the draft vocabulary and renormalised (EAGLE-3's soft labels); with the MEDUSA statistics
+per step (``[STATS_ROWS, K]``: CE sum, top-1, top-5, count, missed) so the loop's metrics read
+``head{j+1}_top1`` as the drafter's accuracy at unrolled step j + 1.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import nn
 
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.modeling.eagle3 import DraftKV
-from medusa.training.losses import HeadLossOutput, head_weights
+from medusa.training.losses import HeadLossOutput, Teacher, TeacherFn, head_weights, teacher_kl
 
 
 def unroll_mask(valid: torch.Tensor, step: int, dtype: torch.dtype) -> torch.Tensor:
@@ -66,11 +69,14 @@ def step_targets(labels: torch.Tensor, step: int, label_map: torch.Tensor | None
 
 
 def ttt_loss(heads: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
-             attention_mask: torch.Tensor | None, decay: float, steps: int | None = None) -> HeadLossOutput:
+             attention_mask: torch.Tensor | None, decay: float, steps: int | None = None,
+             teacher: Teacher | None = None) -> HeadLossOutput:
     """The unrolled loss of eagle3 ``heads`` on one batch.
 
     features ``[B, T, F]`` (the base's fused-layer features), input_ids / labels / attention_mask ``[B, T]``;
-    ``steps`` defaults to ``heads.num_heads``. Returns the loss and per-step statistics (``[K]`` each).
+    ``steps`` defaults to ``heads.num_heads``; ``teacher``: the base's last hidden state ``[B, T, d]``, its
+    logits over the draft vocabulary and the KL weight (module docstring). Returns the loss and per-step
+    statistics (``[K]`` each).
     """
     steps = steps or heads.num_heads
     b, t = input_ids.shape
@@ -92,7 +98,12 @@ def ttt_loss(heads: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, 
         logits = heads.logits(hidden[rows, cols])  # [M, N]
         if y.numel():
             ce = F.cross_entropy(logits.float(), y, reduction="sum")
-            loss = loss + weights[j] * ce / y.numel()
+            term = ce
+            if teacher is not None:
+                with torch.no_grad():
+                    base = teacher.logits_fn(teacher.hidden[rows, cols + 1 + j])  # [M, N]
+                term = (1 - teacher.weight) * ce + teacher.weight * teacher_kl(logits, base)
+            loss = loss + weights[j] * term / y.numel()
             with torch.no_grad():
                 top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # [M, 5]
                 c1[j] = float((top[:, 0] == y).sum())
@@ -106,16 +117,28 @@ def ttt_loss(heads: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, 
 class Eagle3Loss(nn.Module):
     """The trained module of an eagle3 run: the drafter, whose forward is :func:`ttt_loss`.
 
-    Returns ``(loss, stats [STATS_ROWS, K])`` like MEDUSA-1's ``HeadsLoss``."""
+    Returns ``(loss, stats [STATS_ROWS, K])`` like MEDUSA-1's ``HeadsLoss``. With ``teacher_loss`` w > 0,
+    ``teacher_logits`` (the base LM head's draft rows, kept outside the module tree) turn the base's last
+    hidden state, passed as ``teacher_hidden [B, T, d]``, into the KL targets."""
 
-    def __init__(self, heads: nn.Module, decay: float) -> None:
+    def __init__(self, heads: nn.Module, decay: float, teacher_loss: float = 0.0,
+                 teacher_logits: TeacherFn | None = None) -> None:
         super().__init__()
+        if teacher_loss > 0 and teacher_logits is None:
+            raise ValueError("Eagle3Loss: teacher_loss > 0 needs teacher_logits")
         self.heads = heads
-        self.decay = decay
+        self.decay, self.teacher_loss = decay, teacher_loss
+        self._teacher_logits = teacher_logits
 
     def forward(self, features: torch.Tensor, labels: torch.Tensor, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        out = ttt_loss(self.heads, features, input_ids, labels, attention_mask, self.decay)
+                attention_mask: torch.Tensor | None = None,
+                teacher_hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        teacher = None
+        if self.teacher_loss > 0:
+            if teacher_hidden is None:
+                raise ValueError("Eagle3Loss: teacher_loss > 0 needs the base's last hidden state")
+            teacher = Teacher(teacher_hidden, self._teacher_logits, self.teacher_loss)
+        out = ttt_loss(self.heads, features, input_ids, labels, attention_mask, self.decay, teacher=teacher)
         return out.loss, out.stats()
 
 

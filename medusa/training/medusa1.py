@@ -18,7 +18,7 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
-from medusa.modeling.eagle3 import base_features
+from medusa.modeling.eagle3 import base_states
 from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
 from medusa.training.eagle3 import Eagle3Loss
@@ -86,7 +86,9 @@ def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, Head
     model.base_model.eval()
     model.heads.to(device=device, dtype=torch.float32).train()
     if h.head_type == "eagle3":  # the drafter's training-time-test unroll (medusa.training.eagle3)
-        return model, Eagle3Loss(model.heads, h.decay)
+        teacher = (draft_teacher_logits(lm_head_of(model.base_model), model.heads) if h.teacher_loss > 0
+                   else None)
+        return model, Eagle3Loss(model.heads, h.decay, h.teacher_loss, teacher)
     return model, HeadsLoss(model.heads, h.decay, recipe.train.loss_chunk_size, h.teacher_loss,
                             lm_head_of(model.base_model))
 
@@ -106,9 +108,11 @@ def compute_loss(model: MedusaModel, trainable: nn.Module,
     ``(loss, stats [STATS_ROWS, K])``."""
     layers = getattr(model.heads, "feature_layers", None)
     if layers is not None:
-        features = batch["hidden"] if "hidden" in batch else base_features(
-            model.base_model, batch["input_ids"], batch["attention_mask"], layers)  # [B, T, 3d]
-        return trainable(features, batch["labels"], batch["input_ids"], batch["attention_mask"])
+        if "hidden" in batch:  # the cache holds the fused layers only (no teacher: checked in the recipe)
+            return trainable(batch["hidden"], batch["labels"], batch["input_ids"], batch["attention_mask"])
+        features, last = base_states(model.base_model, batch["input_ids"], batch["attention_mask"],
+                                     layers)  # [B, T, 3d], [B, T, d]
+        return trainable(features, batch["labels"], batch["input_ids"], batch["attention_mask"], last)
     hidden = batch["hidden"] if "hidden" in batch else backbone_hidden(model, batch)  # [B, T, d]
     return trainable(hidden, batch["labels"], batch["input_ids"])
 

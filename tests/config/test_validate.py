@@ -112,3 +112,11 @@ def test_recipe_checks_hydra_projection(tmp_path):
         load_recipe(TINY, base + ["heads.head_type=hydra", "heads.hydra_projection=shared_lm_heads"])
     with pytest.raises(ConfigError, match="did you mean heads.hydra_projection"):
         load_recipe(TINY, base + ["heads.hydra_projecton=own"])
+
+
+@pytest.mark.usefixtures("tiny_recipe_env")
+def test_eagle3_teacher_loss_needs_the_online_base(tmp_path):
+    eagle3 = [f"output_dir={tmp_path / 'run'}", "heads.head_type=eagle3", "heads.num_layers=1"]
+    assert load_recipe(TINY, eagle3 + ["heads.teacher_loss=0.5"]).heads.teacher_loss == 0.5
+    with pytest.raises(ConfigError, match=r"heads.teacher_loss: eagle3 .* train.hidden_cache"):
+        load_recipe(TINY, eagle3 + ["heads.teacher_loss=0.5", f"train.hidden_cache={tmp_path / 'cache'}"])

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from medusa import MedusaModel
-from medusa.modeling.eagle3 import DraftKV, base_features
+from medusa.modeling.eagle3 import DraftKV, base_features, base_states
 from medusa.training.eagle3 import shifted_tokens, ttt_loss, unroll_mask
-from medusa.training.losses import head_weights
+from medusa.training.losses import Teacher, head_weights
+from medusa.training.medusa1 import draft_teacher_logits
 
 from tiny_models import require_shared, tiny_model
 
@@ -65,6 +66,42 @@ def test_ttt_loss_equals_chain_by_chain_drafting():
     assert out.count.tolist() == [8.0, 8.0, 7.0]  # labelled targets per step (positions 3..10)
 
 
+def test_ttt_loss_teacher_kl_equals_the_naive_mix():
+    """With teacher weight w each step is (1 - w) CE + w KL(p_base || p_draft) over the draft vocabulary, the
+    base's distribution read where it predicts the target (its LM head's draft rows at i + 1 + j)."""
+    base = tiny_model("llama", layers=4)
+    model = _perturbed(MedusaModel.from_base(base, num_heads=2, head_type="eagle3",
+                                             token_map=torch.arange(10, 70)))
+    torch.manual_seed(5)
+    ids = torch.randint(3, 96, (1, 9))
+    labels = ids.clone()
+    labels[:, :2] = -100
+    feats, last = base_states(base, ids, None, model.heads.feature_layers)
+    lm_rows = base.lm_head.weight[model.heads.token_map]  # [N, d]
+    w = 0.5
+    teacher = Teacher(last, draft_teacher_logits(base.lm_head, model.heads), w)
+    with torch.no_grad():
+        out = ttt_loss(model.heads, feats, ids, labels, None, decay=0.8, teacher=teacher)
+        plain = ttt_loss(model.heads, feats, ids, labels, None, decay=0.8)
+        t2d = model.heads.target_to_draft()
+        want = 0.0
+        for j, weight in enumerate(head_weights(2, 0.8)):
+            terms = []
+            for i in range(9 - j - 2):
+                y = int(labels[0, i + 2 + j])
+                if y == -100 or int(t2d[y]) < 0:
+                    continue
+                logits = _chain_logits(model.heads, feats, ids, i, j)[0]  # [N]
+                p_base = torch.softmax(last[0, i + 1 + j] @ lm_rows.T, -1)  # [N]
+                kl = (p_base * (p_base.log() - torch.log_softmax(logits, -1))).sum()
+                terms.append((1 - w) * F.cross_entropy(logits[None], torch.tensor([int(t2d[y])])) + w * kl)
+            if terms:
+                want += weight * torch.stack(terms).mean()
+    torch.testing.assert_close(out.loss, torch.as_tensor(want, dtype=out.loss.dtype), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(out.loss, plain.loss)  # the KL term changes the loss
+    torch.testing.assert_close(out.correct1, plain.correct1)  # the statistics stay the CE's
+
+
 def test_unroll_mask_blocks():
     valid = torch.tensor([[True, True, False]])
     allowed = unroll_mask(valid, 2, torch.float32)[0, 0] == 0  # [3, 9]
@@ -91,7 +128,8 @@ def test_medusa_train_eagle3_on_stories(tmp_path):
 
     require_shared()
     recipe = load_recipe("recipes/tiny/eagle3.yaml", [f"output_dir={tmp_path / 'run'}", "train.max_steps=12",
-                                                      "train.eval_steps=0", "train.logging_steps=6"])
+                                                      "train.eval_steps=0", "train.logging_steps=6",
+                                                      "heads.teacher_loss=0.5"])
     result = train(recipe, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "head3_top1" in r]
