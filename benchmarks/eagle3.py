@@ -5,10 +5,15 @@ Resumable stages under ``--out`` (a finished stage is reused; delete ``--out`` t
 
 1. ``model``: the converted SmolLM2 (:mod:`benchmarks.chat_model`);
 2. ``distill``: the model answers, greedily, through its chat template, ``--alpaca-prompts`` Alpaca prompts,
-   ``--synthesize`` requests it writes itself and the last ``--calib-prompts`` Alpaca rows (held out for
-   calibration); never a Spec-Bench prompt;
+   ``--synthesize`` requests it writes itself, ``--doc-tasks`` long-context and two-turn requests built on
+   its own Alpaca replies (:func:`benchmarks.chat_data.document_tasks`: summarise, answer from the text or
+   from two passages, translate, list the points, a follow-up turn) and the last ``--calib-prompts`` Alpaca
+   rows (held out for calibration); never a Spec-Bench prompt. Every part is a resumable self-distillation
+   file: a killed run, or a later session with larger counts, goes on where it stopped;
 3. ``train``: ``benchmarks/recipes/smollm2_eagle3.yaml`` (the frozen base's three fused layers computed
-   online, the training-time-test unroll, one epoch); checkpoints along the way;
+   online, the training-time-test unroll, one epoch); checkpoints along the way. ``--init-from DIR`` goes
+   on training the drafter in DIR (its draft vocabulary kept) on the conversations after the first
+   ``--skip-rows`` (those it was trained on): data added in a later round;
 4. ``curve``: predicted tokens per step of the checkpoints at a quarter, half and all of the training
    data seen (greedy decoding of the held-out prompts at one tree), the acceptance-vs-data curve;
 5. ``calibrate``: the draft tree (:mod:`medusa.calibrate.draft_tree`) on the held-out prompts, into tree.json;
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import stages as S
-from benchmarks.chat_data import reply_stats, spec_bench
+from benchmarks.chat_data import document_tasks, reply_stats, spec_bench
 from benchmarks.chat_model import fetch_smollm2
 from benchmarks.ship import tie_to_packaged
 from medusa.errors import DataError
@@ -50,7 +55,10 @@ class Settings:
     alpaca_prompts: int = 4800
     calib_prompts: int = 200
     synthesize: int = 0
+    doc_tasks: int = 0  # requests about the model's own replies (long context, two turns)
     train_rows: int | None = None  # train on the first N self-distilled conversations (None: all)
+    skip_rows: int = 0  # ... after the first K (those an --init-from drafter was trained on)
+    init_from: str | None = None  # go on training this drafter
     distill_tokens: int = 256
     distill_batch: int = 64
     recipe_overrides: tuple[str, ...] = ()
@@ -82,12 +90,19 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
     if s.synthesize:
         parts.append(S.distill_synthesized(model_path, data / "distill_synth.jsonl", s.synthesize, **common))
         train.append(data / "distill_synth.jsonl")
+    if s.doc_tasks:
+        lines = (data / "distill_alpaca.jsonl").read_text(encoding="utf-8").splitlines()
+        replies = [json.loads(line) for line in lines if line.strip()]
+        S.write_jsonl(data / "prompts_docs.jsonl", document_tasks(replies)[: s.doc_tasks])
+        parts.append(S.distill_chat(model_path, data / "prompts_docs.jsonl", data / "distill_docs.jsonl",
+                                    turns=2, **common))
+        train.append(data / "distill_docs.jsonl")
     calib = S.distill_chat(model_path, data / "prompts_calib.jsonl", data / "calib.jsonl",
                            prompt_format="alpaca", **common)
     S.concat_jsonl(data / "train.jsonl", train)
-    if s.train_rows is not None:  # the CPU budget: the first N conversations
+    if s.train_rows is not None or s.skip_rows:  # the CPU budget / what an --init-from drafter has seen
         lines = (data / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-        atomic_write_text(data / "train.jsonl", "".join(lines[: s.train_rows]))
+        atomic_write_text(data / "train.jsonl", "".join(lines[s.skip_rows: s.train_rows]))
     return {"train_replies": reply_stats([data / "train.jsonl"]),
             "calib_rows": calib["written"] + calib["already_done"],
             "parts": [*parts, calib]}
@@ -184,7 +199,7 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
             summary["distill"] = S.run_stage(out, "distill", lambda: distill_stage(s, model, data), log)
             run_dir = out / "train"
             overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={run_dir}",
-                         *s.recipe_overrides]
+                         *([f"heads.init_from={s.init_from}"] if s.init_from else []), *s.recipe_overrides]
             trained = S.run_stage(out, "train", lambda: S.train_recipe(RECIPE, overrides, s.progress), log)
             summary["train"] = trained
             summary["curve"] = S.run_stage(out, "curve", lambda: curve_stage(s, run_dir, data / "calib.jsonl",
@@ -239,8 +254,13 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
     parser.add_argument("--alpaca-prompts", type=int, default=Settings.alpaca_prompts)
     parser.add_argument("--calib-prompts", type=int, default=Settings.calib_prompts)
     parser.add_argument("--synthesize", type=int, default=Settings.synthesize, metavar="N")
+    parser.add_argument("--doc-tasks", type=int, default=Settings.doc_tasks, metavar="N",
+                        help="N long-context / two-turn requests about the model's own replies")
     parser.add_argument("--train-rows", type=int, default=None, metavar="N",
                         help="train on the first N self-distilled conversations (default: all)")
+    parser.add_argument("--skip-rows", type=int, default=0, metavar="K",
+                        help="... after the first K (those the --init-from drafter was trained on)")
+    parser.add_argument("--init-from", default=None, metavar="DIR", help="go on training the drafter in DIR")
     parser.add_argument("--per-category", type=int, default=Settings.per_category)
     parser.add_argument("--max-new-tokens", type=int, default=Settings.max_new_tokens)
     parser.add_argument("--compare-lookup-tokens", type=int, default=Settings.compare_lookup_tokens)
@@ -253,7 +273,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     s = Settings(out=args.out, shared=args.shared, cache=args.cache, alpaca_prompts=args.alpaca_prompts,
-                 calib_prompts=args.calib_prompts, synthesize=args.synthesize, train_rows=args.train_rows,
+                 calib_prompts=args.calib_prompts, synthesize=args.synthesize, doc_tasks=args.doc_tasks,
+                 train_rows=args.train_rows, skip_rows=args.skip_rows, init_from=args.init_from,
                  per_category=args.per_category,
                  max_new_tokens=args.max_new_tokens, compare_lookup_tokens=args.compare_lookup_tokens,
                  ship=args.ship, shipped=args.shipped, threads=args.threads,

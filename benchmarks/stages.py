@@ -54,12 +54,13 @@ def concat_jsonl(out: str | Path, sources: Sequence[str | Path]) -> Path:
 
 def distill_chat(model_path: str, prompts: str | Path, out: str | Path, max_new_tokens: int,
                  prompt_format: str = "auto", limit: int | None = None, batch_size: int = 32,
-                 device: str | None = None, progress: bool = True) -> dict[str, Any]:
+                 device: str | None = None, progress: bool = True, turns: int = 1) -> dict[str, Any]:
     """Replay-mode self-distillation, greedy, through the model's chat template: the model answers each
-    conversation's first user turn (``{"messages": [...]}`` rows); a reply cut at the budget is kept."""
+    conversation's first ``turns`` user turns (``{"messages": [...]}`` rows); a reply cut at the budget is
+    kept."""
 
     cfg = SelfDistillConfig(model=model_path, prompts=str(prompts), out=str(out), mode="replay",
-                            prompt_format=prompt_format, limit=limit, turns=1,
+                            prompt_format=prompt_format, limit=limit, turns=turns,
                             sampling=Sampling(temperature=0.0, top_p=1.0,
                                               max_new_tokens=max_new_tokens, seed=0),
                             batch_size=batch_size, device=device, on_length="keep", progress=progress)

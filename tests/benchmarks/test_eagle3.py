@@ -15,6 +15,9 @@ from tiny_models import tiny_model
 def test_settings_and_targets():
     s, _ = eagle3.parse_settings(["--out", "o", "--train-rows", "100", "--ship", "d", "--threads", "1"])
     assert (s.out, s.train_rows, s.ship, s.threads) == ("o", 100, "d", 1)
+    assert (s.doc_tasks, s.skip_rows, s.init_from) == (0, 0, None)
+    s, _ = eagle3.parse_settings(["--doc-tasks", "50", "--skip-rows", "3200", "--init-from", "heads"])
+    assert (s.doc_tasks, s.skip_rows, s.init_from, s.train_rows) == (50, 3200, "heads", None)
     bench = {"tokens_per_step": 2.4, "speedup": 1.1, "greedy_exact_match": 1.0, "hybrid": {"speedup": 1.7}}
     t = eagle3.targets(bench)
     assert t["tokens_per_step_alone"]["met"] and not t["speedup_alone"]["met"]
