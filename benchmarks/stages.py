@@ -71,10 +71,11 @@ def distill_synthesized(model_path: str, out: str | Path, count: int, max_new_to
                         batch_size: int = 32, device: str | None = None,
                         progress: bool = True) -> dict[str, Any]:
     """``medusa self-distill --synthesize-prompts N``: the model writes ``count`` user requests (kept in
-    ``<out>.prompts.jsonl``) and answers them greedily; a reply cut at the budget is kept."""
+    ``<out>.prompts.jsonl``) and answers the first ``count`` of them greedily (a larger earlier run's extra
+    requests wait for a later count); a reply cut at the budget is kept."""
 
     cfg = SelfDistillConfig(model=model_path, prompts=None, out=str(out), mode="replay", turns=1,
-                            synthesize_prompts=count,
+                            synthesize_prompts=count, limit=count,
                             sampling=Sampling(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens,
                                               seed=0),
                             batch_size=batch_size, device=device, on_length="keep", progress=progress)
