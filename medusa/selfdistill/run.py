@@ -112,6 +112,9 @@ class SelfDistillConfig:
                               "temperature >= 0, 0 < top_p <= 1)")
 
 
+SYNTHESIS_CHUNK = 256  # synthesized requests appended per round trip (the rest of a killed run resumes)
+
+
 def synthesized_path(out: str | Path) -> Path:
     """Where ``--synthesize-prompts`` keeps its requests: ``<out>.prompts.jsonl`` beside the output."""
     out = Path(out)
@@ -128,23 +131,32 @@ def _synthesize(cfg: SelfDistillConfig, model: Any, tokenizer: Any) -> tuple[Any
     summary = {"synthesized_file": str(path), "synthesized_before": len(have), "synthesized": 0}
     missing = cfg.synthesize_prompts - len(have)
     if missing > 0:
-        opts = syn.SynthesisOptions(seed=cfg.sampling.seed + len(have))
         bar = tqdm(total=missing, unit="prompt", desc="synthesize prompts", disable=not cfg.progress,
                    dynamic_ncols=True)
-        started = time.monotonic()
-
-        def generate(prompts: list[list[int]], seed: int) -> list[tuple[list[int], str]]:
-            return backend.sample(prompts, seed, opts.temperature, opts.top_p, opts.max_tokens)
-
-        new = syn.synthesize(generate, backend.tokenizer, missing, opts,
-                             seen={syn.normalise(t) for t in have},
-                             on_round=lambda r, k: bar.update(k - bar.n))
+        started, made = time.monotonic(), 0
+        while made < missing:  # chunk by chunk, each appended: a kill loses one chunk at most
+            want = min(SYNTHESIS_CHUNK, missing - made)
+            opts = syn.SynthesisOptions(seed=cfg.sampling.seed + len(have))
+            new = _synthesize_chunk(backend, have, want, opts)
+            syn.append_synthesized(path, new, start=len(have))
+            have, made = have + new, made + len(new)
+            bar.update(len(new))
+            if len(new) < want:  # the model ran out of new requests within max_rounds
+                break
         bar.close()
-        syn.append_synthesized(path, new, start=len(have))
-        summary.update(synthesized=len(new), synthesis_s=round(time.monotonic() - started, 3))
-        if len(have) + len(new) < cfg.synthesize_prompts:
-            summary["synthesis_short"] = cfg.synthesize_prompts - len(have) - len(new)
+        summary.update(synthesized=made, synthesis_s=round(time.monotonic() - started, 3))
+        if made < missing:
+            summary["synthesis_short"] = missing - made
     return backend, summary
+
+
+def _synthesize_chunk(backend: Any, have: list[str], want: int, opts: syn.SynthesisOptions) -> list[str]:
+    """Up to ``want`` new requests, none of ``have``, sampled with the local ``backend``."""
+
+    def generate(prompts: list[list[int]], seed: int) -> list[tuple[list[int], str]]:
+        return backend.sample(prompts, seed, opts.temperature, opts.top_p, opts.max_tokens)
+
+    return syn.synthesize(generate, backend.tokenizer, want, opts, seen={syn.normalise(t) for t in have})
 
 
 def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name: str) -> None:

@@ -94,3 +94,27 @@ def test_synthesized_prompts_file_round_trip(tmp_path):
     path.write_text(path.read_text() + '{"id": "synth-3"}\n')
     with pytest.raises(DataError, match=r"d\.prompts\.jsonl:4: not a synthesized prompt row"):
         syn.read_synthesized(path)
+
+
+def test_synthesis_appends_chunk_by_chunk(tmp_path, monkeypatch):
+    """A long synthesis writes each chunk of requests before sampling the next: a kill keeps what is done."""
+    import medusa.selfdistill.run as run
+
+    require_shared(STORIES)
+    tok = chat_tokenizer()
+    monkeypatch.setattr(syn, "SynthesisOptions", functools.partial(syn.SynthesisOptions, max_tokens=150,
+                                                                   min_chars=4))
+    monkeypatch.setattr(run, "SYNTHESIS_CHUNK", 2)
+    written_before = []
+    real = run._synthesize_chunk
+
+    def watched(backend, have, want, opts):
+        written_before.append(len(syn.read_synthesized(tmp_path / "d.prompts.jsonl")))
+        return real(backend, have, want, opts)
+
+    monkeypatch.setattr(run, "_synthesize_chunk", watched)
+    cfg = SelfDistillConfig(model="tiny-chat", prompts=None, out=str(tmp_path / "d.jsonl"),
+                            synthesize_prompts=5, batch_size=4, on_length="keep",
+                            sampling=Sampling(temperature=0.0, max_new_tokens=2), progress=False)
+    s = self_distill(cfg, model=tiny_chat_model(), tokenizer=tok)
+    assert s["synthesized"] == 5 and written_before == [0, 2, 4]
