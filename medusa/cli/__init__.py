@@ -208,8 +208,11 @@ class _BelowError(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
+# KINETO_LOG_LEVEL: the torch profiler (libkineto, read when the process first profiles: `generate --profile`,
+# `bench`'s op counts) prints its trace markers (levels STAGE 4 and USDT 5, above ERROR 3) to stderr on
+# every profile; 6 is past its last level
 _QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
-              "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+              "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "KINETO_LOG_LEVEL": "6"}
 
 
 def _restore_hf(saved_env: dict[str, str | None], before: tuple[bool, int] | None) -> None:
@@ -231,9 +234,9 @@ def _restore_hf(saved_env: dict[str, str | None], before: tuple[bool, int] | Non
 @contextlib.contextmanager
 def quiet_libraries() -> Iterator[None]:
     """Third-party chatter off while a command runs (transformers' loading bar and advisories,
-    bitsandbytes' kernel and DeepSpeed's accelerator warnings): what a command prints is its own output, its
-    own progress bar and, on a user error, the one ``error:`` line. Restored afterwards (in-process
-    callers)."""
+    bitsandbytes' kernel, DeepSpeed's accelerator warnings, the torch profiler's trace markers): what a
+    command prints is its own output, its own progress bar and, on a user error, the one ``error:`` line.
+    Restored afterwards (in-process callers)."""
     saved_env = {k: os.environ.get(k) for k in _QUIET_ENV}
     before = None
     if "transformers" in sys.modules:  # already imported: its settings were read, set them directly
@@ -244,15 +247,19 @@ def quiet_libraries() -> Iterator[None]:
         hf_logging.set_verbosity_error()
     for key, value in _QUIET_ENV.items():
         os.environ.setdefault(key, value)
-    for name in ("bitsandbytes", "DeepSpeed"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _BelowError) for f in logger.filters):
-            logger.addFilter(_BelowError())
+    deepspeed = logging.getLogger("DeepSpeed")  # one logger, whose level DeepSpeed sets itself at import
+    if not any(isinstance(f, _BelowError) for f in deepspeed.filters):
+        deepspeed.addFilter(_BelowError())
+    # bitsandbytes logs from its modules' own loggers (bitsandbytes.backends.cpu.ops: the optional CPU kernel
+    # it could not fetch), which a filter on their parent never sees; their level is inherited from it
+    bnb, bnb_level = logging.getLogger("bitsandbytes"), logging.getLogger("bitsandbytes").level
+    bnb.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", module=r"(bitsandbytes|deepspeed)(\.|$)")
             yield
     finally:
+        bnb.setLevel(bnb_level)
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)

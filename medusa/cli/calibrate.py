@@ -9,6 +9,7 @@ from typing import Any
 from medusa.cli import MAX_NODES, THREADS, Bounded, PathKind, add_overwrite, count
 
 PLOTS = ("calibration_accuracy.png", "tree.png")
+MAX_LENGTH = 2048  # --max-length's default, cut to the base model's positions
 MAX_LOOKUP_TOKENS = 256  # medusa.calibrate.lookup.MAX_LOOKUP_TOKENS (not imported: the CLI loads no library)
 
 
@@ -30,6 +31,7 @@ def _check_before_loading(args: argparse.Namespace) -> None:
     if args.nodes != "auto" and args.nodes > possible:
         raise MedusaError(f"--nodes {args.nodes}: a tree of --topk {args.topk} ranks and depth {depth} has"
                           f" at most {possible} nodes (allowed: 1..{min(possible, MAX_NODES)} or auto)")
+    _fit_max_length(args)
     inputs = [args.data]
     check_output_file(Path(args.heads) / TREE_NAME, args.overwrite, inputs)
     if not args.no_plots:
@@ -39,6 +41,17 @@ def _check_before_loading(args: argparse.Namespace) -> None:
                               "beside it: give --plots another folder, or --no-plots")
         for name in PLOTS:
             check_output_file(folder / name, args.overwrite, inputs)
+
+
+def _fit_max_length(args: argparse.Namespace) -> None:
+    """``--max-length`` within the base model's positions (read from its config): a larger value is refused
+    naming both numbers; the default is the smaller of 2048 and those positions (as its help says)."""
+    from medusa.modeling.base import fit_max_length, max_positions
+    from medusa.modeling.config import MedusaConfig, base_location
+
+    config = MedusaConfig.load(args.heads)
+    limit = max_positions(base_location(args.heads, config, args.base, hint="pass --base"))
+    args.max_length, _ = fit_max_length("--max-length", args.max_length, limit, MAX_LENGTH)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -203,7 +216,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", help="data format (default: detected)")
     p.add_argument("--chat-template", default=None, type=PathKind("template"),
                    help="chat template file or name")
-    p.add_argument("--max-length", type=count(1 << 20, lo=2), default=2048)
+    p.add_argument("--max-length", type=count(1 << 20, lo=2), default=None,
+                   help=f"tokens per held-out conversation (default: {MAX_LENGTH}, or the base model's "
+                        "positions when fewer; more than its positions is refused)")
     p.add_argument("--max-examples", type=count(10**9), default=None)
     p.add_argument("--batch-size", type=count(4096), default=8)
     p.add_argument("--skip-invalid", action="store_true", help="skip malformed rows instead of failing")

@@ -1,10 +1,34 @@
-"""The two Hugging Face model accessors decoding needs (and modeling re-uses: it sits above decoding)."""
+"""The Hugging Face model accessors decoding needs (and modeling re-uses: it sits above decoding), and the
+keyword the installed transformers' model forwards take the KV cache by."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaModel
+
+
+def _cache_keyword() -> str:
+    """``cache`` where transformers' forwards take the KV cache by that name (5.24 on: ``past_key_values`` is
+    then a deprecated alias that warns on every call and is to be removed), else ``past_key_values``. Every
+    causal LM of one transformers version uses the same name, so one model class answers for all."""
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+CACHE_KWARG = _cache_keyword()  # the keyword a transformers model's forward takes its KV cache by
+
+
+def cache_kwargs(cache: Any) -> dict[str, Any]:
+    """``{CACHE_KWARG: cache}``: the KV cache as keyword arguments of a transformers model's forward."""
+    return {CACHE_KWARG: cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache a transformers model output carries (``out.cache``, or ``out.past_key_values`` before
+    5.24), None when it has none."""
+    return out.get(CACHE_KWARG)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -20,4 +44,4 @@ def text_config(model: nn.Module) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-__all__ = ["text_config", "unwrap"]
+__all__ = ["CACHE_KWARG", "cache_kwargs", "output_cache", "text_config", "unwrap"]

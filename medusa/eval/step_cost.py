@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from medusa.decoding.hf import cache_kwargs
 from medusa.decoding.kv_cache import new_cache
 from medusa.decoding.trees import static_tree
 from medusa.eval.timing import timed
@@ -45,14 +46,14 @@ def verify_floor(model: Any, input_ids: torch.Tensor, tree: Any, repeats: int = 
     dt = static_tree(tree, device, dtype)
     p, n = input_ids.shape[1], dt.num_nodes
     cache = new_cache()
-    base(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    base(input_ids=input_ids, use_cache=True, **cache_kwargs(cache))
     one = input_ids[:, -1:]  # [1, 1]
     tokens = input_ids[:, -1:].expand(1, n).contiguous()  # [1, N]: the values do not change the cost
     mask = torch.zeros(1, 1, n, p + n, dtype=dtype, device=device)  # [1, 1, N, P + N]
     mask[0, 0, :, p:] = dt.float_mask
     tree_pos = (p + dt.depths).view(1, n)
     calls = {  # name: (call, tokens it writes to the cache)
-        "plain": (lambda: base(input_ids=one, past_key_values=cache, use_cache=True,
+        "plain": (lambda: base(input_ids=one, use_cache=True, **cache_kwargs(cache),
                                position_ids=torch.tensor([[p]], device=device)), 1),
         "verify": (lambda: model(input_ids=tokens, attention_mask=mask, position_ids=tree_pos,
                                  past_key_values=cache, use_cache=True, compute_heads=False), n),

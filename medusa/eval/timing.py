@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from medusa.decoding.hf import cache_kwargs
+
 T = TypeVar("T")
 
 
@@ -38,14 +40,14 @@ def plain_step_time(base: Any, input_ids: torch.Tensor, steps: int = 32) -> floa
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    out = base(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    out = base(input_ids=input_ids, use_cache=True, **cache_kwargs(cache))
     first = out.logits[:, -1:].argmax(-1)  # [1, 1]
     start = input_ids.shape[1]
 
     def decode() -> None:
         tok = first
         for pos in range(start, start + steps):
-            logits = base(input_ids=tok, past_key_values=cache, use_cache=True,
+            logits = base(input_ids=tok, use_cache=True, **cache_kwargs(cache),
                           position_ids=torch.tensor([[pos]], device=input_ids.device)).logits  # [1, 1, V]
             tok = logits[:, -1:].argmax(-1)
 
@@ -66,14 +68,14 @@ def forward_cost_curve(base: Any, sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, cache_len), generator=g).to(device)  # [1, cache_len]
     cache = DynamicCache()
-    base(input_ids=prompt, past_key_values=cache, use_cache=True)
+    base(input_ids=prompt, use_cache=True, **cache_kwargs(cache))
     curve: dict[int, float] = {}
     for n in sizes:
         ids = torch.randint(0, vocab, (1, n), generator=g).to(device)  # [1, n]
         positions = torch.arange(cache_len, cache_len + n, device=device).view(1, n)
         best = float("inf")
         for _ in range(repeats + 1):  # the first call warms up this shape
-            _, seconds = timed(lambda: base(input_ids=ids, past_key_values=cache, use_cache=True,
+            _, seconds = timed(lambda: base(input_ids=ids, use_cache=True, **cache_kwargs(cache),
                                             position_ids=positions), device)
             cache.crop(-n)  # drop the n tokens just written (transformers 5: a negative count)
             best = min(best, seconds)

@@ -65,6 +65,38 @@ def load_base_model(
         raise CheckpointError(f"cannot load base model {name_or_path!r}: {first}") from exc
 
 
+def max_positions(name_or_path: str) -> int | None:
+    """The model's ``max_position_embeddings`` read from its config alone (no weights load); None when the
+    model has no such limit or its config cannot be read here (loading the model then says why)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(expand_home(name_or_path))
+    except (OSError, ValueError, KeyError):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def fit_max_length(key: str, value: int | None, limit: int | None, default: int,
+                   error: type[MedusaError] = MedusaError) -> tuple[int, str | None]:
+    """``(length, note)``: the longest sequence ``key`` allows, within the model's ``limit`` positions.
+
+    ``value`` None (or equal to ``default``, the value a recipe gets when it does not set the key) is cut to
+    ``limit``, with a ``note`` to log saying so; any other value past ``limit`` is an ``error`` naming the key
+    and both numbers (past its positions a model's output is garbage, silently). A model without a limit
+    takes the value as given."""
+    length = default if value is None else value
+    if limit is None or length <= limit:
+        return length, None
+    if value is not None and value != default:
+        raise error(f"{key} {value} exceeds the model's {limit} positions (max_position_embeddings); "
+                    f"use at most {limit}")
+    return limit, (f"{key}: the default {default} is past the model's {limit} positions "
+                   f"(max_position_embeddings); using {limit}")
+
+
 def load_tokenizer(name_or_path: str, *, chat_template: str | None = None, padding_side: str | None = None,
                    error: type[MedusaError] = MedusaError, what: str = "a tokenizer") -> Any:
     """``AutoTokenizer.from_pretrained`` with a one-line ``error`` naming the source when it cannot load.

@@ -13,6 +13,7 @@ from torch import nn
 
 from medusa.decoding.attention import body_mask
 from medusa.decoding.generate import medusa_generate
+from medusa.decoding.hf import cache_kwargs, output_cache
 from medusa.errors import CheckpointError
 from medusa.io import atomic_directory
 from medusa.modeling.base import (
@@ -186,7 +187,7 @@ class MedusaModel(nn.Module):
             kwargs["output_hidden_states"] = True
         out = body(input_ids=input_ids, attention_mask=body_mask(self.base_model, attention_mask),
                    position_ids=position_ids,
-                   past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+                   use_cache=use_cache, **cache_kwargs(past_key_values), **kwargs)
         last = out.last_hidden_state  # [B, T, d]
         picked = _gather_positions(last, positions)  # [B, P, d]
         # the features the heads read: the last hidden state, or the chosen layers' concatenated [B, T, n * d]
@@ -194,7 +195,7 @@ class MedusaModel(nn.Module):
         logits = base_logits(self.base_model, picked)  # [B, P, V]
         # None from heads that also read draft tokens (Hydra): decoding and training build their inputs.
         head_logits = self.heads.hidden_logits(picked) if compute_heads else None  # [K, B, P, V]
-        return MedusaOutput(logits, head_logits, hidden, getattr(out, "past_key_values", None))
+        return MedusaOutput(logits, head_logits, hidden, output_cache(out))
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 64, acceptance: str = "greedy", temperature: float | None = None,

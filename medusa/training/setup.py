@@ -6,19 +6,20 @@ arguments); what differs between the methods lives in ``medusa1.py`` and ``medus
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from medusa.config import Recipe
+from medusa.config import DataConfig, Recipe
 from medusa.data import TokenizedData, load_tokenized
 from medusa.errors import ConfigError
-from medusa.modeling.base import load_base_model, native_bf16
+from medusa.modeling.base import fit_max_length, load_base_model, max_positions, native_bf16
 from medusa.modeling.base import load_tokenizer as _load_tokenizer
 from medusa.modeling.quantization import bnb_config, keep_plain_4bit_layout
 
@@ -150,9 +151,18 @@ def load_tokenizer(recipe: Recipe) -> Any:
     return _load_tokenizer(recipe.model, error=ConfigError, what="a tokenizer (recipe key model)")
 
 
-def load_data(recipe: Recipe, tokenizer: Any) -> RunData:
+def load_data(recipe: Recipe, tokenizer: Any, log: Callable[[str], None] | None = None) -> RunData:
+    """The recipe's tokenized train (and eval) data. ``data.max_length`` past the model's positions is an
+    error naming both numbers; the default is cut to them, said by ``log`` (default: print on the launch's
+    first process) (:func:`~medusa.modeling.base.fit_max_length`)."""
     d = recipe.data
-    kw = dict(max_length=d.max_length, format=d.format, chat_template=d.chat_template,
+    max_length, note = fit_max_length("data.max_length", d.max_length, max_positions(recipe.model),
+                                      DataConfig.max_length, ConfigError)
+    if note and log is not None:
+        log(note)
+    elif note and os.environ.get("RANK", "0") == "0":
+        print(note, flush=True)
+    kw = dict(max_length=max_length, format=d.format, chat_template=d.chat_template,
               skip_invalid=d.skip_invalid)
     train = load_tokenized(d.train, tokenizer, **kw)
     evaluation = load_tokenized(d.eval, tokenizer, **kw) if d.eval else None
@@ -263,13 +273,27 @@ def make_plan(recipe: Recipe, num_examples: int, world: int) -> Plan:
     return Plan(steps_per_epoch, total, int(t.warmup_ratio * total), world, t.batch_size, t.grad_accum)
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, plan: Plan) -> Any:
-    from transformers import get_scheduler
+def lr_factor(step: int, *, kind: str, warmup: int, total: int) -> float:
+    """The learning-rate multiplier at optimizer step ``step``: a linear warm-up over ``warmup`` steps, then
+    ``constant``, ``linear`` decay to 0 at ``total``, or a half ``cosine`` to 0 at ``total`` -- the formulas
+    of transformers' ``constant_with_warmup`` / ``linear`` / ``cosine`` schedules (whose module is not
+    imported: it imports peft, which imports bitsandbytes, which warns on CPUs without its optional
+    kernels)."""
+    if step < warmup:
+        return step / max(1, warmup)
+    if kind == "constant":
+        return 1.0
+    if kind == "linear":
+        return max(0.0, (total - step) / max(1, total - warmup))
+    progress = (step - warmup) / max(1, total - warmup)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
-    name = {"cosine": "cosine", "linear": "linear",
-            "constant": "constant_with_warmup"}[recipe.train.scheduler]
-    return get_scheduler(name, optimizer, num_warmup_steps=plan.warmup_steps,
-                         num_training_steps=plan.total_steps)
+
+def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, plan: Plan) -> Any:
+    """A ``LambdaLR`` over :func:`lr_factor` (a ``functools.partial``: its state is plain data, as before)."""
+    factor = functools.partial(lr_factor, kind=recipe.train.scheduler, warmup=plan.warmup_steps,
+                               total=plan.total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:

@@ -27,7 +27,7 @@ def _args(tmp_path, **kw) -> argparse.Namespace:
                      num_heads=3).save(heads)
         (tmp_path / "calib.jsonl").write_text('{"prompt": "a", "completion": " b"}\n')
     base = dict(heads=str(heads), data=str(tmp_path / "calib.jsonl"), method="empirical", max_depth=None,
-                topk=2, nodes=15, overwrite=False, no_plots=True, plots=None)
+                topk=2, nodes=15, overwrite=False, no_plots=True, plots=None, base=None, max_length=None)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -43,6 +43,23 @@ def test_nodes_are_bounded_by_topk_and_depth(tmp_path):
         _check_before_loading(_args(tmp_path, max_depth=4))
     with pytest.raises(MedusaError, match="unknown --method 'magic'; choose one of empirical"):
         _check_before_loading(_args(tmp_path, method="magic"))
+
+
+def test_max_length_is_bounded_by_the_base_models_positions(tmp_path, capsys):
+    """--max-length past the base's max_position_embeddings (read from its config) is refused naming both
+    numbers; the default is the smaller of 2048 and them; a base whose config cannot be read is left to the
+    model load."""
+    from tiny_models import STORIES, require_shared
+
+    require_shared(STORIES)
+    with pytest.raises(MedusaError, match=r"^--max-length 600 exceeds the model's 512 positions"):
+        _check_before_loading(_args(tmp_path, base=str(STORIES), max_length=600))
+    args = _args(tmp_path, base=str(STORIES))
+    _check_before_loading(args)
+    assert args.max_length == 512 and capsys.readouterr().out == ""
+    args = _args(tmp_path, max_length=4096)  # the recorded base "b" is not here: nothing to check against
+    _check_before_loading(args)
+    assert args.max_length == 4096
 
 
 def test_files_the_run_writes_are_checked_first(tmp_path):

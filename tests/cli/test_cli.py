@@ -134,3 +134,19 @@ def test_an_os_error_that_is_a_bug_keeps_its_traceback():
 
     with pytest.raises(OSError):
         run_command(fail, debug=False)
+
+
+def test_quiet_libraries_reaches_the_loggers_of_bitsandbytes_modules(caplog):
+    """bitsandbytes warns from its modules' own loggers (``bitsandbytes.backends.cpu.ops`` on a CPU without
+    its optional kernels): while a command runs they are below the threshold; their level is restored
+    after."""
+    import logging
+
+    from medusa.cli import quiet_libraries
+
+    child = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING), quiet_libraries():
+        child.warning("Failed to load CPU gemm_4bit_forward")
+        child.error("a real error still shows")
+    assert [r.getMessage() for r in caplog.records] == ["a real error still shows"]
+    assert logging.getLogger("bitsandbytes").level == logging.NOTSET

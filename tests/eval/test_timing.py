@@ -2,6 +2,7 @@
 
 import torch
 
+from medusa.decoding.hf import CACHE_KWARG
 from medusa.eval.timing import forward_cost_curve
 
 from tiny_models import tiny_model
@@ -13,7 +14,7 @@ def test_cost_curve_times_each_size_over_the_same_cache(monkeypatch):
     forward = base.forward
 
     def spy(*args, **kwargs):
-        cache = kwargs["past_key_values"]
+        cache = kwargs[CACHE_KWARG]  # the keyword the installed transformers wants: no deprecation warning
         seen.append((kwargs["input_ids"].shape[1], cache.get_seq_length()))
         return forward(*args, **kwargs)
 

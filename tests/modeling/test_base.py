@@ -79,3 +79,25 @@ def test_cpu_bf16_probe_returns_a_bool_and_is_measured_once():
     first = cpu_bf16_faster()
     assert isinstance(first, bool) and cpu_bf16_faster() is first
     assert cpu_bf16_faster.cache_info().currsize == 1
+
+
+def test_fit_max_length_refuses_past_the_limit_and_cuts_the_default():
+    from medusa.errors import ConfigError
+    from medusa.modeling.base import fit_max_length
+
+    with pytest.raises(ConfigError, match=r"^k 600 exceeds the model's 512 positions .*use at most 512$"):
+        fit_max_length("k", 600, 512, 2048, ConfigError)
+    assert fit_max_length("k", 512, 512, 2048) == (512, None)
+    assert fit_max_length("k", 4096, None, 2048) == (4096, None)  # a model without a limit: as given
+    length, note = fit_max_length("k", None, 512, 2048)  # the default: cut, and said
+    assert length == 512 and "the default 2048 is past the model's 512 positions" in note
+    assert fit_max_length("k", 2048, 512, 2048)[0] == 512
+    assert fit_max_length("k", None, 4096, 2048) == (2048, None)
+
+
+def test_max_positions_reads_the_config_alone(tmp_path):
+    from medusa.modeling.base import max_positions
+
+    require_shared(STORIES)
+    assert max_positions(str(STORIES)) == 512
+    assert max_positions(str(tmp_path / "missing")) is None  # loading the model says why

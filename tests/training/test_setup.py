@@ -30,3 +30,47 @@ def test_explicit_mixed_precision_is_kept(value):
     override = "null" if value is None else f'"{value}"'  # bare `no` is YAML's false
     recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml", [f"train.mixed_precision={override}"])
     assert setup.mixed_precision(recipe) == value
+
+
+@pytest.mark.parametrize("kind, hf_name", [("cosine", "cosine"), ("linear", "linear"),
+                                           ("constant", "constant_with_warmup")])
+@pytest.mark.parametrize("warmup, total", [(0, 7), (3, 10), (5, 5), (1, 1)])
+def test_lr_schedule_equals_transformers_schedule(kind, hf_name, warmup, total):
+    """Our LambdaLR gives transformers' schedule factor at every step (and past the end), and its state is the
+    same plain data (a partial's empty dict), so scheduler.json written by either one loads into the other."""
+    import torch
+    from transformers import get_scheduler
+
+    recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml", [f"train.scheduler={kind}"])
+    plan = setup.Plan(steps_per_epoch=total, total_steps=total, warmup_steps=warmup, world=1, micro_batch=1,
+                      grad_accum=1)
+    ours = setup.make_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0), recipe, plan)
+    theirs = get_scheduler(hf_name, torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0),
+                           num_warmup_steps=warmup, num_training_steps=total)
+    for _ in range(total + 3):
+        assert ours.get_last_lr() == pytest.approx(theirs.get_last_lr(), abs=1e-12)
+        ours.optimizer.step(), theirs.optimizer.step()
+        ours.step(), theirs.step()
+    assert ours.state_dict() == theirs.state_dict()
+
+
+def test_max_length_past_the_models_positions(tmp_path, capsys):
+    """An explicit data.max_length past the model's max_position_embeddings is refused naming both numbers;
+    the default (2048) is cut to the model's positions, said in one line."""
+    from medusa.errors import ConfigError
+
+    tok = setup.load_tokenizer(load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml"))
+    limit = setup.max_positions(load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml").model)
+    assert limit == 512  # stories260K
+    recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml", ["data.max_length=513"])
+    with pytest.raises(ConfigError, match="data.max_length 513 exceeds the model's 512 positions"):
+        setup.load_data(recipe, tok)
+    recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml", ["data.max_length=2048"])
+    lines = []
+    data = setup.load_data(recipe, tok, log=lines.append)
+    assert lines == ["data.max_length: the default 2048 is past the model's 512 positions "
+                     "(max_position_embeddings); using 512"]
+    assert max(len(e["input_ids"]) for e in data.train.examples) <= 512
+    recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml", ["data.max_length=512"])
+    setup.load_data(recipe, tok, log=lines.append)
+    assert len(lines) == 1

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.hf import cache_kwargs
 from medusa.decoding.processors import Warp, sampling_only_blocker, warp_logits
 
 COMPACT_EVERY = 64  # shift the buffers left once every slot's first column is at least this far in
@@ -138,7 +139,7 @@ class RefillLoop:
         neg = torch.finfo(self.dtype).min
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, neg)
         out = self.model(input_ids=ids, attention_mask=mask.unsqueeze(1), position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)  # mask: [B, 1, q, col + q]
+                         use_cache=True, logits_to_keep=1, **cache_kwargs(cache))  # mask: [B, 1, q, col + q]
         cache.col += q
         return out.logits[:, -1]  # [B, V]
 
