@@ -1,11 +1,13 @@
 """Resumable training checkpoints: ``<output_dir>/checkpoint-<step>/``.
 
-Each holds the trained module (``model.safetensors``, through accelerate) and the optimizer
-(``optimizer.bin``, read back with ``weights_only=True``), and as plain data: the learning-rate scheduler
-(``scheduler.json``), every process's RNG (``rng_state_<i>.json`` + ``.safetensors``) and
-``trainer_state.json`` (global step, the data position, the recipe). Nothing in a checkpoint is unpickled:
-a checkpoint holding a pickle that a load would run (``*.pkl``, a ``.bin`` / ``.pt`` other than the
-optimizer's and the fp16 scaler's, DeepSpeed / FSDP shards) is refused before anything loads
+Each holds the trained module and its optimizer gathered to full per-parameter tensors, the same whatever
+engine wrote them (:mod:`medusa.training.engine_state`: ``model.safetensors``, ``optimizer.safetensors`` +
+``optimizer.json``), and as plain data: the learning-rate scheduler (``scheduler.json``), every process's RNG
+(``rng_state_<i>.json`` + ``.safetensors``) and ``trainer_state.json`` (global step, the data position, the
+world size and global batch, the recipe). So a checkpoint of a 2-process DDP or DeepSpeed ZeRO-2/3 run
+resumes in 1 process, and the other way round, provided processes x batch_size x grad_accum stays the same
+(:func:`check_global_batch`). Nothing in a checkpoint is unpickled: a checkpoint holding a pickle
+(``*.pkl``, ``.bin``, ``.pt``, DeepSpeed / FSDP shards) is refused before anything loads
 (:func:`check_no_pickles`).
 Written to a temp directory and renamed into place, so an interrupted save never leaves a checkpoint that
 looks complete; files get the umask's mode.
@@ -35,12 +37,11 @@ import torch
 
 from medusa.errors import CheckpointError, ConfigError
 from medusa.io import OVERWRITE_HINT, atomic_write_text, give_umask_mode
+from medusa.training.engine_state import check_supported, load_engine_state, save_engine_state
 
 STATE_NAME = "trainer_state.json"
 METRICS_NAME = "metrics.jsonl"
 SCHEDULER_NAME = "scheduler.json"
-# the only files a resume reads with torch.load (weights_only=True); every other pickle is refused
-_WEIGHTS_ONLY_RE = re.compile(r"^(optimizer(_\d+)?\.bin|scaler\.pt)$")  # fp16 runs: the GradScaler
 _PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pt", ".pth", ".ckpt", ".distcp", ".metadata")
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _RUN_FILE_RE = re.compile(r"^(final|recipe\.json|metrics\.jsonl|checkpoint-\d+|\.checkpoint-\d+\.tmp)$")
@@ -75,6 +76,8 @@ def resolve_resume(resume: str | None, output_dir: str | Path) -> Path | None:
 # recipe keys a resumed run may change freely (where it writes and how often it logs, saves, evaluates)
 RESUME_FREE_KEYS = frozenset({"output_dir", "train.resume", "train.logging_steps", "train.save_steps",
                               "train.eval_steps", "report_to"})
+# the per-process batch layout: free when the global batch stays (another number of processes)
+BATCH_KEYS = ("train.batch_size", "train.grad_accum")
 
 
 def flat_keys(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -109,7 +112,8 @@ def data_fingerprint(paths: list[str | None]) -> str | None:
 def resume_changes(recipe: dict[str, Any], path: Path, fingerprint: str | None,
                    allow: bool) -> dict[str, list[Any]]:
     """What changed since checkpoint ``path``: recipe keys (``[old, new]``, the free keys aside) and the data
-    files' contents. Refused (naming them) unless ``allow``; returns the changes to record."""
+    files' contents. Refused (naming them) unless ``allow``; returns the changes to record. ``batch_size`` and
+    ``grad_accum`` are left to :func:`check_global_batch` when the checkpoint records its global batch."""
     try:
         state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
         old = flat_keys(state["recipe"]) if isinstance(state.get("recipe"), dict) else {}
@@ -119,8 +123,9 @@ def resume_changes(recipe: dict[str, Any], path: Path, fingerprint: str | None,
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"train.resume: {path / STATE_NAME}: global_step {step!r} is not a step")
     new = flat_keys(recipe)
+    free = RESUME_FREE_KEYS | (set(BATCH_KEYS) if isinstance(state.get("global_batch"), int) else set())
     changes = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
-               if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k)}
+               if k not in free and old.get(k) != new.get(k)}
     if not old:  # an older or foreign checkpoint: nothing to compare with
         changes = {"recipe (not recorded in the checkpoint)": [None, "this run's"]}
     before = state.get("data_fingerprint")
@@ -134,13 +139,23 @@ def resume_changes(recipe: dict[str, Any], path: Path, fingerprint: str | None,
     return changes
 
 
+def check_global_batch(state: dict[str, Any], path: Path, world: int, batch_size: int,
+                       grad_accum: int) -> None:
+    """The resumed run's global batch (processes x batch_size x grad_accum) is the checkpoint's: its step
+    count then names the same examples and the same updates, at any number of processes."""
+    before, now = state.get("global_batch"), world * batch_size * grad_accum
+    if isinstance(before, int) and before != now:
+        raise ConfigError(f"train.resume: {path} was trained with a global batch of {before} "
+                          f"({state.get('world_size')} process(es) x batch_size x grad_accum); this run's "
+                          f"is {now} ({world} x {batch_size} x {grad_accum}): set train.batch_size / "
+                          f"train.grad_accum so that processes x batch_size x grad_accum = {before}")
+
+
 def check_no_pickles(path: Path) -> None:
-    """Refuse a checkpoint holding a file a load would unpickle (anything but the optimizer's weights-only
-    state): one :class:`CheckpointError` naming the file. Called before anything loads."""
+    """Refuse a checkpoint holding a file a load would unpickle: one :class:`CheckpointError` naming the file.
+    Called before anything loads."""
     for item in sorted(path.rglob("*")):
         name = item.name
-        if item.parent == path and _WEIGHTS_ONLY_RE.match(name):
-            continue
         if name.lower().endswith(_PICKLE_SUFFIXES) or name.startswith("custom_checkpoint_"):
             raise CheckpointError(f"train.resume: {item}: a pickle (code could run when it loads); medusa "
                                   "resumes only from safetensors and plain JSON state (checkpoints it wrote "
@@ -286,13 +301,13 @@ def _scheduler_state(path: Path, scheduler: Any) -> dict[str, Any]:
 
 
 def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: dict[str, Any],
-                    scheduler: Any) -> Path:
-    """Every process calls this; the main process writes the scheduler's and the trainer's state as JSON,
-    gives the files the umask's mode and renames. No pickle is left but the weights-only optimizer state."""
+                    scheduler: Any, module: Any, optimizer: Any) -> Path:
+    """Every process calls this; the main process writes the trained state (gathered), the scheduler's and
+    the trainer's state as JSON, gives the files the umask's mode and renames. No pickle is written."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
     try:
-        _save_into(accelerator, tmp, final, step, state, scheduler)
+        _save_into(accelerator, tmp, final, step, state, (scheduler, module, optimizer))
     except BaseException:  # a full disk, a kill: no half-written temp directory is left in the way
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -301,17 +316,16 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: 
 
 
 def _save_into(accelerator: Any, tmp: Path, final: Path, step: int, state: dict[str, Any],
-               scheduler: Any) -> None:
+               trained: tuple[Any, Any, Any]) -> None:
+    scheduler, module, optimizer = trained
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
+    save_engine_state(accelerator, module, optimizer, tmp)
     _save_rng(tmp, accelerator.process_index)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        for stale in tmp.glob("random_states_*.pkl"):  # accelerate's pickled RNG: ours is plain data
-            stale.unlink()
         (tmp / SCHEDULER_NAME).write_text(json.dumps(scheduler.state_dict(), indent=2) + "\n")
         (tmp / STATE_NAME).write_text(json.dumps({"global_step": step, **state}, indent=2) + "\n")
         give_umask_mode(tmp)
@@ -321,12 +335,16 @@ def _save_into(accelerator: Any, tmp: Path, final: Path, step: int, state: dict[
     accelerator.wait_for_everyone()
 
 
-def load_checkpoint(accelerator: Any, path: Path, scheduler: Any) -> dict[str, Any]:
-    """Restore the trained module and optimizer (accelerate: safetensors, and ``weights_only=True``), the
-    scheduler and the RNG (plain data) from ``path``; returns its ``trainer_state.json``."""
+def load_checkpoint(accelerator: Any, path: Path, scheduler: Any, module: Any, optimizer: Any,
+                    layout: tuple[int, int, int]) -> dict[str, Any]:
+    """Restore the trained module and optimizer into whatever engine runs (:mod:`engine_state`), the
+    scheduler and the RNG (plain data) from ``path``; returns its ``trainer_state.json``. ``layout``: this
+    run's (processes, batch_size, grad_accum), whose product must be the checkpoint's global batch."""
     check_no_pickles(path)
+    check_supported(accelerator)
+    check_global_batch(json.loads((path / STATE_NAME).read_text()), path, *layout)
     sched = _scheduler_state(path, scheduler)
-    accelerator.load_state(str(path), load_kwargs={"weights_only": True})
+    load_engine_state(accelerator, module, optimizer, path)
     scheduler.load_state_dict(sched)
     _load_rng(path, accelerator.process_index)
     return json.loads((path / STATE_NAME).read_text())

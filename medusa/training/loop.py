@@ -43,6 +43,7 @@ from medusa.training.checkpoint import (
     save_checkpoint,
     truncate_metrics,
 )
+from medusa.training.engine_state import check_supported
 from medusa.training.hidden_cache import HiddenCache
 from medusa.training.hidden_cache import prepare as prepare_cache
 from medusa.training.losses import STATS_ROWS, summarise_stats
@@ -347,8 +348,11 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
                if resume_from is not None else {})
     run = _build(recipe, method, progress)
     plan, t = run.plan, recipe.train
-    step = (int(load_checkpoint(run.accelerator, resume_from, run.scheduler)["global_step"])
-            if resume_from is not None else 0)
+    if t.save_steps or stop_at_step is not None:
+        check_supported(run.accelerator)  # before anything is written
+    step = (int(load_checkpoint(run.accelerator, resume_from, run.scheduler, run.trainable, run.optimizer,
+                                (plan.world, plan.micro_batch, plan.grad_accum))["global_step"])
+            if resume_from is not None else 0)  # any engine; any number of processes, the same global batch
     _open_output(run, step, resume_from, stale, changes)
     params = [p for p in run.trainable.parameters() if p.requires_grad]
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)
@@ -374,8 +378,10 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
             save_checkpoint(run.accelerator, run.out_dir, step,
                             {"epoch": step // plan.steps_per_epoch,
                              "step_in_epoch": step % plan.steps_per_epoch,
-                             "total_steps": plan.total_steps, "recipe": recipe.to_dict(),
-                             "data_fingerprint": fingerprint}, run.scheduler)
+                             "total_steps": plan.total_steps, "world_size": plan.world,
+                             "global_batch": plan.world * plan.micro_batch * plan.grad_accum,
+                             "recipe": recipe.to_dict(), "data_fingerprint": fingerprint},
+                            run.scheduler, run.trainable, run.optimizer)
     bar.close()
     final_dir, final_eval = _finish(run, step)
     run.accelerator.end_training()

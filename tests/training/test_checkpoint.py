@@ -110,7 +110,7 @@ def _tiny_args(out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.usefixtures("tiny_recipe_env")
 @pytest.mark.parametrize("planted", ["custom_checkpoint_0.pkl", "random_states_0.pkl",
-                                     "pytorch_model/mp_rank_00_model_states.pt", "scheduler.bin"])
+                                     "pytorch_model/mp_rank_00_model_states.pt", "optimizer.bin"])
 def test_resume_refuses_a_checkpoint_holding_a_pickle_and_runs_none_of_it(tmp_path, planted):
     import pickle
 
@@ -140,8 +140,10 @@ def test_checkpoint_holds_no_pickle_and_resumes_to_the_same_schedule(tmp_path):
     ckpt = out / "checkpoint-3"
     names = sorted(p.name for p in ckpt.iterdir())
     assert not [n for n in names if n.endswith(".pkl")], names
-    assert {"model.safetensors", "optimizer.bin", "scheduler.json", "rng_state_0.json",
-            "rng_state_0.safetensors", STATE_NAME} <= set(names)
+    assert names == sorted(["model.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.json",
+                            "rng_state_0.json", "rng_state_0.safetensors", STATE_NAME])
+    state = json.loads((ckpt / STATE_NAME).read_text())
+    assert (state["world_size"], state["global_batch"]) == (1, 4)
     sched = json.loads((ckpt / "scheduler.json").read_text())
     assert sched["last_epoch"] == 3 and sched["_step_count"] == 4
     for p in ckpt.iterdir():  # the umask's mode, not a temp file's 0600
@@ -213,17 +215,36 @@ def test_resume_keeps_the_output_dir_guard_and_refuses_a_changed_recipe_or_data(
     assert (out / "recipe.json").read_bytes() == recipe_json  # the run's recipe, as it started
 
 
-def test_only_the_weights_only_files_may_be_pickles(tmp_path):
+def test_no_file_of_a_checkpoint_may_be_a_pickle(tmp_path):
     from medusa.errors import CheckpointError
     from medusa.training.checkpoint import check_no_pickles
 
-    for name in (STATE_NAME, "scheduler.json", "model.safetensors", "optimizer.bin", "optimizer_1.bin",
-                 "scaler.pt", "rng_state_0.json"):
+    for name in (STATE_NAME, "scheduler.json", "model.safetensors", "optimizer.safetensors", "optimizer.json",
+                 "scaler.json", "rng_state_0.json", "rng_state_0.safetensors"):
         (tmp_path / name).write_text("x")
-    check_no_pickles(tmp_path)  # read weights_only=True (optimizer, fp16 scaler) or not pickles at all
-    for planted in ("sub/optimizer.bin", "model.bin", "notes.PKL", "custom_checkpoint_1", "x/.metadata"):
+    check_no_pickles(tmp_path)  # safetensors and JSON only
+    for planted in ("optimizer.bin", "scaler.pt", "sub/optimizer.bin", "model.bin", "notes.PKL",
+                    "custom_checkpoint_1", "x/.metadata"):
         (tmp_path / planted).parent.mkdir(exist_ok=True)
         (tmp_path / planted).write_text("x")
         with pytest.raises(CheckpointError, match=f"{planted}: a pickle"):
             check_no_pickles(tmp_path)
         (tmp_path / planted).unlink()
+
+
+def test_resume_keeps_the_global_batch_at_any_number_of_processes(tmp_path):
+    from medusa.training.checkpoint import check_global_batch, resume_changes
+
+    recipe = load_recipe(TINY, []).to_dict()
+    state = {"global_step": 2, "world_size": 2, "global_batch": 4, "recipe": recipe}
+    (tmp_path / STATE_NAME).write_text(json.dumps(state))
+    check_global_batch(state, tmp_path, world=1, batch_size=2, grad_accum=2)  # 2 x 2 x 1 == 1 x 2 x 2
+    check_global_batch(state, tmp_path, world=2, batch_size=2, grad_accum=1)
+    with pytest.raises(ConfigError, match=r"global batch of 4 \(2 process.*this run's is 2 \(1 x 2 x 1\)"):
+        check_global_batch(state, tmp_path, world=1, batch_size=2, grad_accum=1)
+    relaid = {**recipe, "train": {**recipe["train"], "batch_size": 2, "grad_accum": 2}}
+    assert resume_changes(relaid, tmp_path, None, allow=False) == {}  # the layout is check_global_batch's
+    del state["global_batch"]  # an older checkpoint: the batch keys are recipe changes like any other
+    (tmp_path / STATE_NAME).write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match="train.batch_size"):
+        resume_changes(relaid, tmp_path, None, allow=False)

@@ -1,0 +1,113 @@
+"""The trained state of a checkpoint, engine-independent (one process here; DDP and DeepSpeed ZeRO-2/3
+across process counts: tests/integration/test_distributed.py): full tensors, safetensors + JSON only, loaded
+back exactly, and refused with one error naming the difference when it does not fit the running model."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from medusa.errors import CheckpointError
+from medusa.training.engine_state import (
+    OPTIMIZER_JSON,
+    OPTIMIZER_TENSORS,
+    WEIGHTS_NAME,
+    load_engine_state,
+    save_engine_state,
+)
+
+
+class _Accelerator:
+    """What the engine-state functions ask of accelerate's Accelerator, for one process without an engine."""
+
+    distributed_type = "DistributedType.NO"
+    num_processes = 1
+    is_main_process = True
+    scaler = None
+
+    class state:  # noqa: N801 - accelerate's attribute name
+        deepspeed_plugin = None
+
+    @staticmethod
+    def unwrap_model(module: nn.Module) -> nn.Module:
+        return module
+
+
+def _trained(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A module with a frozen part and a buffer, two parameter groups, stepped 3 times."""
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    module[0].weight.requires_grad_(False)
+    module.register_buffer("token_map", torch.arange(5))
+    groups = [{"name": "decay", "params": [module[1].weight], "weight_decay": 0.1},
+              {"name": "no_decay", "params": [module[0].bias, module[1].bias], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=1e-2)
+    for _ in range(3):
+        module(torch.randn(6, 4)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    optimizer.param_groups[0]["lr"] = 3e-3  # as a scheduler leaves it
+    return module, optimizer
+
+
+def test_round_trip_restores_weights_moments_steps_and_learning_rates(tmp_path):
+    module, optimizer = _trained(0)
+    save_engine_state(_Accelerator(), module, optimizer, tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([WEIGHTS_NAME, OPTIMIZER_TENSORS, OPTIMIZER_JSON])
+    moments = load_file(tmp_path / OPTIMIZER_TENSORS)
+    assert sorted(moments) == ["exp_avg/0.bias", "exp_avg/1.bias", "exp_avg/1.weight", "exp_avg_sq/0.bias",
+                               "exp_avg_sq/1.bias", "exp_avg_sq/1.weight"]  # the frozen weight has none
+    meta = json.loads((tmp_path / OPTIMIZER_JSON).read_text())
+    assert (meta["engine"], meta["world_size"], meta["step"]) == ("NO", 1, {"0.bias": 3, "1.weight": 3,
+                                                                            "1.bias": 3})
+
+    other, fresh = _trained(1)  # other values everywhere
+    other[0].weight.data.copy_(module[0].weight)  # the frozen part comes from the base model, not the file
+    load_engine_state(_Accelerator(), other, fresh, tmp_path)
+    for (name, p), q in zip(module.named_parameters(), other.parameters()):
+        assert torch.equal(p, q), name
+    assert [g["lr"] for g in fresh.param_groups] == [3e-3, 1e-2]
+    for p, q in zip(module.parameters(), other.parameters()):
+        if p.requires_grad:
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(optimizer.state[p][key], fresh.state[q][key]), key
+    # the next step is the same step
+    x = torch.randn(6, 4)
+    for m, opt in ((module, optimizer), (other, fresh)):
+        m(x).square().mean().backward()
+        opt.step()
+    for p, q in zip(module.parameters(), other.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_state_that_does_not_fit_is_refused_naming_it(tmp_path):
+    module, optimizer = _trained(0)
+    save_engine_state(_Accelerator(), module, optimizer, tmp_path)
+    bigger = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 5))
+    bigger.register_buffer("token_map", torch.arange(5))
+    bigger[0].weight.requires_grad_(False)
+    groups = [{"name": "decay", "params": [bigger[1].weight]},
+              {"name": "no_decay", "params": [bigger[0].bias, bigger[1].bias]}]
+    with pytest.raises(CheckpointError, match=r"1.weight has shape \(2, 3\), this run's 1.weight \(5, 3\)"):
+        load_engine_state(_Accelerator(), bigger, torch.optim.AdamW(groups), tmp_path)
+
+    fresh_module, fresh = _trained(1)
+    renamed = [{"name": "heads", "params": [fresh_module[1].weight]},
+               {"name": "no_decay", "params": [fresh_module[0].bias, fresh_module[1].bias]}]
+    with pytest.raises(CheckpointError, match="parameter group .* is not this run's 'heads'"):
+        load_engine_state(_Accelerator(), fresh_module, torch.optim.AdamW(renamed), tmp_path)
+
+    weights = load_file(tmp_path / WEIGHTS_NAME)
+    save_file({k: v for k, v in weights.items() if k != "token_map"}, str(tmp_path / WEIGHTS_NAME))
+    with pytest.raises(CheckpointError, match=r"tensors missing \['token_map'\]"):
+        load_engine_state(_Accelerator(), fresh_module, fresh, tmp_path)
+
+    (tmp_path / OPTIMIZER_JSON).write_text('{"format": "something else"}')
+    with pytest.raises(CheckpointError, match="not a medusa-optimizer version 1 file"):
+        load_engine_state(_Accelerator(), fresh_module, fresh, tmp_path)
+    (tmp_path / OPTIMIZER_TENSORS).unlink()
+    with pytest.raises(CheckpointError, match="unreadable trained state"):
+        load_engine_state(_Accelerator(), fresh_module, fresh, tmp_path)
