@@ -80,8 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="no prompt set needed: the model writes N user requests itself (sampled from "
                         "its chat template's user header, deduplicated; kept in <out>.prompts.jsonl), "
                         "then answers them")
-    g.add_argument("--prompt-sentences", type=count(1000), default=1,
-                   help="text documents: first N sentences")
+    g.add_argument("--prompt-sentences", type=count(1000), default=None,
+                   help="text documents: first N sentences (the default rule: 1); a rule given for rows "
+                        "that are not text documents is an error")
     g.add_argument("--prompt-chars", type=count(10**7),
                    help="text documents: first N characters (word boundary)")
     g.add_argument("--prompt-tokens", type=count(10**6), help="text documents: first N tokens")

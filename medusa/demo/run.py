@@ -139,6 +139,18 @@ def run(s: DemoSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
         return _run_stages(s, log)
 
 
+def check_settings(s: DemoSettings) -> None:
+    """The model, and the training recipe with the ``--set`` overrides, checked before the first stage runs
+    (an unknown key or a bad value fails at once, not after the distillation). The training data does not
+    exist yet: the recipe file stands in for it (an override of ``data.train`` is checked as given)."""
+    from medusa.config import load_recipe
+
+    if not (Path(s.model) / "config.json").is_file():
+        raise MedusaError(f"{s.model}: no model there (config.json missing); give --model DIR")
+    load_recipe(s.recipe, [f"model={Path(s.model).resolve()}", f"data.train={s.recipe}",
+                           f"output_dir={Path(s.out) / 'medusa1'}", *s.recipe_overrides])
+
+
 def _run_stages(s: DemoSettings, log: Callable[[str], None]) -> dict[str, Any]:
     import json
 
@@ -146,8 +158,7 @@ def _run_stages(s: DemoSettings, log: Callable[[str], None]) -> dict[str, Any]:
 
     if s.threads is not None:
         torch.set_num_threads(s.threads)
-    if not (Path(s.model) / "config.json").is_file():
-        raise MedusaError(f"{s.model}: no model there (config.json missing); give --model DIR")
+    check_settings(s)
     out = Path(s.out)
     data = out / "data"
     model = str(Path(s.model).resolve())
@@ -218,6 +229,7 @@ def main(s: DemoSettings) -> int:
     import time
 
     t0 = time.perf_counter()
+    check_settings(s)  # before the first line: a bad --set is the one error line
     print(f"medusa demo: {s.model} -> {s.out}")
     summary = run(s)
     out = Path(s.out)
@@ -242,5 +254,5 @@ def main(s: DemoSettings) -> int:
     return 0
 
 
-__all__ = ["DemoSettings", "code_prompts", "comparison_table", "held_out_files", "main", "run",
-           "split_prompts", "stream_one"]
+__all__ = ["DemoSettings", "check_settings", "code_prompts", "comparison_table", "held_out_files", "main",
+           "run", "split_prompts", "stream_one"]

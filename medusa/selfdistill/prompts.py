@@ -73,12 +73,18 @@ def _truncate_chars(text: str, n: int) -> str:
 
 @dataclass
 class PromptOptions:
-    """How a text document becomes a completion prompt (exactly one rule applies; sentences by default)."""
+    """How a text document becomes a completion prompt (at most one rule given; one sentence by default)."""
 
-    prompt_sentences: int = 1
+    prompt_sentences: int | None = None  # None: one sentence
     prompt_chars: int | None = None
     prompt_tokens: int | None = None
     tokenizer: Any = None  # needed for prompt_tokens
+
+    def given(self) -> list[str]:
+        """The options given, as their command-line flags."""
+        return [flag for flag, value in (("--prompt-sentences", self.prompt_sentences),
+                                         ("--prompt-chars", self.prompt_chars),
+                                         ("--prompt-tokens", self.prompt_tokens)) if value is not None]
 
 
 def text_prompt(doc: str, opts: PromptOptions) -> str:
@@ -89,7 +95,7 @@ def text_prompt(doc: str, opts: PromptOptions) -> str:
         return opts.tokenizer.decode(ids, skip_special_tokens=True)
     if opts.prompt_chars is not None:
         return _truncate_chars(doc, opts.prompt_chars)
-    return first_sentences(doc, opts.prompt_sentences)
+    return first_sentences(doc, opts.prompt_sentences or 1)
 
 
 def parse_row(row: Any, fmt: str, opts: PromptOptions) -> tuple[list[dict[str, str]], str]:
@@ -148,6 +154,10 @@ def load_prompts(
                 raise DataError(f"{location}: {exc}") from None
             on_invalid(rid, location, str(exc))
             continue
+        if row_fmt != "text" and opts.given():  # the rule would silently not apply: say so
+            raise DataError(f"{location}: {opts.given()[0]} cuts text documents ({{\"text\": ...}} rows or a "
+                            f".txt file), but this is a {row_fmt!r} row, whose prompt is used whole: drop "
+                            f"{opts.given()[0]}")
         source_format = "prompt" if row_fmt == "prompt_completion" else row_fmt
         prompts.append(Prompt(id=rid, messages=messages, text=text, source_format=source_format))
     return prompts

@@ -12,7 +12,6 @@ counts (and ``ended`` in self-talk).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from medusa.errors import ConfigError, MedusaError
+from medusa.errors import ConfigError, DataError, MedusaError
 from medusa.io import output_lock
 from medusa.selfdistill import synthesize as syn
 from medusa.selfdistill.backends.base import BatchBackend, Sampling, ServerBackend
@@ -44,7 +43,7 @@ class SelfDistillConfig:
     prompt_format: str = "auto"
     split: str = "train"
     limit: int | None = None
-    prompt_sentences: int = 1
+    prompt_sentences: int | None = None  # None: one sentence (at most one of the three is given)
     prompt_chars: int | None = None
     prompt_tokens: int | None = None
     turns: int | None = None
@@ -90,6 +89,9 @@ class SelfDistillConfig:
             raise ConfigError("--backend openai needs --endpoint URL")
         if self.backend == "local" and not self.model:
             raise ConfigError("--backend local needs --model")
+        rules = PromptOptions(self.prompt_sentences, self.prompt_chars, self.prompt_tokens).given()
+        if len(rules) > 1:
+            raise ConfigError(f"{' and '.join(rules)}: give one rule for cutting text documents into prompts")
         if self.synthesize_prompts < 0:
             raise ConfigError(f"--synthesize-prompts must be >= 0, got {self.synthesize_prompts}")
         if self.synthesize_prompts:
@@ -326,10 +328,17 @@ def _write_rows(cfg: SelfDistillConfig, model: Any, tokenizer: Any, opts: Prompt
     backend, synthesis = None, {}
     if cfg.synthesize_prompts:
         backend, synthesis = _synthesize(cfg, model, tokenizer)
+    rejected: list[tuple[str, str, str]] = []  # (source id, location, reason) of each invalid row
+    prompts = load_prompts(cfg.prompts, cfg.prompt_format, opts, cfg.split, cfg.limit,
+                           lambda *row: rejected.append(row))
+    if not prompts:  # before the output is opened: nothing is created for a run that has nothing to do
+        raise DataError(f"{cfg.prompts}: no prompts" + (f" ({len(rejected)} invalid rows; the first, "
+                                                        f"{rejected[0][1]}: {rejected[0][2]})" if rejected
+                                                        else " (it holds no rows)"))
     with ResumableWriter(cfg.out, retry_errors=cfg.retry_errors) as writer:
         invalid: list[str] = []
-        on_invalid = functools.partial(_log_invalid, writer, invalid)
-        prompts = load_prompts(cfg.prompts, cfg.prompt_format, opts, cfg.split, cfg.limit, on_invalid)
+        for row in rejected:
+            _log_invalid(writer, invalid, *row)
         keys = [(p, s) for p in prompts for s in range(cfg.num_samples)]
         todo = [(p, s) for p, s in keys if not writer.skip((p.id, s))]
         summary: dict[str, Any] = {

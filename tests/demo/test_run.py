@@ -6,6 +6,7 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
+import pytest
 from pipeline_helpers import demo_settings as _settings
 
 from tiny_models import STORIES, require_shared
@@ -30,3 +31,21 @@ def test_demo_prompts_come_from_held_out_files_split_by_file(tmp_path):
     texts = {name: {r["prompt"] for r in r_} for name, r_ in rows.items()}
     assert len(rows["bench"]) == 2 and len(rows["calib"]) == 8 and len(rows["distill"]) == 48
     assert not texts["bench"] & texts["distill"] and not texts["calib"] & texts["distill"]
+
+
+def test_settings_are_checked_before_any_stage(tmp_path):
+    """A --set key the recipe does not know, or a bad value, fails before the first stage (nothing is
+    written); the recipe with the demo's own overrides passes although its training data does not exist
+    yet."""
+    from medusa.demo.run import DEFAULT_MODEL, DemoSettings, check_settings
+    from medusa.errors import ConfigError, MedusaError
+
+    out = tmp_path / "demo"
+    check_settings(DemoSettings(out=str(out), recipe_overrides=("train.epochs=1",)))
+    with pytest.raises(ConfigError, match="unknown key foo"):
+        check_settings(DemoSettings(out=str(out), recipe_overrides=("foo.bar=1",)))
+    with pytest.raises(ConfigError, match=r"train\.lr: -1\.0 is out of range"):
+        check_settings(DemoSettings(out=str(out), recipe_overrides=("train.lr=-1",)))
+    with pytest.raises(MedusaError, match="no model there"):
+        check_settings(DemoSettings(model=str(tmp_path), out=str(out)))
+    assert not out.exists() and DEFAULT_MODEL.exists()

@@ -507,6 +507,15 @@ def _alias_bomb(ws: Path) -> list[str]:
     return ["train", str(ws / "bomb.yaml")]
 
 
+def _distill_with(content: str, *extra: str) -> Callable[[Path], list[str]]:
+    def build(ws: Path) -> list[str]:
+        (ws / "my_prompts.jsonl").write_text(content)
+        argv = _distill(ws, ws / "distill.jsonl")
+        argv[argv.index("--prompts") + 1] = str(ws / "my_prompts.jsonl")
+        return argv + list(extra)
+    return build
+
+
 ISSUE_CASES = {
     "prompt_past_positions": (lambda ws: ["generate", "--heads", str(ws / "heads"), "--prompt", "Once upon a",
                                           "--max-new-tokens", "600"],
@@ -546,6 +555,25 @@ ISSUE_CASES = {
     "recipe_alias_bomb": (_alias_bomb, "aliases expand to"),
     "out_name_too_long_once_suffixed": (lambda ws: _distill(ws, ws / ("d" * 250 + ".jsonl")),
                                         "name too long"),
+    # issue 38, second part: lengths past the model's positions, prompt files that give nothing, options that
+    # would silently not apply, a --set that would fail only after two demo stages
+    "train_max_length_past_positions": (lambda ws: ["train", str(ws / "recipe.yaml"), "data.max_length=4096"],
+                                        "data.max_length 4096 exceeds the model's 512 positions"),
+    "calibrate_max_length_past_positions": (lambda ws: ["calibrate", "--heads", str(ws / "heads"), "--data",
+                                                        str(ws / "data.jsonl"), "--quiet", "--max-length",
+                                                        "4096"],
+                                            "--max-length 4096 exceeds the model's 512 positions"),
+    "distill_empty_prompt_file": (_distill_with(""), "my_prompts.jsonl: no prompts (it holds no rows)"),
+    "distill_all_invalid_prompts": (_distill_with('{"foo": 1}\n{"bar": 2}\n'),
+                                    "my_prompts.jsonl: no prompts (2 invalid rows; the first, "),
+    "distill_prompt_chars_on_prompt_rows": (_distill_with('{"prompt": "Once upon a time"}\n',
+                                                          "--prompt-chars", "5"),
+                                            "my_prompts.jsonl:1: --prompt-chars cuts text documents"),
+    "distill_two_prompt_rules": (_distill_with('{"text": "Once upon a time."}\n', "--prompt-chars", "5",
+                                               "--prompt-tokens", "2"),
+                                 "--prompt-chars and --prompt-tokens: give one rule"),
+    "demo_set_unknown_key": (lambda ws: ["demo", "--model", str(ws / "model"), "--out", str(ws / "demo"),
+                                         "--no-progress", "--set", "foo.bar=1"], "unknown key foo"),
 }
 
 

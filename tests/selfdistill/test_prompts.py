@@ -101,3 +101,15 @@ def test_repeated_ids_are_made_unique(tmp_path):
     path = tmp_path / "dup.jsonl"
     path.write_text("".join(json.dumps({"id": "x", "prompt": f"p{i}"}) + "\n" for i in range(3)))
     assert [p.id for p in load_prompts(path)] == ["x", "x#2", "x#3"]
+
+
+def test_a_text_rule_given_for_rows_that_are_not_text_documents_is_an_error(tmp_path):
+    """--prompt-chars / --prompt-sentences / --prompt-tokens cut text documents only: given for a prompt row,
+    they would silently not apply, so the row is named instead; text rows are cut."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"text": "One day, Tom ran. He was fast!"}\n{"prompt": "Once upon a time"}\n')
+    with pytest.raises(DataError, match=r"p\.jsonl:2: --prompt-chars cuts text documents .* 'prompt' row"):
+        load_prompts(path, opts=PromptOptions(prompt_chars=8))
+    assert load_prompts(path, opts=PromptOptions())[1].text == "Once upon a time"  # no rule given: whole
+    path.write_text('{"text": "One day, Tom ran. He was fast!"}\n')
+    assert load_prompts(path, opts=PromptOptions(prompt_chars=8))[0].text == "One day,"
