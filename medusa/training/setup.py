@@ -48,7 +48,9 @@ def check_engine(env: dict[str, str] | None = None, has_device: bool | None = No
     """Refuse launches that accelerate would silently run as something else (raised before any process
     group or model exists). accelerate applies FSDP only on a device backend (its ``AcceleratorState`` turns
     FSDP on for MULTI_GPU / XPU / NPU-class runs): without one, an FSDP launch becomes a run of independent,
-    never-synchronised copies of the model, and ``--cpu`` makes it plain DDP."""
+    never-synchronised copies of the model, and ``--cpu`` makes it plain DDP. accelerate starts several CPU
+    processes only through mpirun: ``--cpu`` (or a MULTI_CPU config) with ``--num_processes N`` and no mpirun
+    starts one process that believes it is alone (its launcher set ``MASTER_ADDR`` and no rank)."""
     env = os.environ if env is None else env
     has_device = _device_backend() if has_device is None else has_device
     if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not has_device:
@@ -57,6 +59,13 @@ def check_engine(env: dict[str, str] | None = None, has_device: bool | None = No
         raise ConfigError(f"FSDP needs a GPU-class device: accelerate {accelerate.__version__} does not "
                           "apply FSDP on a CPU (its processes would train unsynchronised copies); on CPU use "
                           "configs/accelerate/deepspeed_zero3.yaml (sharded) or deepspeed_zero2.yaml")
+    ranked = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+    if (env.get("ACCELERATE_USE_CPU", "false").lower() == "true" and "MASTER_ADDR" in env
+            and not any(name in env for name in ranked)):
+        raise ConfigError("accelerate launch --cpu (or a MULTI_CPU config) with several processes starts "
+                          "only one process here (accelerate starts CPU processes through mpirun only); for "
+                          "data parallel on CPU run accelerate launch --config_file configs/accelerate/"
+                          "cpu.yaml --num_processes N (or unset MASTER_ADDR for one process)")
 
 
 def make_accelerator(recipe: Recipe) -> Any:
@@ -71,9 +80,12 @@ def make_accelerator(recipe: Recipe) -> Any:
     if recipe.report_to != "none":
         kwargs["log_with"] = recipe.report_to
     if "LOCAL_RANK" in os.environ and not _device_backend() and not _flag("ACCELERATE_USE_CPU"):
-        # A torchrun launch (DeepSpeed) on a CPU: accelerate leaves the backend unset there and every process
-        # then takes itself for the only one (num_processes 1, process_index 0); name gloo.
-        kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
+        # A torchrun launch (DeepSpeed, or configs/accelerate/cpu.yaml) on a CPU: accelerate leaves the
+        # backend unset there and every process then takes itself for the only one (num_processes 1, rank 0).
+        if _flag("ACCELERATE_USE_DEEPSPEED"):  # DeepSpeed over gloo
+            kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
+        else:  # data parallel over gloo (accelerate's MULTI_CPU: the module is wrapped in DDP)
+            kwargs["cpu"] = True
     accelerator = Accelerator(**kwargs)
     ds = accelerator.state.deepspeed_plugin
     if ds is not None:  # our data loader is not prepared, so DeepSpeed cannot infer the batch sizes
