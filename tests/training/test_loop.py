@@ -4,6 +4,7 @@ chosen once from the recipe."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,16 +100,21 @@ def test_4bit_backbone_trains_on_cpu(tmp_path, monkeypatch):
     assert all(moved)
 
 
+CPU_CONFIG = ROOT / "configs" / "accelerate" / "cpu.yaml"
+TWO_PROCESSES = re.compile(r"engine: MULTI_CPU, 2 process\(es\); rank (\d) holds")
+
+
 def test_two_process_cpu_launch(tmp_path):
     require_shared(SHARED)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
+           "--num_processes", "2", "--main_process_port", "0", "--mixed_precision", "no",
            "-m", "medusa.train", str(TINY), f"output_dir={tmp_path / 'ddp'}", "train.max_steps=3",
            "train.batch_size=2", "data.max_length=32", "train.logging_steps=1", "train.save_steps=2",
            "data.eval_split=0.0"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(TWO_PROCESSES.findall(proc.stdout)) == ["0", "1"]  # DDP over gloo, a world of 2
     rows = _metrics(tmp_path / "ddp")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert (tmp_path / "ddp" / "checkpoint-2" / "trainer_state.json").is_file()

@@ -5,6 +5,7 @@ QLoRA), two-stage head loading, ZeRO-3-safe head init."""
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -170,13 +171,16 @@ def test_full_finetune_with_quantization_is_refused():
 def test_tiny_full_recipe_two_process_cpu_launch(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "configs" / "accelerate" / "cpu.yaml"), "--num_processes", "2",
+           "--main_process_port", "0", "--mixed_precision", "no",
            "-m", "medusa.train", str(TINY / "medusa2_full.yaml"), f"output_dir={out}", "train.max_steps=3",
            "train.batch_size=2", "data.max_length=32", "train.logging_steps=1", "data.eval_split=0.0",
            "medusa2.self_distill=true"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = re.findall(r"engine: MULTI_CPU, 2 process\(es\); rank (\d) holds", proc.stdout)
+    assert sorted(ranks) == ["0", "1"]  # DDP over gloo, a world of 2
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     loaded = MedusaModel.from_pretrained(out / "final")
