@@ -190,21 +190,24 @@ def _read(folder: Path) -> tuple[Tensors, Tensors, dict[str, Any]]:
 
 def _check_names(folder: Path, weights: Tensors, moments: Tensors,
                  meta: dict[str, Any], expected: dict[str, torch.Size], trained: list[str]) -> None:
-    """Every trained parameter present with its shape, moments and step; groups as many as the optimizer's."""
+    """Every trained parameter present with its shape; its moments and step too, unless it has neither (the
+    optimizer never updated it: no gradient yet)."""
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
     if missing or extra:
         raise CheckpointError(f"train.resume: {folder / WEIGHTS_NAME}: tensors missing {missing[:3]} / "
                               f"unexpected {extra[:3]} for this run's model")
+    steps = meta.get("step") if isinstance(meta.get("step"), dict) else {}
     for name in trained:
-        for key in (name, *(f"{m}/{name}" for m in MOMENTS)):
+        stateless = name not in steps and not any(f"{m}/{name}" in moments for m in MOMENTS)
+        for key in (name,) if stateless else (name, *(f"{m}/{name}" for m in MOMENTS)):
             have = (weights if key == name else moments).get(key)
             if have is None or have.shape != expected[name]:
                 shape = None if have is None else tuple(have.shape)
                 raise CheckpointError(f"train.resume: {folder}: {key} has shape {shape}, this run's "
                                       f"{name} {tuple(expected[name])}")
-        step = meta.get("step", {}).get(name)
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        step = steps.get(name)
+        if not stateless and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
             raise CheckpointError(f"train.resume: {folder / OPTIMIZER_JSON}: step of {name} is {step!r}")
 
 
@@ -229,9 +232,11 @@ def _load_plain(torch_opt: torch.optim.Optimizer, trained: Named, weights: Tenso
     with torch.no_grad():
         for name, p in trained:
             p.copy_(weights[name].to(p.dtype))
-            torch_opt.state[p] = {"step": torch.tensor(float(steps[name])),
-                                  **{m: moments[f"{m}/{name}"].to(p.device, torch.float32).clone()
-                                     for m in MOMENTS}}
+            torch_opt.state.pop(p, None)
+            if name in steps:  # else: never updated, no state yet
+                torch_opt.state[p] = {"step": torch.tensor(float(steps[name])),
+                                      **{m: moments[f"{m}/{name}"].to(p.device, torch.float32).clone()
+                                         for m in MOMENTS}}
 
 
 def _load_zero(zero: Any, torch_opt: torch.optim.Optimizer, trained: Named, weights: Tensors,
@@ -243,11 +248,11 @@ def _load_zero(zero: Any, torch_opt: torch.optim.Optimizer, trained: Named, weig
     from medusa.training.medusa2 import gathered
 
     counts = set(steps.values())
-    if len(counts) != 1:
+    if len(counts) > 1:
         raise CheckpointError(f"train.resume: parameters at different optimizer step counts "
                               f"{sorted(counts)[:4]} cannot be loaded into DeepSpeed ZeRO (one count per "
                               "partition); resume without DeepSpeed")
-    step = torch.tensor(float(counts.pop()))
+    step = torch.tensor(float(counts.pop() if counts else 0))
     flats = getattr(zero, "single_partition_of_fp32_groups", None) or zero.fp32_partitioned_groups_flat
     for flat in flats:  # [partition] fp32: ZeRO-1/2 one per group, ZeRO-3 one per sub-group
         state = torch_opt.state[flat]
@@ -260,8 +265,9 @@ def _load_zero(zero: Any, torch_opt: torch.optim.Optimizer, trained: Named, weig
             with gathered([p], modifier_rank=0):  # the bit16 copy (ZeRO-3: gathered, then re-partitioned)
                 p.copy_(weights[name].to(p.dtype))
             safe_set_full_fp32_param(p, weights[name].to(torch.float32))
-            for m in MOMENTS:
-                safe_set_full_optimizer_state(p, moments[f"{m}/{name}"].to(torch.float32), m)
+            for m in MOMENTS:  # never updated: zero moments, as DeepSpeed keeps them for a gradient-less one
+                value = moments.get(f"{m}/{name}", torch.zeros(weights[name].shape))
+                safe_set_full_optimizer_state(p, value.to(torch.float32), m)
 
 
 def load_engine_state(accelerator: Any, module: nn.Module, optimizer: Any, folder: Path) -> dict[str, Any]:
@@ -277,7 +283,8 @@ def load_engine_state(accelerator: Any, module: nn.Module, optimizer: Any, folde
     torch_opt = _torch_optimizer(optimizer)
     _load_groups(folder, torch_opt, meta.get("param_groups"))
     zero = _zero_optimizer(optimizer)
-    steps = {n: meta["step"][n] for n, _ in trained}
+    saved = meta["step"] if isinstance(meta.get("step"), dict) else {}
+    steps = {n: saved[n] for n, _ in trained if n in saved}
     if zero is None:
         _load_plain(torch_opt, trained, weights, moments, steps)
     else:

@@ -111,3 +111,25 @@ def test_a_state_that_does_not_fit_is_refused_naming_it(tmp_path):
     (tmp_path / OPTIMIZER_TENSORS).unlink()
     with pytest.raises(CheckpointError, match="unreadable trained state"):
         load_engine_state(_Accelerator(), fresh_module, fresh, tmp_path)
+
+
+def test_a_trained_parameter_never_updated_round_trips_without_state(tmp_path):
+    """A trained parameter that got no gradient yet has no AdamW state: saved without moments or step, loaded
+    stateless (not refused); one whose step is missing while its moments are there is refused."""
+    module, optimizer = _trained(0)
+    extra = nn.Parameter(torch.ones(2))  # trained, never in the loss
+    module.register_parameter("unused", extra)
+    optimizer.add_param_group({"name": "unused", "params": [extra]})
+    save_engine_state(_Accelerator(), module, optimizer, tmp_path)
+    assert "unused" not in json.loads((tmp_path / OPTIMIZER_JSON).read_text())["step"]
+    other, fresh = _trained(1)
+    other.register_parameter("unused", nn.Parameter(torch.zeros(2)))
+    fresh.add_param_group({"name": "unused", "params": [other.unused]})
+    load_engine_state(_Accelerator(), other, fresh, tmp_path)
+    assert torch.equal(other.unused, extra) and other.unused not in fresh.state
+
+    meta = json.loads((tmp_path / OPTIMIZER_JSON).read_text())
+    del meta["step"]["1.weight"]
+    (tmp_path / OPTIMIZER_JSON).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="step of 1.weight is None"):
+        load_engine_state(_Accelerator(), other, fresh, tmp_path)
