@@ -254,7 +254,8 @@ def param_groups(
             continue
         seen.add(id(p))
         part = "heads" if id(p) in head_ids else "backbone"
-        no_decay = p.dim() < 2 or id(p) in norm_ids or name.endswith("bias")
+        dims = len(getattr(p, "ds_shape", p.shape))  # a ZeRO-3 partition is 1-D: its full shape counts
+        no_decay = dims < 2 or id(p) in norm_ids or name.endswith("bias")
         buckets[f"{part}_{'no_decay' if no_decay else 'decay'}"].append(p)
     return [{"name": name, "params": params, "lr": lr * lr_multiplier if name.startswith("heads") else lr,
              "weight_decay": 0.0 if name.endswith("no_decay") else weight_decay}

@@ -74,3 +74,21 @@ def test_max_length_past_the_models_positions(tmp_path, capsys):
     recipe = load_recipe(ROOT / "recipes" / "tiny" / "medusa1.yaml", ["data.max_length=512"])
     setup.load_data(recipe, tok, log=lines.append)
     assert len(lines) == 1
+
+
+def test_param_groups_read_a_zero3_partition_by_its_full_shape():
+    """Under ZeRO-3 every parameter is a 1-D partition (``ds_shape`` keeps its shape): a weight matrix stays
+    in the decay group, as in a 1-process run (it fell into no_decay: another optimizer, another group
+    count)."""
+    import torch
+    from torch import nn
+
+    model = nn.Module()
+    model.heads = nn.Linear(2, 2)
+    model.proj = nn.Linear(4, 4)
+    for p in model.proj.parameters():  # what ZeRO-3 leaves in the module: an empty 1-D tensor
+        p.ds_shape = p.shape
+        p.data = torch.empty(0)
+    groups = {g["name"]: g["params"] for g in setup.param_groups(model, lr=1e-3, weight_decay=0.1)}
+    assert groups["backbone_decay"] == [model.proj.weight]
+    assert groups["backbone_no_decay"] == [model.proj.bias]
