@@ -24,6 +24,7 @@ refuses it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,18 @@ def _link_states(zero: Any) -> None:
     if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):
         zero._hp_optimizer_states_linked = False
         zero._lazy_init_hp_params_optimizer_state()
+
+
+def _same_kind(want: Any, got: Any) -> bool:
+    """``got`` (from JSON) can stand for the optimizer's ``want``: a finite number for a number, a bool for a
+    bool, a list as long for a tuple / list, the same for a string or None."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(want, bool) and isinstance(got, bool)
+    if isinstance(want, (int, float)):
+        return isinstance(got, (int, float)) and math.isfinite(got)
+    if isinstance(want, (list, tuple)):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_same_kind, want, got))
+    return type(want) is type(got)
 
 
 def _plain(value: Any) -> bool:
@@ -223,8 +236,12 @@ def _load_groups(folder: Path, torch_opt: torch.optim.Optimizer, saved: Any) -> 
             raise CheckpointError(f"train.resume: {folder / OPTIMIZER_JSON}: parameter group {old!r:.80} is "
                                   f"not this run's {group.get('name')!r}")
         for key, value in old.items():
-            if key in group and _plain(value) and _plain(group[key]):
-                group[key] = tuple(value) if isinstance(group[key], tuple) else value
+            if key not in group or not _plain(group[key]):
+                continue
+            if not _same_kind(group[key], value):
+                raise CheckpointError(f"train.resume: {folder / OPTIMIZER_JSON}: {key} = {value!r:.60} does "
+                                      f"not fit this run's optimizer ({group[key]!r:.60})")
+            group[key] = tuple(value) if isinstance(group[key], tuple) else value
 
 
 def _load_plain(torch_opt: torch.optim.Optimizer, trained: Named, weights: Tensors, moments: Tensors,

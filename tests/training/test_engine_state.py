@@ -133,3 +133,16 @@ def test_a_trained_parameter_never_updated_round_trips_without_state(tmp_path):
     (tmp_path / OPTIMIZER_JSON).write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="step of 1.weight is None"):
         load_engine_state(_Accelerator(), other, fresh, tmp_path)
+
+
+def test_group_settings_of_the_wrong_kind_are_refused(tmp_path):
+    module, optimizer = _trained(0)
+    save_engine_state(_Accelerator(), module, optimizer, tmp_path)
+    meta = json.loads((tmp_path / OPTIMIZER_JSON).read_text())
+    for key, value in (("lr", "0.1; rm -rf /"), ("lr", float("inf")), ("betas", [0.9]), ("amsgrad", 1)):
+        bad = json.loads(json.dumps(meta))
+        bad["param_groups"][0][key] = value
+        (tmp_path / OPTIMIZER_JSON).write_text(json.dumps(bad))
+        other, fresh = _trained(1)
+        with pytest.raises(CheckpointError, match=f"{key} = .* does not fit this run's optimizer"):
+            load_engine_state(_Accelerator(), other, fresh, tmp_path)
