@@ -1,6 +1,8 @@
 """User-facing errors: the CLI prints them as one ``error: ...`` line and exits with status 2."""
 
 import errno
+import os
+import stat
 
 
 class MedusaError(Exception):
@@ -42,3 +44,19 @@ def os_error_line(exc: OSError) -> str:
     if names:
         return f"{' -> '.join(names)}: {reason}"
     return f"{reason} (errno {exc.errno})"
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISREG, "a file"))
+
+
+def path_kind(path: "os.PathLike[str] | str") -> str:
+    """What ``path`` is, in words, for messages: ``a file``, ``a directory``, ``a character device`` (such as
+    /dev/null), ``a block device``, ``a named pipe``, ``a socket``; ``missing`` when nothing is there
+    (symbolic links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    return next((name for test, name in _KINDS if test(mode)), "not a file")

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Iterator
 
-from medusa.errors import MedusaError
+from medusa.errors import MedusaError, path_kind
 
 OVERWRITE_HINT = "pass --overwrite to replace the files this command writes (other files are kept)"
 MANIFEST_NAME = ".medusa-manifest.json"
@@ -70,7 +70,7 @@ def _check_parent(path: Path) -> None:
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise MedusaError(f"{path}: {parent} is a file, not a directory")
+                raise MedusaError(f"{path}: {parent} is {path_kind(parent)}, not a directory")
             return
 
 
@@ -101,8 +101,8 @@ def check_output_file(path: str | Path, overwrite: bool = False,
     :class:`MedusaError` naming it."""
     path = Path(path)
     _check_parent(path)
-    if path.is_dir():
-        raise MedusaError(f"{path}: is a directory; give a file path")
+    if path.exists() and not path.is_file():  # a directory, or /dev/null: never written through or replaced
+        raise MedusaError(f"{path}: is {path_kind(path)}; give a file path")
     for item in inputs:  # the input itself, or a file inside an input directory (a checkpoint read)
         if item is not None and str(item) and Path(item).exists() and _within(path, Path(item)) \
                 and (path.exists() or Path(item).is_dir() or path.resolve() == Path(item).resolve()):
@@ -258,6 +258,37 @@ def output_lock(path: str | Path) -> Iterator[None]:
         os.close(fd)
 
 
+PARTIAL_MARK = ".medusa-partial"  # in a temp folder while a command fills it: the output's name
+
+
+def _mark(folder: Path) -> str | None:
+    try:
+        return (folder / PARTIAL_MARK).read_text(encoding="utf-8") if not folder.is_symlink() else None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Remove the ``.<name>.tmp-*`` folders that killed runs on ``target`` left beside it: only those marked
+    for ``target`` (:data:`PARTIAL_MARK`; the caller holds ``target``'s lock, so no live run fills one)."""
+    import glob
+
+    stale = [p for p in sorted(target.parent.glob(f".{glob.escape(target.name)}.tmp-*"))
+             if _mark(p) == target.name + "\n"]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def _renamed(exc: Exception, tmp: Path, target: Path) -> Exception:
+    """``exc`` naming ``target`` where it named the temp folder ``tmp`` (gone once the command fails)."""
+    if isinstance(exc, OSError) and isinstance(exc.filename, str) and exc.filename.startswith(str(tmp)):
+        return type(exc)(exc.errno, exc.strerror, str(target) + exc.filename[len(str(tmp)):])
+    if isinstance(exc, MedusaError) and str(tmp) in str(exc):
+        return type(exc)(str(exc).replace(str(tmp), str(target)))
+    return exc
+
+
 @contextlib.contextmanager
 def atomic_directory(target: str | Path, overwrite: bool = False, inputs: Iterable[str | Path | None] = (),
                      owns: Iterable[str] = ()) -> Iterator[Path]:
@@ -268,16 +299,26 @@ def atomic_directory(target: str | Path, overwrite: bool = False, inputs: Iterab
     there and this one did not (the manifest), keeping every other file; a written name colliding with a
     file medusa did not write is refused. ``owns``: kept for callers, unused (the manifest decides). A
     ``target`` holding one of ``inputs`` is always refused. If the body raises, the temp directory is
-    removed and ``target`` is left exactly as it was.
+    removed, ``target`` is left exactly as it was, and the error names paths in ``target``'s terms (never the
+    temp directory, which no longer exists). The temp folders of earlier runs on ``target`` that were killed
+    are removed first (:func:`remove_stale_temps`).
     """
     target = Path(target)
     inputs = list(inputs)
     check_output_dir(target, overwrite, inputs)
     with output_lock(target):
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        (tmp / PARTIAL_MARK).write_text(target.name + "\n", encoding="utf-8")
         try:
-            yield tmp
+            try:
+                yield tmp
+            except (OSError, MedusaError) as exc:
+                if _renamed(exc, tmp, target) is exc:
+                    raise
+                raise _renamed(exc, tmp, target) from None
+            (tmp / PARTIAL_MARK).unlink()
             entries = {p.name: None for p in tmp.iterdir()}
             give_umask_mode(tmp)
             if target.is_dir() and any(target.iterdir()):
@@ -295,8 +336,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a file through a temp file + rename so a reader never sees half of it (umask's mode)."""
     path = Path(path)
     _check_parent(path)
-    if path.is_dir():
-        raise MedusaError(f"{path}: is a directory; give a file path")
+    if path.exists() and not path.is_file():
+        raise MedusaError(f"{path}: is {path_kind(path)}; give a file path")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -337,53 +378,3 @@ def read_json(path: str | Path, error_cls: type[MedusaError] = MedusaError) -> A
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error_cls(f"{path}: corrupt JSON ({exc})") from None
-
-
-def read_yaml(path: str | Path, error_cls: type[MedusaError] = MedusaError,
-              loader: type | None = None) -> Any:
-    """The YAML value in ``path`` (safe loader, or ``loader``: a ``yaml.SafeLoader`` subclass); invalid YAML
-    or a key given twice in one mapping raises ``error_cls`` naming the file and line."""
-    import yaml
-
-    class _Loader(loader or yaml.SafeLoader):
-        pass
-
-    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise error_cls(f"{path}:{line}: duplicate key {key!r} (first given on line {seen[key]})")
-            seen[key] = line
-        return loader.construct_mapping(node, deep=deep)
-
-    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    text = read_text(path, error_cls)
-    try:
-        value = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise error_cls(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    size = _expanded_size(value, {})
-    if size > MAX_YAML_VALUES:
-        raise error_cls(f"{path}: its aliases expand to {size:,} values (at most {MAX_YAML_VALUES:,}); "
-                        "write the values out or use fewer nested aliases")
-    return value
-
-
-MAX_YAML_VALUES = 100_000  # a YAML file's values once its aliases are expanded (an alias bomb stops here)
-
-
-def _expanded_size(value: Any, memo: dict[int, int]) -> int:
-    """How many values ``value`` holds with every alias expanded, counted once per distinct container
-    (aliases share one Python object), so a 9^9 bomb is counted in microseconds, never walked."""
-    if not isinstance(value, (dict, list)):
-        return 1
-    key = id(value)
-    if key not in memo:
-        memo[key] = 0  # a recursive alias counts as nothing more while it is being counted
-        items = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
-        memo[key] = 1 + sum(_expanded_size(item, memo) for item in items)
-    return memo[key]

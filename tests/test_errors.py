@@ -22,3 +22,15 @@ def test_user_errors_are_medusa_errors_and_not_value_errors():
 ])
 def test_first_line(exc, line):
     assert first_line(exc) == line
+
+
+def test_path_kind_names_what_is_there(tmp_path):
+    import os
+
+    from medusa.errors import path_kind
+
+    (tmp_path / "f").write_text("x")
+    os.mkfifo(tmp_path / "pipe")
+    assert path_kind(tmp_path / "f") == "a file" and path_kind(tmp_path) == "a directory"
+    assert path_kind(os.devnull) == "a character device" and path_kind(tmp_path / "pipe") == "a named pipe"
+    assert path_kind(tmp_path / "missing") == "missing"

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from medusa.errors import ConfigError, MedusaError
+from medusa.errors import MedusaError
 from medusa.io import (
     MANIFEST_NAME,
     atomic_directory,
@@ -19,7 +19,6 @@ from medusa.io import (
     read_json,
     read_manifest,
     read_text,
-    read_yaml,
     umask,
 )
 
@@ -177,23 +176,49 @@ def test_readers_name_the_file_and_line(tmp_path):
         read_json(tmp_path / "nope.json")
 
 
-def test_yaml_duplicate_keys_are_errors(tmp_path):
-    path = tmp_path / "r.yaml"
-    path.write_text("train:\n  lr: 1\n  epochs: 2\n  lr: 3\n")
-    with pytest.raises(ConfigError, match=r"r.yaml:4: duplicate key 'lr' \(first given on line 2\)"):
-        read_yaml(path, ConfigError)
-    path.write_text("a: {b: 1}\nc: [1, {d: 2}]\n")
-    assert read_yaml(path) == {"a": {"b": 1}, "c": [1, {"d": 2}]}
-    path.write_text("a: [1\n")
-    with pytest.raises(MedusaError, match="r.yaml:2: invalid YAML"):
-        read_yaml(path)
+def test_a_killed_runs_temp_folder_is_removed_by_the_next_run_and_only_it(tmp_path):
+    """A run killed while filling its temp folder leaves ``.out.tmp-*`` behind: the next run on ``out`` (lock
+    held) removes the ones marked for ``out``; a folder without the mark, or marked for another output, is
+    kept."""
+    from medusa.io import PARTIAL_MARK, remove_stale_temps
+
+    out = tmp_path / "out"
+    killed = tmp_path / ".out.tmp-abc123"
+    killed.mkdir()
+    (killed / PARTIAL_MARK).write_text("out\n")
+    (killed / "model.safetensors").write_bytes(b"x" * 1000)
+    users = tmp_path / ".out.tmp-mine"
+    users.mkdir()
+    (users / "keep.txt").write_text("the user's")
+    other = tmp_path / ".out.tmp-x.tmp-live"  # the temp folder of an output named "out.tmp-x"
+    other.mkdir()
+    (other / PARTIAL_MARK).write_text("out.tmp-x\n")
+    with atomic_directory(out) as tmp:
+        (tmp / "a.json").write_text("{}")
+        assert (tmp / PARTIAL_MARK).is_file()
+    assert not killed.exists() and users.is_dir() and other.is_dir()
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST_NAME, "a.json"]  # the mark does not land
+    assert remove_stale_temps(out) == []
 
 
-def test_a_yaml_alias_bomb_fails_fast_naming_the_file(tmp_path):
-    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
-    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]  # 9^9 values
-    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ConfigError, match=r"bomb.yaml: its aliases expand to [\d,]+ values \(at most"):
-        read_yaml(tmp_path / "bomb.yaml", ConfigError)
-    (tmp_path / "ok.yaml").write_text("base: &b {lr: 1}\ntrain: *b\neval: *b\n")  # ordinary anchors load
-    assert read_yaml(tmp_path / "ok.yaml") == {"base": {"lr": 1}, "train": {"lr": 1}, "eval": {"lr": 1}}
+def test_an_error_inside_the_temp_folder_names_the_output(tmp_path):
+    """The temp folder is gone once the command fails: its error names the path in the output instead."""
+    import errno
+
+    out = tmp_path / "out"
+    with pytest.raises(OSError) as info:
+        with atomic_directory(out) as tmp:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model.safetensors"))
+    assert info.value.filename == str(out / "model.safetensors") and info.value.errno == errno.ENOSPC
+    with pytest.raises(MedusaError, match=f"^{out / 'x.json'}: bad$"):
+        with atomic_directory(out) as tmp:
+            raise MedusaError(f"{tmp / 'x.json'}: bad")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_device_is_never_an_output_file(tmp_path):
+    """/dev/null is neither a file nor a directory: refused by name (a rename would replace the device)."""
+    with pytest.raises(MedusaError, match=f"^{os.devnull}: is a character device; give a file path$"):
+        check_output_file(os.devnull, overwrite=True)
+    with pytest.raises(MedusaError, match="is a character device; give a file path"):
+        atomic_write_text(os.devnull, "{}")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import USER_ERRNOS, MedusaError, os_error_line
+from medusa.errors import USER_ERRNOS, MedusaError, os_error_line, path_kind
 
 # The subcommands, in the order `medusa --help` lists them (module names under medusa/cli/).
 COMMANDS = ("info", "heads", "self_distill", "train", "cache_hidden", "calibrate", "export", "import_",
@@ -112,9 +112,11 @@ class PathKind:
         if not path.exists():
             raise argparse.ArgumentTypeError(f"{path}: not found")
         if want == "file" and not path.is_file():
-            raise argparse.ArgumentTypeError(f"{path}: is a directory, expected a file")
+            raise argparse.ArgumentTypeError(f"{path}: is {path_kind(path)}, expected a file")
         if want == "dir" and not path.is_dir():
-            raise argparse.ArgumentTypeError(f"{path}: is a file, expected a directory")
+            raise argparse.ArgumentTypeError(f"{path}: is {path_kind(path)}, expected a directory")
+        if not (path.is_file() or path.is_dir()):  # /dev/null, a pipe: reads as nothing, or blocks
+            raise argparse.ArgumentTypeError(f"{path}: is {path_kind(path)}, expected a file or a directory")
         try:  # really open it: os.access asks about the real, not the effective, user
             if path.is_dir():
                 os.listdir(path)
@@ -151,7 +153,7 @@ class PathKind:
                 self._model_config(path)
         elif self.kind == "tree" and text not in ("dynamic", "dynamic-raw", "lookup"):
             self._must(path, "file")
-        elif self.kind == "template" and text.endswith((".jinja", ".j2")):
+        elif self.kind == "template" and (text.endswith((".jinja", ".j2")) or looks_local):
             self._must(path, "file")
         return text
 

@@ -21,8 +21,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                           "give a new or empty --out")
     check_output_dir(out, overwrite=True, inputs=[args.model, args.recipe])
     if args.recipe:  # read now: the stages before training must not run for a recipe that cannot be read
+        from medusa.config.parse import read_yaml
         from medusa.errors import ConfigError
-        from medusa.io import read_yaml
 
         read_yaml(args.recipe, ConfigError)
     s = DemoSettings(out=args.out, threads=args.threads, timing_threads=args.timing_threads, nodes=args.nodes,

@@ -24,8 +24,8 @@ import yaml
 
 from medusa.config.schema import Recipe
 from medusa.config.validate import validate
-from medusa.errors import ConfigError
-from medusa.io import read_yaml
+from medusa.errors import ConfigError, MedusaError
+from medusa.io import read_text
 
 # `1e-4` (no dot): PyYAML (YAML 1.1) leaves it a string; the recipe reads it as a number.
 FLOAT_RE = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
@@ -143,6 +143,57 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         tp = hints[key]
         kwargs[key] = _build(tp, value, f"{full}.") if _is_dataclass_type(tp) else _coerce(value, tp, full)
     return cls(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------- YAML
+def read_yaml(path: str | Path, error_cls: type[MedusaError] = MedusaError,
+              loader: type | None = None) -> Any:
+    """The YAML value in ``path`` (safe loader, or ``loader``: a ``yaml.SafeLoader`` subclass); invalid YAML
+    or a key given twice in one mapping raises ``error_cls`` naming the file and line; aliases that expand
+    past :data:`MAX_YAML_VALUES` values (an alias bomb) too."""
+
+    class _Loader(loader or yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise error_cls(f"{path}:{line}: duplicate key {key!r} (first given on line {seen[key]})")
+            seen[key] = line
+        return loader.construct_mapping(node, deep=deep)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    text = read_text(path, error_cls)
+    try:
+        value = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise error_cls(f"{path}{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    size = _expanded_size(value, {})
+    if size > MAX_YAML_VALUES:
+        raise error_cls(f"{path}: its aliases expand to {size:,} values (at most {MAX_YAML_VALUES:,}); "
+                        "write the values out or use fewer nested aliases")
+    return value
+
+
+MAX_YAML_VALUES = 100_000  # a YAML file's values once its aliases are expanded (an alias bomb stops here)
+
+
+def _expanded_size(value: Any, memo: dict[int, int]) -> int:
+    """How many values ``value`` holds with every alias expanded, counted once per distinct container
+    (aliases share one Python object), so a 9^9 bomb is counted in microseconds, never walked."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    key = id(value)
+    if key not in memo:
+        memo[key] = 0  # a recursive alias counts as nothing more while it is being counted
+        items = list(value.keys()) + list(value.values()) if isinstance(value, dict) else value
+        memo[key] = 1 + sum(_expanded_size(item, memo) for item in items)
+    return memo[key]
 
 
 # ---------------------------------------------------------------------------------------- overrides

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import DataError, first_line
+from medusa.errors import DataError, first_line, path_kind
 from medusa.io import read_text
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -193,6 +193,8 @@ def read_rows(source: str | Path, split: str = "train") -> Iterator[tuple[str, A
         raise DataError(f"{path}: is a directory, expected a {path.suffix} file")
     elif path.is_dir():
         yield from _dataset_rows(str(path), split)
+    elif path.exists():  # /dev/null, a pipe, a socket
+        raise DataError(f"{path}: is {path_kind(path)}, expected a data file or a dataset directory")
     elif source.startswith((".", "/", "~")) or path.suffix.lower() in DATA_SUFFIXES:
         raise DataError(f"{source}: file not found")
     else:
@@ -334,7 +336,8 @@ def read_prompts(path: str | Path) -> list[str]:
     of a row of any format (``turns[0]`` of MT-bench), or its ``question``."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: is a directory, expected a file" if path.is_dir() else f"{path}: not found")
+        raise DataError(f"{path}: is {path_kind(path)}, expected a file" if path.exists()
+                        else f"{path}: not found")
     if path.suffix.lower() in (".jsonl", ".json"):
         prompts = [_first_prompt(where, row) for where, row in read_rows(path)]
     else:

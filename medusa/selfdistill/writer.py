@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from medusa.errors import DataError
+from medusa.errors import DataError, path_kind
 from medusa.io import atomic_write_text
 
 Key = tuple[str, int]
@@ -82,8 +82,8 @@ def read_keys(path: Path, what: str) -> tuple[set[Key], dict[str, Any] | None, b
     first_meta = None
     if not path.exists():
         return keys, None, None
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory; --out must be a JSONL file path")
+    if not path.is_file():
+        raise DataError(f"{path}: is {path_kind(path)}; --out must be a JSONL file path")
     data = path.read_bytes()
     lines = data.split(b"\n")
     partial = _partial_row(lines[-1], what)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from medusa.config import load_recipe, parse_value
-from medusa.config.parse import FLOAT_RE, BoolWord
-from medusa.errors import ConfigError
+from medusa.config.parse import FLOAT_RE, BoolWord, read_yaml
+from medusa.errors import ConfigError, MedusaError
 
 from tiny_models import SHARED, require_shared
 
@@ -95,3 +95,25 @@ def test_yaml_bool_words_in_a_recipe_file(tmp_path):
     assert load_recipe(recipe).train.mixed_precision == "no"
     recipe.write_text(TINY.read_text().replace("data:\n", "data:\n  skip_invalid: on\n", 1))
     assert load_recipe(recipe).data.skip_invalid is True
+
+
+def test_yaml_duplicate_keys_are_errors(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("train:\n  lr: 1\n  epochs: 2\n  lr: 3\n")
+    with pytest.raises(ConfigError, match=r"r.yaml:4: duplicate key 'lr' \(first given on line 2\)"):
+        read_yaml(path, ConfigError)
+    path.write_text("a: {b: 1}\nc: [1, {d: 2}]\n")
+    assert read_yaml(path) == {"a": {"b": 1}, "c": [1, {"d": 2}]}
+    path.write_text("a: [1\n")
+    with pytest.raises(MedusaError, match="r.yaml:2: invalid YAML"):
+        read_yaml(path)
+
+
+def test_a_yaml_alias_bomb_fails_fast_naming_the_file(tmp_path):
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]  # 9^9 values
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"bomb.yaml: its aliases expand to [\d,]+ values \(at most"):
+        read_yaml(tmp_path / "bomb.yaml", ConfigError)
+    (tmp_path / "ok.yaml").write_text("base: &b {lr: 1}\ntrain: *b\neval: *b\n")  # ordinary anchors load
+    assert read_yaml(tmp_path / "ok.yaml") == {"base": {"lr": 1}, "train": {"lr": 1}, "eval": {"lr": 1}}

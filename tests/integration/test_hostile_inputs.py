@@ -1,6 +1,6 @@
 """The hostile-input matrix, generated from the command line itself: for every command, every path argument
 (its :class:`~medusa.cli.PathKind` says what it must be) gets the cases missing / wrong kind / non-empty /
-the folder holding the inputs / non-UTF-8 content / unreadable, and every numeric option (a
+the folder holding the inputs / non-UTF-8 content / unreadable / /dev/null, and every numeric option (a
 :class:`~medusa.cli.Bounded`) 0, negative, absurdly large, nan and its bounds' neighbours; the training
 recipe's path keys and numeric keys get the same treatment through ``key=value`` overrides.
 
@@ -205,9 +205,15 @@ def _unreadable(ws: Path, kind: str, dest: str) -> Path | None:
     return path
 
 
+def _device(ws: Path, kind: str, dest: str) -> Path | None:
+    """/dev/null, which is neither a file nor a directory: an input that reads as nothing, an output that a
+    rename would replace (the device itself, as root)."""
+    return Path(os.devnull)
+
+
 CASES: dict[str, Callable[[Path, str, str], Path | None]] = {
     "missing": _missing, "wrong_kind": _wrong_kind, "non_empty": _non_empty, "own_folder": _own_folder,
-    "non_utf8": _non_utf8, "unreadable": _unreadable}
+    "non_utf8": _non_utf8, "unreadable": _unreadable, "device": _device}
 
 
 # ----------------------------------------------------------------------------------------- the generator
@@ -247,7 +253,7 @@ def _applies(name: str, kind: str) -> bool:
         for item in ("prompts.txt", "data.jsonl", "tree.json", "recipe.yaml"):
             (ws / item).write_text("x\n")
         path = CASES[name](ws, kind, "x")
-        if path is not None and path.exists():
+        if path is not None and path.exists() and ws in path.parents:  # never /dev/null's mode
             os.chmod(path, 0o755)
         return path is not None
 
