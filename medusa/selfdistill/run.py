@@ -169,8 +169,13 @@ def _check_resumable(cfg: SelfDistillConfig, writer: ResumableWriter, model_name
     if "sampling" in meta:  # recorded in every row this version writes
         checks.append(("sampling", cfg.sampling.to_dict()))
     for key, value in checks:
-        if meta.get(key) != value:
-            raise MedusaError(f"{cfg.out} already holds rows with {key} {meta.get(key)!r}, not {value!r}: "
+        had = meta.get(key)
+        if had != value:
+            if isinstance(had, dict) and isinstance(value, dict):  # name only the settings that differ
+                names = sorted(set(had) | set(value), key=str)
+                had = {k: had.get(k) for k in names if had.get(k) != value.get(k)}
+                value = {k: value.get(k) for k in had}
+            raise MedusaError(f"{cfg.out} already holds rows with {key} {had!r}, not {value!r}: "
                               "rows made with other settings are not appended; use another --out to start "
                               "a new file")
 

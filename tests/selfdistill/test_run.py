@@ -163,8 +163,9 @@ def test_rows_made_with_other_sampling_settings_are_not_appended(tmp_path):
     before = (tmp_path / "out.jsonl").read_bytes()
     other = _cfg(tmp_path, mode="replay")
     other.sampling = Sampling(temperature=0.3, max_new_tokens=other.sampling.max_new_tokens)
-    with pytest.raises(MedusaError, match="already holds rows with sampling .* not appended"):
-        self_distill(other, model=tiny_chat_model(), tokenizer=chat_tokenizer())
+    differing = r"sampling \{'seed': 1, 'temperature': 0\.8\}, not \{'seed': 0, 'temperature': 0\.3\}: "
+    with pytest.raises(MedusaError, match=f"already holds rows with {differing}rows made with other"):
+        self_distill(other, model=tiny_chat_model(), tokenizer=chat_tokenizer())  # the differing ones only
     assert (tmp_path / "out.jsonl").read_bytes() == before
     s = self_distill(_cfg(tmp_path, mode="replay"), model=tiny_chat_model(), tokenizer=chat_tokenizer())
     assert s["written"] == 1  # the same settings resume
