@@ -108,16 +108,20 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree,
 
 
 def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree,
-                  warp: Warp | None = None, generator: torch.Generator | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Lossless recursive rejection sampling over siblings (proposals are the heads' deterministic top-k).
+                  warp: Warp | None = None, generator: torch.Generator | None = None,
+                  draft_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless recursive rejection sampling over siblings.
 
     At the current node with target distribution p (the warped base distribution there), try its children
-    in rank order: accept child token x with probability ``p_res(x) / sum(p_res)``; on rejection set
-    ``p_res(x) = 0`` and try the next sibling. When a child is accepted, move to it; when all are rejected
-    (or the node has no children) the next token is sampled from ``p_res``. Each emitted token is therefore
-    distributed exactly as ``p``: the output equals the base model's ``generate(do_sample=True)`` in law.
-    ``logits`` are the (already processed) scores at each node; ``warp`` maps them to sampling scores.
+    in rank order. With deterministic drafts (``draft_probs`` None: the heads' top-k, lookup chains) each
+    child is a point mass: accept its token x with probability ``p_res(x) / sum(p_res)``; on rejection set
+    ``p_res(x) = 0`` and try the next sibling. With sampled drafts, ``draft_probs [B, N, V]`` holds the
+    distribution ``q`` each child was drawn from (given the siblings drawn before it): accept x with
+    probability ``min(1, p_res(x) / q(x))`` (``p_res`` normalised); on rejection ``p_res = max(p_res - q,
+    0)``. When a child is accepted, move to it; when all are rejected (or the node has no children) the
+    next token is sampled from ``p_res``. Each emitted token is therefore distributed exactly as ``p``: the
+    output equals the base model's ``generate(do_sample=True)`` in law. ``logits`` are the (already
+    processed) scores at each node; ``warp`` maps them to sampling scores.
     """
     b = logits.shape[0]
     device = logits.device
@@ -137,10 +141,17 @@ def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree,
             tok = tokens.gather(1, child.clamp(min=0).view(b, 1))  # [B, 1]
             p_tok = p.gather(1, tok).view(b)
             u = torch.rand(b, device=device, generator=generator)
-            accept = cand & (u * p.sum(dim=-1) < p_tok)
-            reject = cand & ~accept
+            if draft_probs is None:  # a point mass on tok
+                accept = cand & (u * p.sum(dim=-1) < p_tok)
+                reject = cand & ~accept
+                p.scatter_(1, tok, torch.where(reject, torch.zeros_like(p_tok), p_tok).view(b, 1))
+            else:
+                q = draft_probs[rows, child.clamp(min=0)]  # [B, V] what the child was drawn from
+                total = p.sum(dim=-1)  # [B]
+                accept = cand & (u * q.gather(1, tok).view(b) * total < p_tok)
+                reject = cand & ~accept
+                p = torch.where(reject.view(b, 1), (p / total.view(b, 1) - q).clamp(min=0), p)
             chosen = torch.where(accept, child, chosen)
-            p.scatter_(1, tok, torch.where(reject, torch.zeros_like(p_tok), p_tok).view(b, 1))
         stop = active & (chosen < 0)
         residual = torch.where(stop.view(b, 1), p, residual)
         moved = active & (chosen >= 0)
@@ -165,9 +176,10 @@ class Progress:
 
 @dataclass
 class Scorer:
-    """Logits processors + the acceptance rule of one run, built once. ``scorer(logits, tokens, tree)``:
-    each node's logits ``[B, N, V]`` processed with its own prefix, then the rule (greedy, sample or
-    typical) -> ``(path [B, D+1], n_accepted [B], next_token [B])``. ``greedy_rule``: :func:`greedy_accept`
+    """Logits processors + the acceptance rule of one run, built once. ``scorer(logits, tokens, tree,
+    draft_probs)``: each node's logits ``[B, N, V]`` processed with its own prefix, then the rule (greedy,
+    sample — with the proposal's ``draft_probs`` when its drafts were sampled — or typical) ->
+    ``(path [B, D+1], n_accepted [B], next_token [B])``. ``greedy_rule``: :func:`greedy_accept`
     or its compiled wrapper (:func:`medusa.decoding.compiled.compiled_scorer`)."""
 
     gen: Generation
@@ -193,8 +205,8 @@ class Scorer:
         probs = torch.softmax(warp_scores(self.gen, scores), dim=-1)
         return torch.multinomial(probs, 1, generator=self.generator).view(-1)
 
-    def __call__(self, logits: torch.Tensor, tokens: torch.Tensor, tree: VerifyTree
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(self, logits: torch.Tensor, tokens: torch.Tensor, tree: VerifyTree,
+                 draft_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         gen, run = self.gen, self.progress
         scores = logits
         if gen.needs_ids:
@@ -205,7 +217,8 @@ class Scorer:
             return self.greedy_rule(scores, tokens, tree)
         warp = functools.partial(warp_scores, gen)
         if self.acceptance == "sample":
-            return sample_accept(scores.float(), tokens, tree, warp, generator=self.generator)
+            return sample_accept(scores.float(), tokens, tree, warp, generator=self.generator,
+                                 draft_probs=draft_probs)
         threshold, alpha = self.typical
         return typical_accept(scores.float(), tokens, tree, warp, gen.temperature, threshold, alpha,
                               generator=self.generator)

@@ -9,12 +9,20 @@ propose(root)                        the root's expansion g (last catch-up outpu
                                      the `num_nodes - 1` best nodes of the pool form the row's tree
 observe(kept, keep, next_root, f)    drop the drafted entries, catch up over the kept path's base features
 ```
-Every row drafts its own tree (a per-row tree, verified in the one forward like a dynamic tree). The drafts
-are deterministic given the context (top-k), so "sample" acceptance's recursive rejection over point-mass
-siblings keeps the base model's distribution; ``draft_probs`` stays None.
+Every row drafts its own tree (a per-row tree, verified in the one forward like a dynamic tree). Greedy and
+typical decoding draft each node's top-``branch`` children (deterministic: "sample" acceptance could treat
+them as point masses). With :class:`DraftSampling` ("sample" acceptance) the children are *sampled* from the
+drafter's distribution q (its softmax at the run's temperature) without replacement (Gumbel top-k: child r
+is drawn from q with children 0..r-1 removed, ``q_r``), and ``Proposal.draft_probs [B, N, V]`` carries each
+node's ``q_r``, so recursive rejection accepts child x with probability ``min(1, p(x) / q_r(x))``
+(:func:`medusa.decoding.acceptance.sample_accept`). That stays lossless only if whether a node is in the
+tree does not depend on the node's own token: in sampling mode the pool is ranked by the *parent's*
+cumulative score (then depth, then sibling order), so a node's place is fixed before it is drawn.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +30,15 @@ from medusa.decoding.lookup import MAX_NGRAM, LookupContext, hybrid_tree, lookup
 from medusa.decoding.trees import Proposal, RowTrees, tree_structure
 from medusa.errors import MedusaError
 from medusa.tree.draft_tree import DraftTreeShape
+
+
+@dataclass
+class DraftSampling:
+    """Sampled drafting ("sample" acceptance): children drawn from ``softmax(draft logits / temperature)``
+    with ``generator``."""
+
+    temperature: float = 1.0
+    generator: torch.Generator | None = None
 
 
 def _float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -38,9 +55,9 @@ class Eagle3Proposer:
     far the lookup context can grow and ``trim`` cuts each step's chain to the rows' longest valid one."""
 
     def __init__(self, heads: torch.nn.Module, shape: DraftTreeShape, dtype: torch.dtype, room: int = 0,
-                 trim: bool = False) -> None:
+                 trim: bool = False, sampling: DraftSampling | None = None) -> None:
         self.heads, self.tree, self.dtype = heads, shape, dtype
-        self.room, self.trim = room, trim
+        self.room, self.trim, self.sampling = room, trim, sampling
         self.cache = heads.new_cache()
         self.valid: torch.Tensor | None = None  # [B, S] bool
         self.pos: torch.Tensor | None = None  # [B] the root's position
@@ -107,33 +124,57 @@ class Eagle3Proposer:
 
     # ------------------------------------------------------------------ one step's tree
     def _children(self, g: torch.Tensor, base_score: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``g [B, E, d]`` -> the top-``branch`` children of each: scores, target ids ``[B, E * branch]``."""
-        logp = torch.log_softmax(self.heads.logits(g).float(), dim=-1)  # [B, E, N]
-        top = logp.topk(self.tree.branch, dim=-1)
-        scores = base_score.unsqueeze(-1) + top.values  # [B, E, c]
-        return scores.flatten(1), self.heads.to_target(top.indices).flatten(1)
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``g [B, E, d]`` -> ``branch`` children of each: scores and target ids ``[B, E * branch]``, and
+        with sampling each child's ``q_r`` over the draft vocabulary ``[B, E * branch, N]`` (else None)."""
+        logits = self.heads.logits(g).float()  # [B, E, N]
+        c = self.tree.branch
+        if self.sampling is None:
+            top = torch.log_softmax(logits, dim=-1).topk(c, dim=-1)
+            scores = base_score.unsqueeze(-1) + top.values  # [B, E, c]
+            return scores.flatten(1), self.heads.to_target(top.indices).flatten(1), None
+        logq = torch.log_softmax(logits / self.sampling.temperature, dim=-1)  # [B, E, N]
+        u = torch.rand(logq.shape, generator=self.sampling.generator, device=logq.device)
+        gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+        picked = (logq + gumbel).topk(c, dim=-1).indices  # [B, E, c] a sample without replacement, in order
+        q = logq.exp()
+        seen = torch.zeros_like(q)  # the children drawn before, removed from q
+        q_r = []
+        for r in range(c):
+            rest = q * (1 - seen)
+            q_r.append(rest / rest.sum(dim=-1, keepdim=True))  # [B, E, N]
+            seen.scatter_(-1, picked[..., r:r + 1], 1.0)
+        q_rank = torch.stack(q_r, dim=2)  # [B, E, c, N]
+        scores = base_score.unsqueeze(-1) + logq.gather(-1, picked)  # [B, E, c]
+        return (scores.flatten(1), self.heads.to_target(picked).flatten(1),
+                q_rank.flatten(1, 2))  # [B, E * c, N]
 
     @torch.no_grad()
     def propose(self, root: torch.Tensor, hidden: torch.Tensor | None = None) -> Proposal:
         """This step's tree under ``root [B]`` (``hidden`` unused: the drafter keeps its own context)."""
         if self.g_root is None:
             raise MedusaError("Eagle3Proposer.propose before prefill: the drafter has no context")
-        tokens, trees = self._draft(root)
+        tokens, trees, q = self._draft(root)
         if self.context is None:
-            return Proposal(tokens, trees)
+            return Proposal(tokens, trees, q)
         chain, valid = lookup_chain(self.context, trees.depth + self.tree.lookup_tokens, MAX_NGRAM)
         merged = hybrid_tree(tokens, trees, chain, valid, self.tree.lookup_tokens, self.trim)
-        return Proposal(tokens, trees) if merged is None else Proposal(merged.tokens, merged)
+        if merged is None:
+            return Proposal(tokens, trees, q)
+        if q is not None:  # the chain's nodes are point masses on their tokens
+            chain_q = torch.zeros(q.shape[0], merged.num_nodes - q.shape[1], q.shape[2], device=q.device)
+            q = torch.cat([q, chain_q.scatter_(2, merged.tokens[:, q.shape[1]:, None], 1.0)], dim=1)
+        return Proposal(merged.tokens, merged, q)
 
-    def _draft(self, root: torch.Tensor) -> tuple[torch.Tensor, RowTrees]:
-        """The drafted tree's tokens ``[B, N]`` and per-row structure (the pool grown level by level)."""
+    def _draft(self, root: torch.Tensor) -> tuple[torch.Tensor, RowTrees, torch.Tensor | None]:
+        """The drafted tree's tokens ``[B, N]``, per-row structure (the pool grown level by level) and, with
+        sampling, each node's ``q_r`` over the target vocabulary ``[B, N, V]`` (the root's row zero)."""
         tree, heads = self.tree, self.heads
         b, c = root.shape[0], tree.branch
         device = root.device
         s0 = self.cache.length
-        score, token = self._children(self.g_root.unsqueeze(1), torch.zeros(b, 1, device=device))
-        pool_score, pool_token = [score], [token]  # each [B, c_l]
+        score, token, q = self._children(self.g_root.unsqueeze(1), torch.zeros(b, 1, device=device))
+        pool_score, pool_token, pool_q = [score], [token], [q]  # each [B, c_l] ([B, c_l, N])
         pool_parent = [torch.full((b, c), -1, dtype=torch.long, device=device)]  # pool index, -1 = root
         level_g = self.g_root.unsqueeze(1).expand(b, c, -1)  # [B, c, d] hidden input of each new node
         level_start, anc = 0, torch.zeros(b, 0, 0, dtype=torch.bool, device=device)  # [B, E, E]
@@ -155,7 +196,7 @@ class Eagle3Proposer:
                             level_g.gather(1, sel.unsqueeze(-1).expand(-1, -1, level_g.shape[-1])),
                             (self.pos + depth - 1).view(b, 1).expand(b, e),
                             _float_mask(allowed, heads.fc.weight.dtype), self.cache)  # [B, e, d]
-            score, token = self._children(g, pool_score[-1].gather(1, sel))
+            score, token, q = self._children(g, pool_score[-1].gather(1, sel))
             offset = level_start + pool_score[-1].shape[1]
             pool_parent.append((level_start + sel).repeat_interleave(c, dim=1))  # [B, e * c]
             entry_of_parent = (n_old + torch.arange(e, device=device)).repeat_interleave(c).expand(b, -1)
@@ -163,20 +204,45 @@ class Eagle3Proposer:
             level_start = offset
             pool_score.append(score)
             pool_token.append(token)
+            pool_q.append(q)
         self.cache.truncate(s0)
-        return self._tree(root, pool_score, pool_token, pool_parent)
+        tokens, trees, picked = self._tree(root, pool_score, pool_token, pool_parent)
+        if self.sampling is None:
+            return tokens, trees, None
+        return tokens, trees, self._node_q(torch.cat(pool_q, dim=1), picked)
+
+    def _node_q(self, pool_q: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+        """The picked nodes' ``q_r`` (``pool_q [B, P, N]`` over the draft vocabulary, ``picked [B, N-1]``) on
+        the target vocabulary, a zero row for the root: ``[B, N, V]``."""
+        b, m = picked.shape
+        q = pool_q.gather(1, picked.unsqueeze(-1).expand(b, m, pool_q.shape[2]))  # [B, N-1, N_draft]
+        full = torch.zeros(b, m + 1, self.heads.vocab_size, device=q.device)  # [B, N, V]
+        token_map = self.heads.token_map
+        if token_map is None:
+            full[:, 1:] = q
+        else:
+            full[:, 1:].scatter_(2, token_map.view(1, 1, -1).expand(b, m, -1), q)
+        return full
 
     def _tree(self, root: torch.Tensor, pool_score: list[torch.Tensor], pool_token: list[torch.Tensor],
-              pool_parent: list[torch.Tensor]) -> tuple[torch.Tensor, RowTrees]:
-        """The ``num_nodes - 1`` best pool nodes (a parent always outranks its child: scores are cumulative
-        log-probabilities, ties broken toward the shallower node) in level order under the root."""
+              pool_parent: list[torch.Tensor]) -> tuple[torch.Tensor, RowTrees, torch.Tensor]:
+        """The ``num_nodes - 1`` best pool nodes in level order under the root (and their pool indices
+        ``[B, N-1]``). Ranked by the node's cumulative log-probability (top-k drafting) or, with sampling, by
+        its parent's (a node's place must not depend on its own sampled token); ties go to the shallower
+        node, then the earlier sibling, so a parent always outranks its child."""
         tree = self.tree
         b, n = root.shape[0], tree.num_nodes
         device = root.device
         levels = torch.cat([torch.full((s.shape[1],), d, dtype=torch.long, device=device)
                             for d, s in enumerate(pool_score, start=1)])  # [P]
-        score = torch.cat(pool_score, dim=1) - 1e-6 * levels  # [B, P]
         token, parent = torch.cat(pool_token, dim=1), torch.cat(pool_parent, dim=1)  # [B, P]
+        if self.sampling is None:
+            score = torch.cat(pool_score, dim=1) - 1e-6 * levels  # [B, P]
+        else:
+            own = torch.cat(pool_score, dim=1).double()  # [B, P]
+            parent_score = torch.where(parent >= 0, own.gather(1, parent.clamp(min=0)), 0.0)  # [B, P]
+            rank = torch.cat([torch.arange(s.shape[1], device=device) % tree.branch for s in pool_score])
+            score = parent_score - 1e-6 * levels - 1e-9 * rank  # [B, P] float64
         picked = score.topk(n - 1, dim=-1).indices.sort(dim=-1).values  # [B, N-1] level order
         where = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=device)  # pool + 1 -> node
         where.scatter_(1, picked + 1, torch.arange(1, n, device=device).expand(b, n - 1))
@@ -184,7 +250,7 @@ class Eagle3Proposer:
         parents = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device),
                              where.gather(1, parent.gather(1, picked) + 1)], dim=1)  # [B, N]
         depths = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), levels[picked]], dim=1)
-        return tokens, tree_structure(tokens, parents, depths, tree.depth, tree.branch, self.dtype)
+        return tokens, tree_structure(tokens, parents, depths, tree.depth, tree.branch, self.dtype), picked
 
 
-__all__ = ["Eagle3Proposer"]
+__all__ = ["DraftSampling", "Eagle3Proposer"]

@@ -16,6 +16,7 @@ import torch
 from medusa.config.enums import ACCEPTANCE
 from medusa.decoding.acceptance import Progress, Scorer
 from medusa.decoding.compiled import compact_function, compiled_scorer, step_functions
+from medusa.decoding.eagle3_proposer import DraftSampling
 from medusa.decoding.hf import unwrap
 from medusa.decoding.kv_cache import TreeCache, check_supported, dynamic_prefill
 from medusa.decoding.processors import merged_config, resolve_generation
@@ -97,11 +98,15 @@ def build_scorer(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, acce
 
 
 def new_proposer(model: Any, choice: TreeChoice, device: torch.device, max_new_tokens: int,
-                 trim_lookup: bool = False) -> Proposer:
+                 trim_lookup: bool = False, scorer: Scorer | None = None) -> Proposer:
     """The run's proposer for the model's heads on ``choice`` (masks in the compute dtype); a lookup
-    context's room: the run's tokens, then one step's overshoot."""
+    context's room: the run's tokens, then one step's overshoot. A "sample" ``scorer`` hands a drafter that
+    samples its drafts the run's temperature and generator."""
     room = max_new_tokens + choice.depth + choice.lookup_tokens + 1
-    return choose_proposer(model.heads, choice, device, compute_dtype(model), room, trim_lookup)
+    sampling = None
+    if scorer is not None and scorer.acceptance == "sample":
+        sampling = DraftSampling(float(scorer.gen.temperature or 1.0), scorer.generator)
+    return choose_proposer(model.heads, choice, device, compute_dtype(model), room, trim_lookup, sampling)
 
 
 @torch.no_grad()
@@ -158,7 +163,7 @@ def medusa_generate(
     # a lookup chain on the eager CPU path verifies, each step, only the nodes some row can accept (a host
     # read, free on a CPU); the static / compiled paths keep its fixed length
     eager_cpu = not compile and cache_implementation in (None, "dynamic") and input_ids.device.type == "cpu"
-    proposer = new_proposer(model, choice, input_ids.device, max_new_tokens, trim_lookup=eager_cpu)
+    proposer = new_proposer(model, choice, input_ids.device, max_new_tokens, eager_cpu, scorer)
     check_supported(model.base_model, input_ids.shape[1] + max_new_tokens + proposer.depth + 1)
     new_cache, fns = _path(model, proposer, input_ids.shape, max_new_tokens, compile, cache_implementation)
     if fns.compiled:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from medusa.decoding.dynamic_tree import ChildrenFn, build_step_tree, hydra_children, medusa_children
-from medusa.decoding.eagle3_proposer import Eagle3Proposer
+from medusa.decoding.eagle3_proposer import DraftSampling, Eagle3Proposer
 from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
 from medusa.decoding.lookup import MAX_NGRAM, LookupContext, hybrid_tree, lookup_chain, new_context, observe
 from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice
@@ -212,16 +212,18 @@ def _hydra_children(heads: Any, hidden: torch.Tensor, branch: int, depth: int) -
 
 
 def choose_proposer(heads: Any, choice: TreeChoice, device: torch.device, dtype: torch.dtype,
-                    room: int = 0, trim_lookup: bool = False) -> Proposer:
+                    room: int = 0, trim_lookup: bool = False,
+                    sampling: DraftSampling | None = None) -> Proposer:
     """The proposer for ``heads`` on the run's tree ``choice`` (masks in ``dtype`` on ``device``): the one
     place that asks which head family (``heads.head_type``) and which tree kind decoding has. ``room`` and
-    ``trim_lookup``: a lookup chain's context room and trimming (:class:`HybridProposer`)."""
+    ``trim_lookup``: a lookup chain's context room and trimming (:class:`HybridProposer`); ``sampling``:
+    "sample" acceptance's temperature and generator (the eagle3 drafter then samples its drafts)."""
     head_type = getattr(heads, "head_type", "linear")
     if head_type == "eagle3":  # the EAGLE-3 drafter grows its own per-row tree each step
         if choice.draft is None:  # tree="lookup": the chain alone, no drafter
             return HybridProposer(None, root_only_tree(device, dtype), choice.lookup_tokens, room,
                                   trim=trim_lookup)
-        return Eagle3Proposer(heads, choice.draft, dtype, room, trim=trim_lookup)
+        return Eagle3Proposer(heads, choice.draft, dtype, room, trim=trim_lookup, sampling=sampling)
     if choice.lookup_tokens:
         tree = (root_only_tree(device, dtype) if choice.lookup_only
                 else static_tree(choice.static, device, dtype))

@@ -5,7 +5,7 @@ state (root [B], hidden [B, F], n_valid [B], cache)
   -> proposer.propose(root, hidden)            Proposal(tokens [B, N], tree: mask, depths, parents)
   -> verify: cache.write_tree(mask); forward over the N nodes at n_valid + depths -> logits [B, N, V]
      (propose + verify: one function, one compiled graph)
-  -> scorer(logits, tokens, tree)              path [B, D+1], n_acc [B], next root [B]
+  -> scorer(logits, tokens, tree, draft_probs) path [B, D+1], n_acc [B], next root [B]
   -> proposer.observe(kept tokens, keep, next root, features at the path [B, D+1, F])
   -> one host copy (StepResult) ; cache.compact(path, keep) ; state advances
 ```
@@ -120,7 +120,7 @@ def step(model: Any, state: DecodeState, scorer: Scorer, fns: StepFns | None = N
                                                   state.hidden, state.n_valid)
     tokens, tree = proposal.tokens, proposal.tree
     b = tokens.shape[0]
-    path, n_acc, nxt = scorer(logits, tokens, tree)  # logits [B, N, V]
+    path, n_acc, nxt = scorer(logits, tokens, tree, proposal.draft_probs)  # logits [B, N, V]
     features, state.hidden = path_features(hidden, path, n_acc)  # [B, D+1, F], [B, F]
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
     width = path.shape[1]

@@ -145,9 +145,10 @@ def tree_structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Te
 @dataclass
 class Proposal:
     """One step's draft: ``tokens [B, N]`` (node 0 the root) in ``tree`` (a static tree shared by every row,
-    or :class:`RowTrees`: the same fields with a leading ``B``). ``draft_probs``: the proposal
-    distribution where sampling needs it; None for every proposer here (their drafts are deterministic,
-    point masses, so "sample" acceptance reads the target logits only)."""
+    or :class:`RowTrees`: the same fields with a leading ``B``). ``draft_probs``: the distribution each
+    node was drawn from, where drafts are sampled (the eagle3 drafter under "sample" acceptance); None for
+    deterministic drafts (top-k, lookup: point masses, so "sample" acceptance reads the target logits
+    only)."""
 
     tokens: torch.Tensor  # [B, N] long
     tree: StaticTree | RowTrees

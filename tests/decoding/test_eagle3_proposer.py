@@ -1,7 +1,7 @@
 """The eagle3 proposer through ``model.generate``: greedy output equals HF greedy ``generate`` (batch 1 and a
 left-padded batch, with and without the lookup chain) while a fitted drafter gets several tokens per step;
 the per-row trees are the best-scored, ancestor-closed node sets; "sample" acceptance keeps the model's own
-law (chi-square on tokens 1-3, which span the first step's tree)."""
+law with drafts sampled from the drafter (chi-square on tokens 1-3, which span the first step's tree)."""
 
 import pytest
 import torch
@@ -97,9 +97,13 @@ def test_drafted_tree_is_the_best_closed_set(fitted):
         assert int(tree.depths[b].max()) <= shape.depth
 
 
-def test_sample_keeps_the_models_law():
+@pytest.mark.parametrize("lookup", [0, 2], ids=["alone", "with-lookup"])
+def test_sample_keeps_the_models_law(lookup):
     """20,000 rows sampled with a random (unfitted) drafter: the law of the first three new tokens (the first
-    step's tree reaches depth 2, so tokens 2-3 are decided by the tree's acceptance) is the model's own."""
+    step's tree reaches depth 2, so tokens 2-3 are decided by the tree's acceptance) is the model's own. The
+    drafts are sampled from the drafter (a pool of 15 cut to 5 nodes) and accepted with their q; a tree cut
+    by the nodes' own sampled scores (not their parents') fails this test; the lookup chain's nodes are
+    point masses among them."""
     base = tiny_model("llama", vocab_size=SAMPLER_VOCAB, layers=4, seed=3)
     with torch.no_grad():
         base.lm_head.weight.mul_(0.3)
@@ -114,7 +118,8 @@ def test_sample_keeps_the_models_law():
     n = 20000
     g = torch.Generator().manual_seed(7)
     out = model.generate(prompt.repeat(n, 1), max_new_tokens=4, acceptance="sample", eos_token_id=[],
-                         tree=DraftTreeShape(6, 3, 3, 2), generator=g, return_dict_in_generate=True)
+                         tree=DraftTreeShape(6, 3, 3, 2, lookup_tokens=lookup), generator=g,
+                         return_dict_in_generate=True)
     first_step = torch.tensor([a[0] for a in out.accept_lengths])
     assert (first_step >= 2).float().mean() > 0.2  # drafted nodes are accepted in the first step
     x = out.sequences[:, 4:7]

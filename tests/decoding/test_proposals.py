@@ -248,7 +248,7 @@ def test_prefill_and_observe_hooks_get_the_prompt_and_the_kept_paths_features():
     proposer = _Recording(_choose(model.heads, TreeChoice(static=MedusaTree.from_choices(CHOICES))))
     with torch.no_grad():
         state = prefill(model, ids, mask, proposer)
-        results = [step(model, state, greedy_accept) for _ in range(3)]
+        results = [step(model, state, lambda lg, tk, tr, q=None: greedy_accept(lg, tk, tr)) for _ in range(3)]
     name, got_ids, got_mask, features, root = proposer.calls[0]
     assert name == "prefill" and torch.equal(got_ids, ids) and torch.equal(got_mask, mask.long())
     assert features.shape == (2, ids.shape[1], 32)  # [B, T, F]: every prompt position

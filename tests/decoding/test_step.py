@@ -16,6 +16,11 @@ from medusa.tree import default_tree
 from tiny_models import tiny_model
 
 
+def _greedy(logits, tokens, tree, draft_probs=None):
+    """A scorer: the greedy rule (the step hands every scorer the proposal's draft_probs)."""
+    return greedy_accept(logits, tokens, tree)
+
+
 def test_step_result_new_tokens_and_max_kept():
     result = StepResult(tokens=torch.tensor([[7, 8, 9, 3], [5, 1, 2, 3]]),  # [B, D+1], root first
                         kept=torch.tensor([3, 1]),  # row 0: root + 2 accepted; row 1: the root only
@@ -48,7 +53,7 @@ def test_one_step_equals_the_first_step_of_generate():
         assert isinstance(state.proposer, StaticProposer) and state.proposer.grow is medusa_tokens
         root = state.root.tolist()
         assert root == ref[:, p].tolist()  # the prefill's token: HF's first greedy token
-        result = step(model, state, greedy_accept)
+        result = step(model, state, _greedy)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[], tree=tree,
                          return_dict_in_generate=True)
     assert result.path[:, 0].tolist() == [0, 0, 0] and result.tokens[:, 0].tolist() == root
