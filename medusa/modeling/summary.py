@@ -9,7 +9,7 @@ from typing import Any
 from medusa.errors import CheckpointError
 from medusa.modeling.config import TREE_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.model import read_heads_file
-from medusa.tree import DraftTreeShape
+from medusa.tree import DraftTreeShape, MedusaTree
 
 
 def summarize(path: str | Path) -> dict[str, Any]:
@@ -35,22 +35,21 @@ def summarize(path: str | Path) -> dict[str, Any]:
         "tree": None,
     }
     tree_path = path / TREE_NAME
-    if tree_path.is_file():
+    if tree_path.is_file() and config.head_type != "eagle3":  # read as decoding reads it: values bounded
+        tree = MedusaTree.from_json(tree_path)
+        calib = tree.calibration or {}
+        summary["tree"] = {"nodes": len(tree), "depth": tree.depth,
+                           "expected_tokens_per_step": calib.get("expected_tokens_per_step")}
+    elif tree_path.is_file():
         try:
             data = json.loads(tree_path.read_text())
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{tree_path}: corrupt JSON ({exc})") from None
-        choices = data.get("choices", []) if isinstance(data, dict) else []
         calib = (data.get("calibration") if isinstance(data, dict) else None) or {}
-        summary["tree"] = {
-            "nodes": len(choices) + 1,
-            "depth": max((len(c) for c in choices), default=0),
-            "expected_tokens_per_step": calib.get("expected_tokens_per_step"),
-        }
-        if config.head_type == "eagle3":  # the drafter's per-step tree sizes
-            shape = DraftTreeShape.from_dict(data, source=str(tree_path))
-            summary["tree"].update(nodes=shape.num_nodes, depth=shape.depth, branch=shape.branch,
-                                   expand=shape.expand, lookup_tokens=shape.lookup_tokens)
+        shape = DraftTreeShape.from_dict(data, source=str(tree_path))  # the drafter's per-step tree sizes
+        summary["tree"] = {"nodes": shape.num_nodes, "depth": shape.depth, "branch": shape.branch,
+                           "expand": shape.expand, "lookup_tokens": shape.lookup_tokens,
+                           "expected_tokens_per_step": calib.get("expected_tokens_per_step")}
     if config.feature_layers is not None:
         summary["feature_layers"] = list(config.feature_layers)
     return summary

@@ -513,6 +513,13 @@ def _alias_bomb(ws: Path) -> list[str]:
     return ["train", str(ws / "bomb.yaml")]
 
 
+def _tree_into(heads: Path, choices: list[list[int]]) -> Path:
+    """``heads`` with a tree.json of ``choices`` (for commands that read the checkpoint's own tree)."""
+    data = {"format": "medusa-tree", "version": 1, "num_heads": 2, "choices": choices}
+    (heads / "tree.json").write_text(json.dumps(data))
+    return heads
+
+
 def _distill_with(content: str, *extra: str) -> Callable[[Path], list[str]]:
     def build(ws: Path) -> list[str]:
         (ws / "my_prompts.jsonl").write_text(content)
@@ -578,6 +585,9 @@ ISSUE_CASES = {
     "distill_two_prompt_rules": (_distill_with('{"text": "Once upon a time."}\n', "--prompt-chars", "5",
                                                "--prompt-tokens", "2"),
                                  "--prompt-chars and --prompt-tokens: give one rule"),
+    "info_tree_of_2000_nodes": (lambda ws: ["info", str(_tree_into(_copy(ws / "heads", ws / "big_heads"),
+                                                                   [[i] for i in range(2000)]))],
+                                "2001 nodes; at most 1024"),
     "demo_set_unknown_key": (lambda ws: ["demo", "--model", str(ws / "model"), "--out", str(ws / "demo"),
                                          "--no-progress", "--set", "foo.bar=1"], "unknown key foo"),
 }
