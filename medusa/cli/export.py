@@ -13,7 +13,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     check_output_dir(args.out, args.overwrite, inputs=[args.src, args.tree, args.base])
     summary = export_checkpoint(args.src, args.out, args.format, tree=args.tree, base=args.base,
-                                with_backbone=args.with_backbone, overwrite=args.overwrite)
+                                with_backbone=args.with_backbone, overwrite=args.overwrite,
+                                embed_tokens=not args.no_embed_tokens)
     note = ", W2 materialised from the base LM head" if summary["materialised_lm_head"] else ""
     if summary["materialised_lm_head"] and summary["lm_head_copies"] == 1:
         note += " once (original_lm_head: one lm_head.weight shared by all heads)"
@@ -47,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "a MEDUSA-2 checkpoint's merged backbone, else the config's base)")
     exp.add_argument("--with-backbone", action="store_true",
                      help="copy a MEDUSA-2 checkpoint's merged backbone into OUT/base_model and record that")
+    exp.add_argument("--no-embed-tokens", action="store_true",
+                     help="speculators: leave the base's input embeddings out of the export (V x d smaller; "
+                          "vLLM shares the target's, the speculators package does not load it)")
     exp.add_argument("src", type=PathKind("dir"), help="a heads checkpoint (this project's format)")
     exp.add_argument("out", type=PathKind("out_dir"), help="output directory (new or empty; see --overwrite)")
     add_overwrite(exp, "OUT")

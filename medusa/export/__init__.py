@@ -71,7 +71,7 @@ def _check_paths(src: Path, out: Path) -> None:
 
 def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str | Path | None = None,
                       base: str | None = None, with_backbone: bool = False,
-                      overwrite: bool = False) -> dict[str, Any]:
+                      overwrite: bool = False, embed_tokens: bool = True) -> dict[str, Any]:
     """Write the heads of our checkpoint ``src`` in ``format`` to ``out``; returns a summary.
 
     ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm`` / ``medusa-v1``; default: the
@@ -81,15 +81,18 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     ``out/base_model`` and record that. The summary's ``backbone`` / ``backbone_source`` say which was
     recorded, ``commands`` how each engine loads the export, ``notes`` what the engine needs besides.
     An existing non-empty ``out`` is refused unless ``overwrite`` (then only the files written are
-    replaced; see :mod:`medusa.io`).
+    replaced; see :mod:`medusa.io`). ``embed_tokens=False`` (``speculators`` only) leaves the base's input
+    embeddings out of the export (see :mod:`medusa.export.speculators`).
     """
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     src, out = Path(src), Path(out)
     _check_paths(src, out)
+    if not embed_tokens and format != "speculators":
+        raise MedusaError(f"--no-embed-tokens applies to --format speculators only (not {format})")
     pre = MedusaConfig.load(src)
     if format == "speculators":
-        return _export_speculators(src, out, pre, base, overwrite)
+        return _export_speculators(src, out, pre, base, overwrite, embed_tokens)
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to "
                               f"{format}: it serves MEDUSA heads of head_type "
@@ -118,7 +121,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
 
 
 def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | None,
-                        overwrite: bool) -> dict[str, Any]:
+                        overwrite: bool, embed_tokens: bool) -> dict[str, Any]:
     """eagle3 heads -> a speculators ``eagle3`` checkpoint naming the backbone as its verifier."""
     from transformers import AutoConfig
 
@@ -126,7 +129,7 @@ def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | 
     base_cfg = AutoConfig.from_pretrained(backbone.path)
     text = base_cfg.get_text_config() if hasattr(base_cfg, "get_text_config") else base_cfg
     with atomic_directory(out, overwrite=overwrite, inputs=[src, base]) as tmp:
-        info = write_speculators(src, config, text.to_dict(), backbone.path, tmp)
+        info = write_speculators(src, config, text.to_dict(), backbone.path, tmp, embed_tokens)
     comment = f"  # {backbone.hub_id}" if backbone.hub_id else ""
     spec = json.dumps({"model": str(out), "num_speculative_tokens": config.num_heads})
     commands = [shlex.join(["vllm", "serve", str(out)]) + comment,
@@ -135,7 +138,16 @@ def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | 
             "layout": "speculators-eagle3", "materialised_lm_head": False, "lm_head_copies": 1,
             "tree_nodes": None, "tree_depth": None, "tokenizer_files": [], "backbone": backbone.path,
             "backbone_source": backbone.source, "backbone_description": backbone.description,
-            "tokenizer": backbone.tokenizer, "commands": commands, "notes": [], **info}
+            "tokenizer": backbone.tokenizer, "commands": commands, "notes": _speculators_notes(embed_tokens),
+            **info}
+
+
+def _speculators_notes(embed_tokens: bool) -> list[str]:
+    if embed_tokens:
+        return ["embed_tokens.weight holds the base's input embeddings (vLLM shares the target's when "
+                "equal); --no-embed-tokens writes a smaller file that vLLM loads, speculators 0.9.0 does not"]
+    return ["no embed_tokens.weight: vLLM shares the target's embeddings, but speculators 0.9.0's "
+            "Eagle3DraftModel.from_pretrained then drafts with an all-zero embedding table"]
 
 
 def _export_choices(format: str, src: Path, tree: str | Path | None,

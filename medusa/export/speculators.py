@@ -17,7 +17,12 @@ What vLLM 0.32 reads (``transformers_utils/configs/speculators/{base,algos}.py``
 - tensors: ``fc.weight``, ``layers.0.*`` (q / k / v read ``2d``), ``norm.weight``, ``lm_head.weight [N, d]``;
   ``d2t [N]`` int64 OFFSETS (target id = draft id + ``d2t[draft id]``) and ``t2d [V]`` bool (vLLM skips it,
   speculators reads it) only with a draft vocabulary (with N = V vLLM has no parameter to put ``d2t`` in).
-  No ``embed_tokens``: vLLM then shares the target's embedding (as ours reads the base's).
+- ``embed_tokens.weight [V, d]``: the base's input embeddings (ours reads the base's), in the heads' dtype.
+  Both readers take that name: speculators' ``Eagle3DraftModel`` (``embed_tokens``) and vLLM's
+  ``Eagle3LlamaForCausalLM.load_weights`` (``model.embed_tokens``; when it equals the target's table vLLM
+  shares the target's). Without it (``embed_tokens=False``, a V x d smaller file) vLLM shares the target's,
+  but speculators 0.9.0 under transformers 5.x drafts with an all-zero table: its NaN "load me from the
+  verifier" marker does not survive ``from_pretrained``'s meta-device initialisation.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from safetensors.torch import save_file
 
 from medusa.errors import CheckpointError, MedusaError
 from medusa.export.common import write_json
-from medusa.modeling.base import dtype_name
+from medusa.modeling.base import dtype_name, load_base_model
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.model import read_heads_file
 
@@ -56,6 +61,16 @@ def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
         t2d[tm] = True
         out["t2d"] = t2d  # [V]
     return out
+
+
+def verifier_embeddings(verifier: str, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The verifier's input embedding table ``[V, d]`` as ``dtype`` on the CPU (what our drafter embeds its
+    tokens with, read from the base at decode time)."""
+    weight = load_base_model(verifier).get_input_embeddings().weight
+    if weight.shape[0] != vocab_size:
+        raise CheckpointError(f"{verifier}: its input embeddings have {weight.shape[0]} rows, the heads were "
+                              f"trained on a vocabulary of {vocab_size}")
+    return weight.detach().to(device="cpu", dtype=dtype).contiguous()
 
 
 def eagle3_config(cfg: MedusaConfig, base_config: dict[str, Any], verifier: str,
@@ -84,8 +99,9 @@ def eagle3_config(cfg: MedusaConfig, base_config: dict[str, Any], verifier: str,
 
 
 def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any], verifier: str,
-                      out: Path) -> dict[str, Any]:
-    """Write ``out/config.json`` + ``out/model.safetensors``; returns what the summary reports."""
+                      out: Path, embed_tokens: bool = True) -> dict[str, Any]:
+    """Write ``out/config.json`` + ``out/model.safetensors`` (with the verifier's input embeddings as
+    ``embed_tokens.weight`` unless ``embed_tokens`` is False); returns what the summary reports."""
     if cfg.head_type != "eagle3":
         raise CheckpointError(f"{src / CONFIG_NAME}: --format speculators exports head_type eagle3 heads "
                               f"(this checkpoint's is {cfg.head_type!r}); MEDUSA heads export with --format "
@@ -102,6 +118,10 @@ def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any],
         raise CheckpointError(f"{src / WEIGHTS_NAME}: missing tensor lm_head.weight")
     tensors = eagle3_tensors(state, list(cfg.feature_layers), cfg.vocab_size)
     n = int(tensors["lm_head.weight"].shape[0])
+    if embed_tokens:
+        tensors["embed_tokens.weight"] = verifier_embeddings(verifier, cfg.vocab_size,
+                                                             tensors["lm_head.weight"].dtype)  # [V, d]
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     write_json(out / "config.json", eagle3_config(cfg, base_config, verifier, n))
-    return {"draft_vocab_size": n, "dtype": dtype_name(tensors["lm_head.weight"].dtype)}
+    return {"draft_vocab_size": n, "dtype": dtype_name(tensors["lm_head.weight"].dtype),
+            "embed_tokens": embed_tokens}

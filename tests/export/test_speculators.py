@@ -1,6 +1,6 @@
 """--format speculators (medusa.export.speculators): eagle3 heads -> the speculators eagle3 layout vLLM 0.32
-reads: config keys, tensor names, fc blocks in ascending layer order, d2t offsets / t2d, MEDUSA heads
-refused."""
+reads: config keys, tensor names, fc blocks in ascending layer order, d2t offsets / t2d, the base's input
+embeddings as embed_tokens.weight in the heads' dtype (left out on request), MEDUSA heads refused."""
 
 import json
 
@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from medusa import MedusaModel
-from medusa.errors import CheckpointError
+from medusa.errors import CheckpointError, MedusaError
 from medusa.export import export_checkpoint
 
 from tiny_models import tiny_model
@@ -22,9 +22,9 @@ def base_dir(tmp_path_factory):
     return path
 
 
-def _eagle3(tmp_path, base_dir, feature_layers, token_map=None):
+def _eagle3(tmp_path, base_dir, feature_layers, token_map=None, heads_dtype=None):
     model = MedusaModel.from_base(str(base_dir), num_heads=3, head_type="eagle3",
-                                  feature_layers=feature_layers, token_map=token_map)
+                                  feature_layers=feature_layers, token_map=token_map, heads_dtype=heads_dtype)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.heads.parameters():
@@ -49,7 +49,10 @@ def test_speculators_config_and_tensors(tmp_path, base_dir):
     assert layer["num_hidden_layers"] == 1 and layer["vocab_size"] == V and layer["model_type"] == "llama"
     state = load_file(tmp_path / "spec" / "model.safetensors")
     ours = model.heads.state_dict()
-    assert "token_map" not in state and "embed_tokens.weight" not in state
+    assert "token_map" not in state
+    embed = model.base_model.get_input_embeddings().weight  # [V, d]: what our drafter embeds tokens with
+    assert state["embed_tokens.weight"].shape == (V, embed.shape[1])
+    assert torch.equal(state["embed_tokens.weight"], embed.detach())
     assert torch.equal(state["d2t"] + torch.arange(len(tm)), tm)  # target = draft + d2t[draft]
     assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == len(tm) and state["t2d"][tm].all()
     d = ours["fc.weight"].shape[0]
@@ -58,6 +61,8 @@ def test_speculators_config_and_tensors(tmp_path, base_dir):
     for name in ours:
         if name not in ("fc.weight", "token_map"):
             assert torch.equal(state[name], ours[name]), name
+    assert set(state) == set(ours) - {"token_map"} | {"d2t", "t2d", "embed_tokens.weight"}
+    assert summary["embed_tokens"] is True
     assert summary["commands"][0].startswith(f"vllm serve {tmp_path / 'spec'}")
 
 
@@ -66,6 +71,23 @@ def test_full_vocabulary_eagle3_has_no_mapping(tmp_path, base_dir):
     export_checkpoint(src, tmp_path / "spec", "speculators")
     state = load_file(tmp_path / "spec" / "model.safetensors")
     assert "d2t" not in state and "t2d" not in state  # vLLM has no parameter for d2t when N == V
+
+
+def test_embeddings_in_the_heads_dtype_or_left_out(tmp_path, base_dir):
+    src, model = _eagle3(tmp_path, base_dir, None, heads_dtype=torch.bfloat16)
+    export_checkpoint(src, tmp_path / "spec", "speculators")
+    state = load_file(tmp_path / "spec" / "model.safetensors")
+    embed = model.base_model.get_input_embeddings().weight.detach()  # float32 base
+    assert state["embed_tokens.weight"].dtype == state["lm_head.weight"].dtype == torch.bfloat16
+    assert torch.equal(state["embed_tokens.weight"], embed.to(torch.bfloat16))
+    summary = export_checkpoint(src, tmp_path / "small", "speculators", embed_tokens=False)
+    small = load_file(tmp_path / "small" / "model.safetensors")
+    assert summary["embed_tokens"] is False and set(small) == set(state) - {"embed_tokens.weight"}
+    for name in small:
+        assert torch.equal(small[name], state[name]), name
+    with pytest.raises(MedusaError, match="--no-embed-tokens applies to --format speculators only"):
+        export_checkpoint(src, tmp_path / "v", "vllm", embed_tokens=False)
+    assert not (tmp_path / "v").exists()
 
 
 @pytest.mark.parametrize("head_type", ["linear", "hydra"])
