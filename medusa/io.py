@@ -210,14 +210,16 @@ def _lock_path(path: Path) -> Path:
     return parent / f".{'__'.join(parts)}.lock"
 
 
-def _open_lock(lock: Path) -> int | None:
-    """The lock file's descriptor; None where the folder refuses it (read-only, not ours)."""
+def _open_lock(lock: Path, path: str | Path) -> int | None:
+    """The lock file's descriptor; None where the folder refuses it (read-only, not ours). A failure names the
+    output ``path`` (the lock file was never made)."""
     try:
         return os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return None
-        raise MedusaError(f"{lock}: cannot create the output's lock file ({exc.strerror})") from None
+        raise MedusaError(f"{path}: cannot create its lock file {lock.name!r} beside it "
+                          f"({(exc.strerror or str(exc)).lower()})") from None
 
 
 @contextlib.contextmanager
@@ -228,7 +230,7 @@ def output_lock(path: str | Path) -> Iterator[None]:
     folder) the body runs unlocked: its own writes there fail first, with the error naming them."""
     lock = _lock_path(Path(path))
     while True:
-        fd = _open_lock(lock)
+        fd = _open_lock(lock, path)
         if fd is None:  # nothing can be written beside the output: the run's own write fails, naming it
             yield
             return
