@@ -11,14 +11,15 @@ each query attending causally to step 0 and to its own entry of every later step
 tokens without a verifier's last hidden state, so the draft LM head's outputs are read with a forward hook.
 
 Writes ``OUT_DIR/logits.safetensors`` (``logits [k, T, N]``: step j's row i predicts token i + 2 + j; rows
-past ``T - j`` read padding) and ``OUT_DIR/info.json``. speculators 0.9.0 under transformers 5.x does NOT load
-the verifier's embeddings when the checkpoint has no ``embed_tokens.weight`` (ours has none: vLLM shares the
-target's): ``_init_vocab`` marks the table with NaN to ask ``load_verifier_weights`` to fill it, but
-``from_pretrained`` builds the model on the meta device and materialises missing tensors with
-``torch.empty_like``, so the NaN marker is lost and the table stays uninitialised memory (zeros here). The
-worker then loads them the way ``load_verifier_weights`` would have (``load_model_layers`` from the
-verifier) and says so in ``info.json`` (``verifier_embeddings_loaded_by_from_pretrained``). Imports nothing
-from the project (its venv has no ``medusa``).
+past ``T - j`` read padding) and ``OUT_DIR/info.json``. The model is speculators' own
+``Eagle3DraftModel.from_pretrained(export)``, unmodified: nothing is loaded into it here. ``info.json``
+says where its embedding table came from: ``embed_tokens_in_checkpoint`` (the export holds
+``embed_tokens.weight``), ``embed_tokens_from_checkpoint`` (the loaded table equals that tensor),
+``embed_tokens_equal_verifier`` (it equals the verifier's input embeddings, what our drafter reads) and
+``embed_tokens_all_zero``. Without the tensor speculators 0.9.0 under transformers 5.x drafts with an
+uninitialised table (zeros or stale memory): ``_init_vocab`` marks it NaN for ``load_verifier_weights`` to
+fill, but ``from_pretrained`` builds the model on the meta device and materialises missing tensors with
+``torch.empty_like``, so the marker is lost. Imports nothing from the project (its venv has no ``medusa``).
 """
 
 from __future__ import annotations
@@ -29,23 +30,31 @@ from pathlib import Path
 
 
 def load_model(export: str, attn: str):
-    """The speculators EAGLE-3 model of ``export`` in eval mode, and whether from_pretrained gave it the
-    verifier's embeddings (they are loaded here when it did not)."""
-    import torch
+    """speculators' own EAGLE-3 model of ``export`` in eval mode (``from_pretrained``, nothing added)."""
     from speculators.models.eagle3 import Eagle3SpeculatorConfig
     from speculators.models.eagle3.core import Eagle3DraftModel
-    from speculators.utils.loading import load_model_layers
 
     config = Eagle3SpeculatorConfig.from_pretrained(export)
     # its default, flex attention, wants inputs padded to its block size (training batches)
     config.transformer_layer_config._attn_implementation = attn
-    model = Eagle3DraftModel.from_pretrained(export, config=config).eval()
+    return Eagle3DraftModel.from_pretrained(export, config=config).eval()
+
+
+def embedding_source(model, export: str) -> dict:
+    """Where the loaded embedding table came from: the export's ``embed_tokens.weight``, the verifier's."""
+    import torch
+    from safetensors import safe_open
+    from speculators.utils.loading import load_model_layers
+
+    table = model.embed_tokens.weight.detach()
+    with safe_open(str(Path(export) / "model.safetensors"), "pt") as f:
+        stored = f.get_tensor("embed_tokens.weight") if "embed_tokens.weight" in f.keys() else None
     verifier = model.config.speculators_config.verifier.name_or_path
     embed = load_model_layers(["embed_tokens.weight"], verifier)["embed_tokens.weight"]
-    loaded = bool(torch.equal(model.embed_tokens.weight.detach(), embed.to(model.embed_tokens.weight.dtype)))
-    if not loaded:
-        model.embed_tokens.load_state_dict({"weight": embed})
-    return model, loaded
+    from_file = stored is not None and bool(torch.equal(table, stored.to(table.dtype)))
+    return {"embed_tokens_in_checkpoint": stored is not None, "embed_tokens_from_checkpoint": from_file,
+            "embed_tokens_equal_verifier": bool(torch.equal(table, embed.to(table.dtype))),
+            "embed_tokens_all_zero": not bool(table.any())}
 
 
 def draft_logits(model, hidden_states, input_ids, steps: int):
@@ -69,7 +78,7 @@ def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[1]).read_text())
     out = Path(argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    model, loaded = load_model(job["export"], job.get("attn_implementation", "eager"))
+    model = load_model(job["export"], job.get("attn_implementation", "eager"))
     x = load_file(job["inputs"])
     feats = x["hidden_states"].to(model.fc.weight.dtype)  # [1, T, 3d]
     logits = draft_logits(model, feats, x["input_ids"], job["ttt_steps"])  # [k, T, N]
@@ -79,8 +88,7 @@ def main(argv: list[str]) -> int:
     save_file(tensors, str(out / "logits.safetensors"))
     info = {"model_class": type(model).__name__, "layer_class": type(model.layers[0]).__name__,
             "attn_implementation": model._attn_impl, "draft_vocab_size": int(model.draft_vocab_size),
-            "target_layer_ids": list(model.target_layer_ids),
-            "verifier_embeddings_loaded_by_from_pretrained": loaded}
+            "target_layer_ids": list(model.target_layer_ids), **embedding_source(model, job["export"])}
     (out / "info.json").write_text(json.dumps(info, indent=2))
     return 0
 

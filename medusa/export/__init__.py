@@ -147,7 +147,7 @@ def _speculators_notes(embed_tokens: bool) -> list[str]:
         return ["embed_tokens.weight holds the base's input embeddings (vLLM shares the target's when "
                 "equal); --no-embed-tokens writes a smaller file that vLLM loads, speculators 0.9.0 does not"]
     return ["no embed_tokens.weight: vLLM shares the target's embeddings, but speculators 0.9.0's "
-            "Eagle3DraftModel.from_pretrained then drafts with an all-zero embedding table"]
+            "Eagle3DraftModel.from_pretrained then drafts with an uninitialised embedding table"]
 
 
 def _export_choices(format: str, src: Path, tree: str | Path | None,

@@ -21,8 +21,8 @@ What vLLM 0.32 reads (``transformers_utils/configs/speculators/{base,algos}.py``
   Both readers take that name: speculators' ``Eagle3DraftModel`` (``embed_tokens``) and vLLM's
   ``Eagle3LlamaForCausalLM.load_weights`` (``model.embed_tokens``; when it equals the target's table vLLM
   shares the target's). Without it (``embed_tokens=False``, a V x d smaller file) vLLM shares the target's,
-  but speculators 0.9.0 under transformers 5.x drafts with an all-zero table: its NaN "load me from the
-  verifier" marker does not survive ``from_pretrained``'s meta-device initialisation.
+  but speculators 0.9.0 under transformers 5.x drafts with an uninitialised table (``torch.empty``): its NaN
+  "load me from the verifier" marker does not survive ``from_pretrained``'s meta-device initialisation.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ our draft logits at every position of every training-time-test step, within 2e-4
 <= 5e-5 on logits of magnitude <= 13; a draft step fed the wrong relative position is off by 0.2-1.6).
 
 The drafter has random (perturbed) weights, a draft vocabulary and feature layers out of ascending order, so
-the export's fc column reordering, ``d2t`` and the shared verifier embeddings are all exercised. Skipped
-only where the venv cannot be built (pip failure, no network)."""
+the export's fc column reordering, ``d2t`` and its ``embed_tokens.weight`` are all exercised: speculators'
+own ``Eagle3DraftModel.from_pretrained`` loads the export as it is (the worker adds nothing) and takes its
+embedding table from the file. Skipped only where the venv cannot be built (pip failure, no network)."""
 
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def test_speculators_computes_our_draft_logits_at_every_position(compared):
     assert compared["worker"]["model_class"] == "Eagle3DraftModel"
     assert compared["worker"]["target_layer_ids"] == [1, 2, 4]
     assert compared["worker"]["draft_vocab_size"] == 200 and compared["d2t_equals_token_map"]
+    worker = compared["worker"]  # the table from_pretrained loaded: the export's, = the verifier's embeddings
+    assert worker["embed_tokens_in_checkpoint"] and worker["embed_tokens_from_checkpoint"]
+    assert worker["embed_tokens_equal_verifier"] and not worker["embed_tokens_all_zero"]
     assert [len(s["max_abs_diff"]) for s in compared["steps"]] == [19, 18, 17]  # step j: T - 1 - j chains
     for s in compared["steps"]:
         print(f"step {s['step']}: max |diff| {max(s['max_abs_diff']):.2e}, "
