@@ -57,7 +57,8 @@ def test_reply_stats_counts_rows_tokens_and_cut_replies(tmp_path):
 
 def _replied(i, words):
     reply = " ".join(f"Word{i}x{k}." for k in range(words))
-    return {"messages": [{"role": "user", "content": f"request {i}"}, {"role": "assistant", "content": reply}]}
+    return {"messages": [{"role": "user", "content": f"request {i}"},
+                         {"role": "assistant", "content": reply}]}
 
 
 def test_document_tasks_cycle_kinds_on_the_models_own_replies():

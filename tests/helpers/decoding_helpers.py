@@ -225,7 +225,7 @@ def check_compaction_equals_prefill(arch: str, new_cache=None):
         cached = [ids[row][mask[row].bool()].tolist() for row in range(3)]  # tokens in each row's cache
         kept = []
         for _ in range(12):
-            result = step(model, state, lambda logits, tokens, tree: greedy_accept(logits, tokens, tree))
+            result = step(model, state, lambda lg, tk, tr, q=None: greedy_accept(lg, tk, tr))
             kept.append(result.kept.tolist())
             for row in range(3):
                 cached[row] += result.tokens[row, :kept[-1][row]].tolist()
