@@ -61,11 +61,14 @@ def eagle3_spec(export: Path, k: int) -> dict[str, Any]:
     return {"method": "eagle3", "model": str(export), "num_speculative_tokens": k}
 
 
-def configs(export: Path, num_heads: int, modes: list[str]) -> list[dict[str, Any]]:
-    """plain, ours with every head, n-gram, suffix, then ours at every smaller k vLLM accepts (k <= n_predict;
-    a larger k must be a multiple and finds no weights): the worker saves each config as it finishes."""
+def configs(export: Path, num_heads: int, modes: list[str], method: str = "medusa") -> list[dict[str, Any]]:
+    """plain, ours with every head (``method`` "eagle3": the drafter as a chain of ``num_heads``), n-gram,
+    suffix, then ours at every smaller k vLLM accepts (MEDUSA: k <= n_predict; a larger k must be a multiple
+    and finds no weights): the worker saves each config as it finishes."""
+    spec = eagle3_spec if method == "eagle3" else medusa_spec
+
     def ours(k: int) -> dict[str, Any]:
-        return {"name": f"medusa k={k}", "speculative_config": medusa_spec(export, k), "modes": modes}
+        return {"name": f"{method} k={k}", "speculative_config": spec(export, k), "modes": modes}
 
     out = [{"name": "plain", "speculative_config": None, "modes": modes}, ours(num_heads)]
     out.append({"name": "ngram k=3", "modes": modes, "speculative_config": {
@@ -172,9 +175,10 @@ def markdown(rows: list[dict[str, Any]], ours: dict[str, Any] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def agreement(rows: list[dict[str, Any]], ours: dict[str, Any], k: int) -> float | None:
-    """Largest per-position gap between vLLM's ``medusa k=k`` batch-1 run and our chain of depth k."""
-    run = next((r for r in rows if r["config"] == f"medusa k={k}" and r["mode"] == "batch1"), None)
+def agreement(rows: list[dict[str, Any]], ours: dict[str, Any], k: int,
+              method: str = "medusa") -> float | None:
+    """Largest per-position gap between vLLM's ``{method} k=k`` batch-1 run and our chain of depth k."""
+    run = next((r for r in rows if r["config"] == f"{method} k={k}" and r["mode"] == "batch1"), None)
     if run is None or run["acceptance"] is None:
         return None
     return max(abs(a - b) for a, b in zip(run["acceptance"]["per_position"], ours["per_position"]))
@@ -195,7 +199,8 @@ def write_report(out: Path, summary: dict[str, Any], prompts: list[dict[str, Any
         plain = next(r["tokens"] for c in vllm["configs"] if c["name"] == "plain" for r in c["runs"]
                      if r["mode"] == "batch1")
         ours["identical_to_plain"] = sum(a == b for a, b in zip(ours["tokens"], plain))
-        ours["max_gap_vs_vllm_k3"] = agreement(rows, ours, summary["num_heads"])
+        method = summary.get("method", "medusa")
+        ours["max_gap_vs_vllm_k3"] = agreement(rows, ours, summary["num_heads"], method)
     report = {"commands": summary["commands"], "export": summary["out"], "backbone": summary["backbone"],
               "prompts": len(prompts), "max_tokens": max_tokens, "rows": rows,
               "ours": {k: v for k, v in (ours or {}).items() if k != "tokens"}}
@@ -203,7 +208,8 @@ def write_report(out: Path, summary: dict[str, Any], prompts: list[dict[str, Any
     table = markdown(rows, ours)
     gap = (ours or {}).get("max_gap_vs_vllm_k3")
     if gap is not None:
-        table += f"\nlargest per-position gap, vLLM medusa k={summary['num_heads']} vs our chain: {gap:.4f}\n"
+        k = f"{summary.get('method', 'medusa')} k={summary['num_heads']}"
+        table += f"\nlargest per-position gap, vLLM {k} vs our chain: {gap:.4f}\n"
     (out / "table.md").write_text(table)
     return table
 
@@ -224,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ours", action="store_true", help="skip our decoder's chain-mode acceptance")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild the report from OUT's files (the configs finished so far); no export")
+    ap.add_argument("--eagle3-k", type=int, default=3, help="eagle3 heads: the chain vLLM drafts (default 3)")
     args = ap.parse_args(argv)
+    head_type = json.loads((args.heads / "medusa_config.json").read_text())["head_type"]
+    method, fmt = ("eagle3", "speculators") if head_type == "eagle3" else ("medusa", "vllm")
     summary_file = args.out / "export.json"
     if args.report_only and summary_file.is_file():
         summary = json.loads(summary_file.read_text())
@@ -232,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             summary = export_heads(args.heads, Path(tmp) / "export")
     else:
-        summary = export_heads(args.heads, args.export)
+        summary = export_heads(args.heads, args.export, fmt)
+        if method == "eagle3":  # the drafter is compared as a chain of k, not its unrolled training steps
+            summary["num_heads"] = args.eagle3_k
+        summary["method"] = method
         args.out.mkdir(parents=True, exist_ok=True)
         summary_file.write_text(json.dumps(summary))
     base = summary["backbone"]
@@ -241,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     job = {"model": base, "dtype": "float32", "max_tokens": args.max_tokens, "prompts": ids,
            "ignore_eos": not args.stop_at_eos,
            "engine": {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": len(ids)},
-           "configs": [c for c in configs(args.export, summary["num_heads"], args.modes.split(","))
+           "configs": [c for c in configs(args.export, summary["num_heads"], args.modes.split(","), method)
                        if args.only is None or c["name"] in args.only.split(",")]}
     args.out.mkdir(parents=True, exist_ok=True)
     ours_file = args.out / "ours.json"

@@ -30,6 +30,10 @@ def test_configs_cover_plain_every_valid_k_ngram_and_suffix(tmp_path):
     assert names == ["plain", "medusa k=3", "ngram k=3", "suffix", "medusa k=2", "medusa k=1"]
     k2 = configs(tmp_path, 3, ["batch1"])[4]["speculative_config"]
     assert k2 == {"method": "medusa", "model": str(tmp_path), "num_speculative_tokens": 2}
+    eagle3 = configs(tmp_path, 3, ["batch1"], "eagle3")
+    assert [c["name"] for c in eagle3][:2] == ["plain", "eagle3 k=3"]
+    assert eagle3[1]["speculative_config"] == {"method": "eagle3", "model": str(tmp_path),
+                                               "num_speculative_tokens": 3}
 
 
 def test_summarise_counts_outputs_equal_to_plain_batch1():
