@@ -137,13 +137,11 @@ class Eagle3Proposer:
         u = torch.rand(logq.shape, generator=self.sampling.generator, device=logq.device)
         gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
         picked = (logq + gumbel).topk(c, dim=-1).indices  # [B, E, c] a sample without replacement, in order
-        q = logq.exp()
-        seen = torch.zeros_like(q)  # the children drawn before, removed from q
+        seen = torch.zeros(logq.shape, dtype=torch.bool, device=logq.device)  # the children drawn before
         q_r = []
-        for r in range(c):
-            rest = q * (1 - seen)
-            q_r.append(rest / rest.sum(dim=-1, keepdim=True))  # [B, E, N]
-            seen.scatter_(-1, picked[..., r:r + 1], 1.0)
+        for r in range(c):  # q without them, renormalised in log space (q itself may underflow to one-hot)
+            q_r.append(torch.softmax(logq.masked_fill(seen, float("-inf")), dim=-1))  # [B, E, N]
+            seen.scatter_(-1, picked[..., r:r + 1], True)
         q_rank = torch.stack(q_r, dim=2)  # [B, E, c, N]
         scores = base_score.unsqueeze(-1) + logq.gather(-1, picked)  # [B, E, c]
         return (scores.flatten(1), self.heads.to_target(picked).flatten(1),

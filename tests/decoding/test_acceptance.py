@@ -149,3 +149,36 @@ def test_sample_deep_decisions_chi_square(setting):
     if "repetition_penalty" in setting:
         base.generation_config.repetition_penalty = 1.0
         assert chi2_pvalue(counts, exact_joint3(base, prompt).reshape(-1) * n, strict=False) < 1e-6
+
+
+def test_sample_accept_with_draft_probs_keeps_the_law():
+    """Sampled drafts, hand-built: the root's children are 2 tokens drawn from q without replacement (node 2
+    carries q_r: q without node 1's token) and a point mass (node 3), node 1 has a child drawn from q at it.
+    The law of the first two emitted tokens is p's over 200,000 rows (a lone first token's second one drawn
+    from p afterwards); using q for node 2 or leaving the point-mass residual after a sampled child fails."""
+    from medusa.decoding.trees import tree_structure
+
+    v, n = 4, 200_000
+    p_root, q_root = torch.tensor([0.05, 0.6, 0.05, 0.3]), torch.tensor([0.3, 0.45, 0.2, 0.05])
+    p_next = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.05, 0.15, 0.3, 0.5], [0.25] * 4, [0.6, 0.1, 0.1, 0.2]])
+    q_next = torch.tensor([[0.1, 0.1, 0.1, 0.7], [0.5, 0.3, 0.1, 0.1], [0.25] * 4, [0.2, 0.5, 0.2, 0.1]])
+    g = torch.Generator().manual_seed(0)
+    first = torch.multinomial(q_root.expand(n, v), 2, replacement=False, generator=g)  # [n, 2] in draw order
+    y = torch.multinomial(q_next[first[:, 0]], 1, generator=g).view(n)
+    tokens = torch.cat([torch.zeros(n, 1, dtype=torch.long), first, torch.ones(n, 1, dtype=torch.long),
+                        y.view(n, 1)], dim=1)  # [n, 5]: root, x1, x2, the point mass 1, y under x1
+    tree = tree_structure(tokens, torch.tensor([0, 0, 0, 0, 1]).expand(n, 5),
+                          torch.tensor([0, 1, 1, 1, 2]).expand(n, 5), 2, 3, torch.float32)
+    q2 = q_root.expand(n, v).scatter(1, first[:, :1], 0.0)
+    point = torch.nn.functional.one_hot(tokens[:, 3], v).float()
+    draft_probs = torch.stack([torch.zeros(n, v), q_root.expand(n, v), q2 / q2.sum(1, keepdim=True), point,
+                               q_next[first[:, 0]]], dim=1)  # [n, 5, V]
+    logits = torch.cat([p_root.log().expand(n, 1, v), p_next[tokens[:, 1:]].log()], dim=1)  # [n, 5, V]
+    path, k, nxt = sample_accept(logits, tokens, tree, generator=g, draft_probs=draft_probs)
+    assert 0.7 < (k >= 1).float().mean() < 0.85 and (k == 2).float().mean() > 0.2  # every branch is taken
+    t1 = torch.where(k >= 1, tokens.gather(1, path[:, 1:2]).view(n), nxt)
+    fresh = torch.multinomial(p_next[t1], 1, generator=g).view(n)
+    t2 = torch.where(k >= 2, tokens.gather(1, path[:, 2:3]).view(n), torch.where(k == 1, nxt, fresh))
+    ones = torch.ones(n, dtype=torch.float64)
+    counts = torch.zeros(v * v, dtype=torch.float64).index_add_(0, t1 * v + t2, ones)
+    assert chi2_pvalue(counts, (p_root.view(v, 1) * p_next).reshape(-1).double() * n) > 1e-3

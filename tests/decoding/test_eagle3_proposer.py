@@ -143,3 +143,27 @@ def test_static_cache_equals_and_compile_refused(fitted):
         model.generate(ids, max_new_tokens=4, compile=True)
     with pytest.raises(MedusaError, match="draft their own tree"):
         model.generate(ids, max_new_tokens=4, tree="dynamic")
+
+
+def test_sampled_drafts_q_r_stay_finite_when_q_underflows_to_one_hot(fitted):
+    """At a low temperature the fitted drafter's q is one-hot in float32 (every other token's probability
+    underflows): each later child's q_r (q without the earlier siblings) is still a distribution, zero on
+    those siblings (renormalising the underflowed q gave 0 / 0 = NaN and "sample" decoding crashed)."""
+    from medusa.decoding.eagle3_proposer import DraftSampling, Eagle3Proposer
+
+    model, prompts = fitted
+    shape = DraftTreeShape(8, 3, 3, 2)
+    proposer = Eagle3Proposer(model.heads, shape, torch.float32,
+                              sampling=DraftSampling(0.005, torch.Generator().manual_seed(0)))
+    ids = prompts[:2]
+    feats = base_features(model.base_model, ids, None, model.heads.feature_layers)
+    root = ids[:, -1]
+    proposer.prefill(ids, torch.ones_like(ids), feats, root)
+    proposal = proposer.propose(root)
+    q, tree = proposal.draft_probs, proposal.tree  # [B, N, V]
+    assert torch.isfinite(q).all() and torch.allclose(q[:, 1:].sum(-1), torch.ones(2, shape.num_nodes - 1))
+    for b in range(2):
+        for node in range(shape.num_nodes):
+            kids = [int(k) for k in tree.children[b, node] if k >= 0]
+            for r, kid in enumerate(kids):
+                assert all(float(q[b, kid, proposal.tokens[b, k]]) == 0.0 for k in kids[:r])
