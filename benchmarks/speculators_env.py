@@ -12,11 +12,10 @@ for another torch break ``transformers`` imports.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
-from benchmarks.vllm_env import BAD_WHEELS
+from benchmarks.pinned_venv import ensure_pinned
+from benchmarks.pinned_venv import venv_python as pinned_python
 from medusa.errors import MedusaError
 
 TORCH = "torch==2.13.0"
@@ -35,30 +34,10 @@ def venv_dir() -> Path:
 
 
 def venv_python(venv: Path | None = None) -> Path:
-    return (venv or venv_dir()) / "bin" / "python"
-
-
-def _run(argv: list[str], what: str) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise SpeculatorsUnavailable(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return pinned_python(venv or venv_dir())
 
 
 def ensure_venv(venv: Path | None = None) -> Path:
     """The venv's python, building the venv when its stamp is missing or names other pins."""
-    venv = venv or venv_dir()
-    stamp = venv / STAMP
-    if stamp.is_file() and stamp.read_text().split() == list(PINS) and venv_python(venv).is_file():
-        return venv_python(venv)
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    _run([shutil.which("python3") or "python3", "-m", "venv", str(venv)], f"python3 -m venv {venv}")
-    pip = [str(venv_python(venv)), "-m", "pip", "install", "--quiet"]
-    _run([*pip, TORCH], f"pip install {TORCH}")
-    _run([*pip, SPECULATORS, TORCH], f"pip install {SPECULATORS}")
-    _run([str(venv_python(venv)), "-m", "pip", "uninstall", "--yes", "--quiet", *BAD_WHEELS],
-         f"pip uninstall {' '.join(BAD_WHEELS)}")
-    stamp.write_text(" ".join(PINS) + "\n")
-    return venv_python(venv)
+    return ensure_pinned(venv or venv_dir(), STAMP, PINS, [[TORCH], [SPECULATORS, TORCH]],
+                         SpeculatorsUnavailable)

