@@ -39,6 +39,22 @@ def _chain_logits(heads, feats, ids, i, j):
     return heads.logits(g[:, 0])  # [1, N]
 
 
+def _naive_loss(heads, feats, ids, labels, steps, term):
+    """sum_j decay^(j+1) * mean over step j's in-vocabulary targets of ``term(logits [1, N], draft y, i, j)``,
+    each target's logits drafted chain by chain."""
+    t2d = heads.target_to_draft()
+    want = 0.0
+    for j, weight in enumerate(head_weights(steps, 0.8)):
+        terms = []
+        for i in range(ids.shape[1] - j - 2):
+            y = int(labels[0, i + 2 + j])
+            if y != -100 and int(t2d[y]) >= 0:
+                terms.append(term(_chain_logits(heads, feats, ids, i, j), int(t2d[y]), i, j))
+        if terms:
+            want += weight * torch.stack(terms).mean()
+    return want
+
+
 def test_ttt_loss_equals_chain_by_chain_drafting():
     base = tiny_model("llama", layers=4)
     model = _perturbed(MedusaModel.from_base(base, num_heads=3, head_type="eagle3",
@@ -50,18 +66,8 @@ def test_ttt_loss_equals_chain_by_chain_drafting():
     feats = base_features(base, ids, None, model.heads.feature_layers)
     with torch.no_grad():
         out = ttt_loss(model.heads, feats, ids, labels, None, decay=0.8)
-        t2d = model.heads.target_to_draft()
-        want = 0.0
-        for j, w in enumerate(head_weights(3, 0.8)):
-            terms = []
-            for i in range(11 - j - 2):
-                y = int(labels[0, i + 2 + j])
-                if y == -100 or int(t2d[y]) < 0:
-                    continue
-                logits = _chain_logits(model.heads, feats, ids, i, j)
-                terms.append(F.cross_entropy(logits, torch.tensor([int(t2d[y])])))
-            if terms:
-                want += w * torch.stack(terms).mean()
+        want = _naive_loss(model.heads, feats, ids, labels, 3,
+                           lambda logits, y, i, j: F.cross_entropy(logits, torch.tensor([y])))
     torch.testing.assert_close(out.loss, torch.as_tensor(want, dtype=out.loss.dtype), atol=1e-4, rtol=1e-4)
     assert out.count.tolist() == [8.0, 8.0, 7.0]  # labelled targets per step (positions 3..10)
 
@@ -83,20 +89,13 @@ def test_ttt_loss_teacher_kl_equals_the_naive_mix():
     with torch.no_grad():
         out = ttt_loss(model.heads, feats, ids, labels, None, decay=0.8, teacher=teacher)
         plain = ttt_loss(model.heads, feats, ids, labels, None, decay=0.8)
-        t2d = model.heads.target_to_draft()
-        want = 0.0
-        for j, weight in enumerate(head_weights(2, 0.8)):
-            terms = []
-            for i in range(9 - j - 2):
-                y = int(labels[0, i + 2 + j])
-                if y == -100 or int(t2d[y]) < 0:
-                    continue
-                logits = _chain_logits(model.heads, feats, ids, i, j)[0]  # [N]
-                p_base = torch.softmax(last[0, i + 1 + j] @ lm_rows.T, -1)  # [N]
-                kl = (p_base * (p_base.log() - torch.log_softmax(logits, -1))).sum()
-                terms.append((1 - w) * F.cross_entropy(logits[None], torch.tensor([int(t2d[y])])) + w * kl)
-            if terms:
-                want += weight * torch.stack(terms).mean()
+
+        def mixed(logits, y, i, j):  # logits [1, N]
+            p_base = torch.softmax(last[0, i + 1 + j] @ lm_rows.T, -1)  # [N]
+            kl = (p_base * (p_base.log() - torch.log_softmax(logits[0], -1))).sum()
+            return (1 - w) * F.cross_entropy(logits, torch.tensor([y])) + w * kl
+
+        want = _naive_loss(model.heads, feats, ids, labels, 2, mixed)
     torch.testing.assert_close(out.loss, torch.as_tensor(want, dtype=out.loss.dtype), atol=1e-4, rtol=1e-4)
     assert not torch.allclose(out.loss, plain.loss)  # the KL term changes the loss
     torch.testing.assert_close(out.correct1, plain.correct1)  # the statistics stay the CE's
