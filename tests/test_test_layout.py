@@ -35,6 +35,8 @@ NO_TEST_MODULE: dict[str, str] = {
     "medusa/eval/__init__.py": "a docstring only",
     "medusa/demo/__init__.py": "a docstring only",
     "benchmarks/__init__.py": "a docstring only",
+    "benchmarks/speculators_worker.py": "runs inside the speculators venv (its imports are not ours): "
+                                        "tests/benchmarks/test_speculators_check.py runs it end to end",
     "medusa/selfdistill/__init__.py": "re-exports the library entry points",
     "medusa/selfdistill/backends/__init__.py": "re-exports the backend types",
     "medusa/selfdistill/backends/base.py": "request / result dataclasses and the backend Protocols",
