@@ -32,6 +32,7 @@ class DataConfig:
     max_length: int = 2048
     chat_template: str | None = None  # Jinja text, a .jinja file, or a built-in name (chatml, vicuna)
     skip_invalid: bool = False
+    group_by_length: bool = False  # micro-batches of rows of like length (less padding), order still shuffled
 
 
 @dataclass

@@ -23,7 +23,7 @@ from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
 from medusa.training.eagle3 import Eagle3Loss
 from medusa.training.losses import Teacher, TeacherFn, medusa_head_loss
-from medusa.training.setup import load_backbone, param_groups
+from medusa.training.setup import load_backbone, mixed_precision, param_groups
 
 
 class HeadsLoss(nn.Module):
@@ -101,20 +101,28 @@ def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch
     return out.last_hidden_state
 
 
-def compute_loss(model: MedusaModel, trainable: nn.Module,
-                 batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor],
+                 bf16_base: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The heads' loss on the frozen backbone's hidden states (``batch["hidden"]`` when they come from the
     hidden-state cache; eagle3 heads: the fused layers' features ``[B, T, 3d]``). Returns
-    ``(loss, stats [STATS_ROWS, K])``."""
+    ``(loss, stats [STATS_ROWS, K])``. ``bf16_base`` (``train.mixed_precision: bf16``): the frozen backbone
+    runs under bf16 autocast, as it does when it fills a bf16 hidden-state cache; its outputs reach the heads
+    as float32."""
     layers = getattr(model.heads, "feature_layers", None)
+    base_precision = torch.autocast(model.base_model.device.type, dtype=torch.bfloat16, enabled=bf16_base)
     if layers is not None:
         if "hidden" in batch:  # the cache holds the fused layers only (no teacher: checked in the recipe)
             return trainable(batch["hidden"], batch["labels"], batch["input_ids"], batch["attention_mask"])
-        features, last = base_states(model.base_model, batch["input_ids"], batch["attention_mask"],
-                                     layers)  # [B, T, 3d], [B, T, d]
-        return trainable(features, batch["labels"], batch["input_ids"], batch["attention_mask"], last)
-    hidden = batch["hidden"] if "hidden" in batch else backbone_hidden(model, batch)  # [B, T, d]
-    return trainable(hidden, batch["labels"], batch["input_ids"])
+        with base_precision:
+            features, last = base_states(model.base_model, batch["input_ids"], batch["attention_mask"],
+                                         layers)  # [B, T, 3d], [B, T, d]
+        return trainable(features.float(), batch["labels"], batch["input_ids"], batch["attention_mask"],
+                         last.float())
+    if "hidden" in batch:
+        return trainable(batch["hidden"], batch["labels"], batch["input_ids"])
+    with base_precision:
+        hidden = backbone_hidden(model, batch)  # [B, T, d]
+    return trainable(hidden.float(), batch["labels"], batch["input_ids"])
 
 
 def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
@@ -152,7 +160,7 @@ class Medusa1:
     def compute_loss(self, recipe: Recipe, model: MedusaModel, trainable: nn.Module,
                      batch: dict[str, torch.Tensor], step: int,
                      state: None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        return (*compute_loss(model, trainable, batch), {})
+        return (*compute_loss(model, trainable, batch, mixed_precision(recipe) == "bf16"), {})
 
     def save_final(self, accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
                    path: Path) -> None:

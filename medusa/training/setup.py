@@ -9,7 +9,7 @@ import contextlib
 import functools
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,9 +309,34 @@ def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, plan: Plan)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
-    """The shuffled example order of one epoch (the same on every process)."""
-    return torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed * 1000 + epoch)).tolist()
+def grouping_lengths(examples: Sequence[dict[str, Sequence[int]]], recipe: Recipe) -> list[int] | None:
+    """Each example's token count where ``data.group_by_length`` is on (for :func:`epoch_order`), else None."""
+    return [len(e["input_ids"]) for e in examples] if recipe.data.group_by_length else None
+
+
+GROUP_BLOCKS = 64  # data.group_by_length: global micro-batches per length-sorted mega-batch
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int, lengths: Sequence[int] | None = None,
+                block: int = 1) -> list[int]:
+    """The shuffled example order of one epoch (the same on every process).
+
+    ``lengths`` (``data.group_by_length``): the shuffled order is cut into mega-batches of ``GROUP_BLOCKS``
+    global micro-batches of ``block`` rows, each sorted longest first, so that a micro-batch holds rows of
+    like length (less padding); the full blocks are then shuffled, so the length of a step's rows does not
+    follow the schedule. A short last block stays last."""
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(num_examples, generator=generator).tolist()
+    if lengths is None:
+        return order
+    if len(lengths) != num_examples or block < 1:
+        raise ValueError(f"epoch_order: {len(lengths)} lengths for {num_examples} examples, block {block}")
+    mega = block * GROUP_BLOCKS
+    grouped = [i for at in range(0, num_examples, mega)
+               for i in sorted(order[at:at + mega], key=lambda i: -lengths[i])]
+    full = num_examples // block
+    blocks = [grouped[b * block:(b + 1) * block] for b in torch.randperm(full, generator=generator).tolist()]
+    return [i for rows in blocks for i in rows] + grouped[full * block:]
 
 
 def micro_batch_indices(order: list[int], micro: int, rank: int, plan: Plan) -> list[int]:

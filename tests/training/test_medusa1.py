@@ -42,7 +42,21 @@ def test_method_trains_the_heads_alone_at_the_recipe_lr():
     assert {id(p) for g in groups for p in g["params"]} == head_params
     assert {g["lr"] for g in groups} == {recipe.train.lr}
     loss, stats, parts = method.compute_loss(recipe, model, trainable, batch, 0, None)
-    assert parts == {} and torch.equal(loss, medusa1.compute_loss(model, trainable, batch)[0])
+    bf16 = medusa1.mixed_precision(recipe) == "bf16"  # auto: bf16 where this CPU computes it natively
+    assert parts == {} and torch.equal(loss, medusa1.compute_loss(model, trainable, batch, bf16)[0])
+
+
+def test_bf16_base_runs_the_frozen_backbone_under_bf16_autocast():
+    model, trainable, batch = _model_and_batch()
+    loss32, _ = medusa1.compute_loss(model, trainable, batch)
+    loss16, _ = medusa1.compute_loss(model, trainable, batch, bf16_base=True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden16 = medusa1.backbone_hidden(model, batch).float()  # [B, T, d]: bf16 matmuls, rounded
+    assert hidden16.dtype == torch.float32 and not torch.equal(hidden16, medusa1.backbone_hidden(model, batch))
+    assert torch.allclose(loss16, trainable(hidden16, batch["labels"], batch["input_ids"])[0])
+    assert not torch.equal(loss16, loss32) and torch.allclose(loss16, loss32, rtol=0.05)
+    for p in model.base_model.parameters():  # the backbone's weights stay float32 and frozen
+        assert p.dtype == torch.float32 and not p.requires_grad
 
 
 def test_trained_model_takes_the_prepared_modules_heads():
