@@ -310,7 +310,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, plan: Plan)
 
 
 def grouping_lengths(examples: Sequence[dict[str, Sequence[int]]], recipe: Recipe) -> list[int] | None:
-    """Each example's token count where ``data.group_by_length`` is on (for :func:`epoch_order`), else None."""
+    """Each example's token count where ``data.group_by_length`` is on, or None."""
     return [len(e["input_ids"]) for e in examples] if recipe.data.group_by_length else None
 
 

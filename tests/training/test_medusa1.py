@@ -52,7 +52,8 @@ def test_bf16_base_runs_the_frozen_backbone_under_bf16_autocast():
     loss16, _ = medusa1.compute_loss(model, trainable, batch, bf16_base=True)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         hidden16 = medusa1.backbone_hidden(model, batch).float()  # [B, T, d]: bf16 matmuls, rounded
-    assert hidden16.dtype == torch.float32 and not torch.equal(hidden16, medusa1.backbone_hidden(model, batch))
+    hidden32 = medusa1.backbone_hidden(model, batch)
+    assert hidden16.dtype == torch.float32 and not torch.equal(hidden16, hidden32)
     assert torch.allclose(loss16, trainable(hidden16, batch["labels"], batch["input_ids"])[0])
     assert not torch.equal(loss16, loss32) and torch.allclose(loss16, loss32, rtol=0.05)
     for p in model.base_model.parameters():  # the backbone's weights stay float32 and frozen
