@@ -69,6 +69,7 @@ class Settings:
     ship: str | None = None
     shipped: str | None = None
     threads: int | None = None
+    processes: int = 1  # > 1: the train stage as that many data-parallel CPU processes (accelerate launch)
     progress: bool = True
 
 
@@ -200,7 +201,9 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
             run_dir = out / "train"
             overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={run_dir}",
                          *([f"heads.init_from={s.init_from}"] if s.init_from else []), *s.recipe_overrides]
-            trained = S.run_stage(out, "train", lambda: S.train_recipe(RECIPE, overrides, s.progress), log)
+            trained = S.run_stage(out, "train", lambda: (
+                S.launch_recipe(RECIPE, overrides, s.processes, s.progress) if s.processes > 1
+                else S.train_recipe(RECIPE, overrides, s.progress)), log)
             summary["train"] = trained
             summary["curve"] = S.run_stage(out, "curve", lambda: curve_stage(s, run_dir, data / "calib.jsonl",
                                                                              trained), log)
@@ -268,6 +271,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                         help="copy the calibrated drafter to DIR/eagle3")
     parser.add_argument("--shipped", default=None, metavar="DIR", help="bench DIR/eagle3; no training")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="train as N data-parallel CPU processes, one thread each (accelerate launch)")
     parser.add_argument("--set", action="append", default=[], metavar="key=value", help="recipe override")
     parser.add_argument("--debug", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
@@ -277,7 +282,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                  train_rows=args.train_rows, skip_rows=args.skip_rows, init_from=args.init_from,
                  per_category=args.per_category,
                  max_new_tokens=args.max_new_tokens, compare_lookup_tokens=args.compare_lookup_tokens,
-                 ship=args.ship, shipped=args.shipped, threads=args.threads,
+                 ship=args.ship, shipped=args.shipped, threads=args.threads, processes=args.processes,
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
     return s, args
 

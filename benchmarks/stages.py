@@ -46,6 +46,35 @@ def chat_model_parser(prog: str, description: str, settings: Any) -> argparse.Ar
     return parser
 
 
+def launch_recipe(recipe_path: str | Path, overrides: Sequence[str], processes: int,
+                  progress: bool = True) -> dict[str, Any]:
+    """``accelerate launch --config_file configs/accelerate/cpu.yaml --num_processes N -m medusa.train RECIPE
+    key=value...`` (data parallel over N CPU processes, one thread each): what :func:`train_recipe` returns,
+    the last logged metrics read from the run's ``metrics.jsonl``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from medusa.config import load_recipe
+
+    recipe = load_recipe(recipe_path, list(overrides))  # a bad override fails here, before any process
+    config = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "cpu.yaml"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+               "--num_processes", str(processes), "--main_process_port", "0", "-m", "medusa.train",
+               str(recipe_path), *overrides,
+               "--overwrite"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({} if progress else {"TQDM_DISABLE": "1"})}
+    if subprocess.run(command, env=env).returncode != 0:
+        raise MedusaError(f"{recipe_path}: accelerate launch of {processes} training processes failed")
+    out = Path(recipe.output_dir)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = {k: v for k, v in (rows[-1] if rows else {}).items()
+            if isinstance(v, (int, float)) and ("top1" in k or "loss" in k or k == "step")}
+    return {"final_dir": str(out / "final"), "steps": int(last.get("step", 0)), "metrics": last,
+            "recipe": str(recipe_path), "overrides": list(overrides), "processes": processes}
+
+
 def concat_jsonl(out: str | Path, sources: Sequence[str | Path]) -> Path:
     text = "".join(Path(s).read_text(encoding="utf-8") for s in sources)
     atomic_write_text(out, text)

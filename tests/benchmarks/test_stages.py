@@ -17,3 +17,22 @@ def test_head_type_rows_ratios_and_best():
     assert section["best_speedup"] == {"heads": "hydra", "tree": "static", "speedup": 1.9,
                                        "line": "best wall-clock speedup: hydra heads, static tree (8 nodes), "
                                                "1.90x"}
+
+
+def test_launch_recipe_trains_in_two_processes(tmp_path, tiny_recipe_env):
+    """``--processes 2``: the train stage as ``accelerate launch`` of two data-parallel CPU processes."""
+    from pathlib import Path
+
+    from benchmarks import stages as S
+    from medusa.errors import ConfigError
+
+    recipe = Path("recipes/tiny/medusa1.yaml")
+    overrides = [f"output_dir={tmp_path / 'run'}", "train.batch_size=2", "train.max_steps=2",
+                 "data.max_length=32", "train.logging_steps=1", "data.eval_split=0.0",
+                 "data.group_by_length=true"]
+    with pytest.raises(ConfigError, match="train.max_steps"):  # a bad override fails before any launch
+        S.launch_recipe(recipe, [*overrides, "train.max_steps=0"], 2, progress=False)
+    assert not (tmp_path / "run").exists()
+    result = S.launch_recipe(recipe, overrides, 2, progress=False)
+    assert result["processes"] == 2 and result["steps"] == 2 and result["metrics"]["loss"] > 0
+    assert (Path(result["final_dir"]) / "medusa_heads.safetensors").is_file()
