@@ -27,10 +27,12 @@ What vLLM 0.32 reads (``transformers_utils/configs/speculators/{base,algos}.py``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from medusa.errors import CheckpointError, MedusaError
@@ -63,10 +65,41 @@ def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
     return out
 
 
+EMBEDDING_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+                  "language_model.model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight")
+
+
+def embeddings_from_files(verifier: str) -> torch.Tensor | None:
+    """The input embedding table read alone from a local base's safetensors (one file or an index), or None
+    where the base is not such a directory or names its table otherwise: a big base is not loaded whole."""
+    directory = Path(verifier).expanduser()
+    index = directory / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+            found = [(k, directory / weight_map[k]) for k in EMBEDDING_KEYS if k in weight_map]
+        elif (directory / "model.safetensors").is_file():
+            with safe_open(directory / "model.safetensors", framework="pt") as f:
+                names = set(f.keys())
+            found = [(k, directory / "model.safetensors") for k in EMBEDDING_KEYS if k in names]
+        else:
+            return None
+        if not found:
+            return None
+        key, path = found[0]
+        with safe_open(path, framework="pt") as f:
+            return f.get_tensor(key)
+    except (OSError, ValueError, AttributeError, KeyError) as exc:
+        raise CheckpointError(f"{verifier}: cannot read its input embeddings ({exc})") from None
+
+
 def verifier_embeddings(verifier: str, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
     """The verifier's input embedding table ``[V, d]`` as ``dtype`` on the CPU (what our drafter embeds its
-    tokens with, read from the base at decode time)."""
-    weight = load_base_model(verifier).get_input_embeddings().weight
+    tokens with, read from the base at decode time): from its safetensors where they name it, else from the
+    loaded base."""
+    weight = embeddings_from_files(verifier)
+    if weight is None:
+        weight = load_base_model(verifier).get_input_embeddings().weight
     if weight.shape[0] != vocab_size:
         raise CheckpointError(f"{verifier}: its input embeddings have {weight.shape[0]} rows, the heads were "
                               f"trained on a vocabulary of {vocab_size}")

@@ -97,3 +97,26 @@ def test_other_heads_are_refused(tmp_path, base_dir, head_type):
     with pytest.raises(CheckpointError, match=f"eagle3 heads .this checkpoint's is '{head_type}'"):
         export_checkpoint(tmp_path / "m", tmp_path / "spec", "speculators")
     assert not (tmp_path / "spec").exists()
+
+
+def test_embeddings_read_alone_from_the_bases_safetensors(tmp_path, base_dir, monkeypatch):
+    from safetensors.torch import save_file
+
+    from medusa.export import speculators as spec
+
+    embed = MedusaModel.from_base(str(base_dir), num_heads=1).base_model.get_input_embeddings().weight.detach()
+    assert torch.equal(spec.embeddings_from_files(str(base_dir)), embed)  # one model.safetensors
+    sharded = tmp_path / "sharded"  # an index naming the shard that holds the table
+    sharded.mkdir()
+    save_file({"model.embed_tokens.weight": embed.clone()}, sharded / "model-00002-of-00002.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors",
+                        "lm_head.weight": "model-00001-of-00002.safetensors"}}))
+    assert torch.equal(spec.embeddings_from_files(str(sharded)), embed)
+    assert spec.embeddings_from_files(str(tmp_path / "no-such-dir")) is None  # e.g. a hub id: load the base
+    (sharded / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="cannot read its input embeddings"):
+        spec.embeddings_from_files(str(sharded))
+    monkeypatch.setattr(spec, "load_base_model", lambda _: pytest.fail("the base was loaded whole"))
+    assert torch.equal(spec.verifier_embeddings(str(base_dir), embed.shape[0], torch.bfloat16),
+                       embed.to(torch.bfloat16))
