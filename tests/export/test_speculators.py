@@ -104,7 +104,8 @@ def test_embeddings_read_alone_from_the_bases_safetensors(tmp_path, base_dir, mo
 
     from medusa.export import speculators as spec
 
-    embed = MedusaModel.from_base(str(base_dir), num_heads=1).base_model.get_input_embeddings().weight.detach()
+    base = MedusaModel.from_base(str(base_dir), num_heads=1).base_model
+    embed = base.get_input_embeddings().weight.detach()  # [V, d]
     assert torch.equal(spec.embeddings_from_files(str(base_dir)), embed)  # one model.safetensors
     sharded = tmp_path / "sharded"  # an index naming the shard that holds the table
     sharded.mkdir()
