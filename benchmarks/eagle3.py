@@ -69,12 +69,15 @@ class Settings:
     ship: str | None = None
     shipped: str | None = None
     threads: int | None = None
+    answered_only: bool = False  # train on the rows answered so far; answer nothing more
     processes: int = 1  # > 1: the train stage as that many data-parallel CPU processes (accelerate launch)
     progress: bool = True
 
 
 def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
     """Greedy replay-mode self-distillation of the Alpaca train / calibration prompts (+ synthesized ones)."""
+    if s.answered_only:
+        return answered_stage(s, data)
     alpaca_path = Path(s.shared) / "data" / "alpaca_5000.json"
     alpaca = json.loads(alpaca_path.read_text(encoding="utf-8"))
     if len(alpaca) < s.alpaca_prompts + s.calib_prompts:
@@ -107,6 +110,25 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
     return {"train_replies": reply_stats([data / "train.jsonl"]),
             "calib_rows": calib["written"] + calib["already_done"],
             "parts": [*parts, calib]}
+
+
+def answered_stage(s: Settings, data: Path) -> dict[str, Any]:
+    """``--answered-only``: train on the rows the self-distillation parts hold now, answering nothing more
+    (a killed run's parts, within a CPU budget); the held-out calibration replies must be complete."""
+    names = ["distill_alpaca.jsonl", *(["distill_synth.jsonl"] if s.synthesize else []),
+             *(["distill_docs.jsonl"] if s.doc_tasks else [])]
+    missing = [n for n in [*names, "calib.jsonl"] if not (data / n).is_file()]
+    if missing:
+        raise DataError(f"{data}: --answered-only needs the self-distillation parts, missing "
+                        f"{', '.join(missing)}")
+    calib_lines = (data / "calib.jsonl").read_text(encoding="utf-8").splitlines()
+    calib_rows = sum(1 for line in calib_lines if line.strip())
+    if calib_rows < s.calib_prompts:
+        raise DataError(f"{data / 'calib.jsonl'}: {calib_rows} held-out replies, need {s.calib_prompts}")
+    S.concat_jsonl(data / "train.jsonl", [data / n for n in names])
+    return {"train_replies": reply_stats([data / "train.jsonl"]), "calib_rows": calib_rows,
+            "parts": [{"out": str(data / n), **reply_stats([data / n])} for n in names],
+            "answered_only": True}
 
 
 def calib_prompts(tokenizer: Any, path: Path, n: int) -> list[Any]:
@@ -271,6 +293,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                         help="copy the calibrated drafter to DIR/eagle3")
     parser.add_argument("--shipped", default=None, metavar="DIR", help="bench DIR/eagle3; no training")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--answered-only", action="store_true",
+                        help="train on the rows self-distilled so far (a killed run's); answer no more")
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="train as N data-parallel CPU processes, one thread each (accelerate launch)")
     parser.add_argument("--set", action="append", default=[], metavar="key=value", help="recipe override")
@@ -283,6 +307,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                  per_category=args.per_category,
                  max_new_tokens=args.max_new_tokens, compare_lookup_tokens=args.compare_lookup_tokens,
                  ship=args.ship, shipped=args.shipped, threads=args.threads, processes=args.processes,
+                 answered_only=args.answered_only,
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
     return s, args
 

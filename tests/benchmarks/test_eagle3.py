@@ -39,3 +39,29 @@ def test_checkpoint_heads(tmp_path):
     for k, v in back.heads.state_dict().items():
         assert torch.equal(v, trained[f"heads.{k}"]), k
     assert json.loads((out / "medusa_config.json").read_text())["head_type"] == "eagle3"
+
+
+def test_answered_only_trains_on_the_rows_answered_so_far(tmp_path):
+    import pytest
+
+    from medusa.errors import DataError
+
+    def row(n):
+        return {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                "metadata": {"completion_tokens": n, "finish_reasons": ["stop"]}}
+    data = tmp_path / "data"
+    data.mkdir()
+    parts = (("distill_alpaca", [row(3), row(4)]), ("distill_synth", [row(5)]), ("calib", [row(1)]))
+    for name, rows in parts:
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = eagle3.Settings(out=str(tmp_path), synthesize=6000, doc_tasks=3057, calib_prompts=1, answered_only=True)
+    with pytest.raises(DataError, match="missing distill_docs.jsonl"):
+        eagle3.distill_stage(s, "no-model-is-loaded", data)
+    (data / "distill_docs.jsonl").write_text(json.dumps(row(7)) + "\n")
+    result = eagle3.distill_stage(s, "no-model-is-loaded", data)
+    assert result["train_replies"] == {"rows": 4, "reply_tokens": 19, "truncated_share": 0.0}
+    assert [p["rows"] for p in result["parts"]] == [2, 1, 1] and result["calib_rows"] == 1
+    assert len((data / "train.jsonl").read_text().splitlines()) == 4
+    s.calib_prompts = 2
+    with pytest.raises(DataError, match="1 held-out replies, need 2"):
+        eagle3.distill_stage(s, "no-model-is-loaded", data)
