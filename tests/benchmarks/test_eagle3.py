@@ -54,7 +54,8 @@ def test_answered_only_trains_on_the_rows_answered_so_far(tmp_path):
     parts = (("distill_alpaca", [row(3), row(4)]), ("distill_synth", [row(5)]), ("calib", [row(1)]))
     for name, rows in parts:
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    s = eagle3.Settings(out=str(tmp_path), synthesize=6000, doc_tasks=3057, calib_prompts=1, answered_only=True)
+    s = eagle3.Settings(out=str(tmp_path), synthesize=6000, doc_tasks=3057, calib_prompts=1,
+                        answered_only=True)
     with pytest.raises(DataError, match="missing distill_docs.jsonl"):
         eagle3.distill_stage(s, "no-model-is-loaded", data)
     (data / "distill_docs.jsonl").write_text(json.dumps(row(7)) + "\n")
