@@ -112,23 +112,40 @@ def distill_stage(s: Settings, model_path: str, data: Path) -> dict[str, Any]:
             "parts": [*parts, calib]}
 
 
+def answered_rows(path: Path) -> list[str]:
+    """The complete rows of a self-distillation file, each a JSON line: a killed writer's partial last line
+    is left out; an unreadable row before it is an error naming the file and row."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise DataError(f"{path}: row {i} is not JSON") from None
+        rows.append(line + "\n")
+    return rows
+
+
 def answered_stage(s: Settings, data: Path) -> dict[str, Any]:
     """``--answered-only``: train on the rows the self-distillation parts hold now, answering nothing more
-    (a killed run's parts, within a CPU budget); the held-out calibration replies must be complete."""
+    (a killed run's parts, within a CPU budget; ``--skip-rows`` / ``--train-rows`` apply as they do after a
+    full distillation); the held-out calibration replies must be complete."""
     names = ["distill_alpaca.jsonl", *(["distill_synth.jsonl"] if s.synthesize else []),
              *(["distill_docs.jsonl"] if s.doc_tasks else [])]
     missing = [n for n in [*names, "calib.jsonl"] if not (data / n).is_file()]
     if missing:
         raise DataError(f"{data}: --answered-only needs the self-distillation parts, missing "
                         f"{', '.join(missing)}")
-    calib_lines = (data / "calib.jsonl").read_text(encoding="utf-8").splitlines()
-    calib_rows = sum(1 for line in calib_lines if line.strip())
+    calib_rows = len(answered_rows(data / "calib.jsonl"))
     if calib_rows < s.calib_prompts:
         raise DataError(f"{data / 'calib.jsonl'}: {calib_rows} held-out replies, need {s.calib_prompts}")
-    S.concat_jsonl(data / "train.jsonl", [data / n for n in names])
+    parts = {n: answered_rows(data / n) for n in names}
+    rows = [r for n in names for r in parts[n]][s.skip_rows: s.train_rows]
+    atomic_write_text(data / "train.jsonl", "".join(rows))
     return {"train_replies": reply_stats([data / "train.jsonl"]), "calib_rows": calib_rows,
-            "parts": [{"out": str(data / n), **reply_stats([data / n])} for n in names],
-            "answered_only": True}
+            "parts": [{"out": str(data / n), "rows": len(parts[n])} for n in names], "answered_only": True}
 
 
 def calib_prompts(tokenizer: Any, path: Path, n: int) -> list[Any]:

@@ -58,11 +58,17 @@ def test_answered_only_trains_on_the_rows_answered_so_far(tmp_path):
                         answered_only=True)
     with pytest.raises(DataError, match="missing distill_docs.jsonl"):
         eagle3.distill_stage(s, "no-model-is-loaded", data)
-    (data / "distill_docs.jsonl").write_text(json.dumps(row(7)) + "\n")
+    (data / "distill_docs.jsonl").write_text(json.dumps(row(7)) + "\n" + '{"messages": [{"ro')  # killed
     result = eagle3.distill_stage(s, "no-model-is-loaded", data)
     assert result["train_replies"] == {"rows": 4, "reply_tokens": 19, "truncated_share": 0.0}
     assert [p["rows"] for p in result["parts"]] == [2, 1, 1] and result["calib_rows"] == 1
     assert len((data / "train.jsonl").read_text().splitlines()) == 4
+    s.skip_rows, s.train_rows = 1, 3  # as after a full distillation: rows 1-2 of the four
+    assert eagle3.distill_stage(s, "no-model-is-loaded", data)["train_replies"]["reply_tokens"] == 9
     s.calib_prompts = 2
     with pytest.raises(DataError, match="1 held-out replies, need 2"):
+        eagle3.distill_stage(s, "no-model-is-loaded", data)
+    (data / "distill_synth.jsonl").write_text("{broken\n" + json.dumps(row(5)) + "\n")
+    s.calib_prompts = 1
+    with pytest.raises(DataError, match=r"distill_synth.jsonl: row 0 is not JSON"):
         eagle3.distill_stage(s, "no-model-is-loaded", data)
