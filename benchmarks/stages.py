@@ -58,6 +58,8 @@ def launch_recipe(recipe_path: str | Path, overrides: Sequence[str], processes: 
 
     from medusa.config import load_recipe
 
+    if processes < 1:
+        raise MedusaError(f"--processes: {processes} is not a number of processes (>= 1)")
     recipe = load_recipe(recipe_path, list(overrides))  # a bad override fails here, before any process
     config = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "cpu.yaml"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
@@ -68,6 +70,8 @@ def launch_recipe(recipe_path: str | Path, overrides: Sequence[str], processes: 
     if subprocess.run(command, env=env).returncode != 0:
         raise MedusaError(f"{recipe_path}: accelerate launch of {processes} training processes failed")
     out = Path(recipe.output_dir)
+    if not (out / "final").is_dir() or not (out / "metrics.jsonl").is_file():
+        raise MedusaError(f"{out}: the launched training wrote no final/ or metrics.jsonl")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = {k: v for k, v in (rows[-1] if rows else {}).items()
             if isinstance(v, (int, float)) and ("top1" in k or "loss" in k or k == "step")}

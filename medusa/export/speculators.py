@@ -66,7 +66,8 @@ def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
 
 
 EMBEDDING_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-                  "language_model.model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight")
+                  "language_model.model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight",
+                  "wte.weight")
 
 
 def embeddings_from_files(verifier: str) -> torch.Tensor | None:
@@ -74,23 +75,25 @@ def embeddings_from_files(verifier: str) -> torch.Tensor | None:
     where the base is not such a directory or names its table otherwise: a big base is not loaded whole."""
     directory = Path(verifier).expanduser()
     index = directory / "model.safetensors.index.json"
+    where = index
     try:
         if index.is_file():
             weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-            found = [(k, directory / weight_map[k]) for k in EMBEDDING_KEYS if k in weight_map]
+            found = [(k, directory / str(weight_map[k])) for k in EMBEDDING_KEYS if k in weight_map]
         elif (directory / "model.safetensors").is_file():
-            with safe_open(directory / "model.safetensors", framework="pt") as f:
+            where = directory / "model.safetensors"
+            with safe_open(where, framework="pt") as f:
                 names = set(f.keys())
-            found = [(k, directory / "model.safetensors") for k in EMBEDDING_KEYS if k in names]
+            found = [(k, where) for k in EMBEDDING_KEYS if k in names]
         else:
             return None
         if not found:
             return None
-        key, path = found[0]
-        with safe_open(path, framework="pt") as f:
+        key, where = found[0]
+        with safe_open(where, framework="pt") as f:
             return f.get_tensor(key)
-    except (OSError, ValueError, AttributeError, KeyError) as exc:
-        raise CheckpointError(f"{verifier}: cannot read its input embeddings ({exc})") from None
+    except Exception as exc:  # noqa: BLE001  (json, OS and safetensors' own errors: one clear line)
+        raise CheckpointError(f"{where}: cannot read the base's input embeddings ({exc})") from None
 
 
 def verifier_embeddings(verifier: str, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:

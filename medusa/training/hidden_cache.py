@@ -387,7 +387,7 @@ def cache_for_recipe(recipe: Any, dtype: str | None = None,
         layers = recipe.heads.feature_layers or default_feature_layers(n_layers)
     cache = prepare(recipe.train.hidden_cache, base, data.train.examples, data.pad_token_id,
                     recipe.train.batch_size, dtype=dtype, log=log,
-                    bf16_compute=S.mixed_precision(recipe) == "bf16", feature_layers=layers)
+                    bf16_compute=S.backbone_bf16(recipe), feature_layers=layers)
     assert cache is not None
     return cache
 

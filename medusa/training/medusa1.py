@@ -8,6 +8,7 @@ reduce the heads' gradients.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
 from medusa.training.eagle3 import Eagle3Loss
 from medusa.training.losses import Teacher, TeacherFn, medusa_head_loss
-from medusa.training.setup import load_backbone, mixed_precision, param_groups
+from medusa.training.setup import backbone_bf16, load_backbone, param_groups
 
 
 class HeadsLoss(nn.Module):
@@ -105,11 +106,12 @@ def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torc
                  bf16_base: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The heads' loss on the frozen backbone's hidden states (``batch["hidden"]`` when they come from the
     hidden-state cache; eagle3 heads: the fused layers' features ``[B, T, 3d]``). Returns
-    ``(loss, stats [STATS_ROWS, K])``. ``bf16_base`` (``train.mixed_precision: bf16``): the frozen backbone
-    runs under bf16 autocast, as it does when it fills a bf16 hidden-state cache; its outputs reach the heads
-    as float32."""
+    ``(loss, stats [STATS_ROWS, K])``. ``bf16_base`` (:func:`~medusa.training.setup.backbone_bf16`): the
+    frozen backbone runs under bf16 autocast, as it does when it fills a bf16 hidden-state cache; its outputs
+    reach the heads as float32."""
     layers = getattr(model.heads, "feature_layers", None)
-    base_precision = torch.autocast(model.base_model.device.type, dtype=torch.bfloat16, enabled=bf16_base)
+    base_precision = (torch.autocast(model.base_model.device.type, dtype=torch.bfloat16) if bf16_base
+                      else contextlib.nullcontext())  # an outer autocast (evaluation's) still applies
     if layers is not None:
         if "hidden" in batch:  # the cache holds the fused layers only (no teacher: checked in the recipe)
             return trainable(batch["hidden"], batch["labels"], batch["input_ids"], batch["attention_mask"])
@@ -160,7 +162,7 @@ class Medusa1:
     def compute_loss(self, recipe: Recipe, model: MedusaModel, trainable: nn.Module,
                      batch: dict[str, torch.Tensor], step: int,
                      state: None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        return (*compute_loss(model, trainable, batch, mixed_precision(recipe) == "bf16"), {})
+        return (*compute_loss(model, trainable, batch, backbone_bf16(recipe)), {})
 
     def save_final(self, accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
                    path: Path) -> None:

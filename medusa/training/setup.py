@@ -25,6 +25,13 @@ from medusa.modeling.quantization import bnb_config, keep_plain_4bit_layout
 
 
 # ----------------------------------------------------------------------------------------- accelerator
+def backbone_bf16(recipe: Recipe) -> bool:
+    """Whether a frozen backbone runs under bf16 autocast: the recipe's resolved ``train.mixed_precision``,
+    or where the recipe leaves it to accelerate (null), accelerate's own (its launch config or flag)."""
+    value = mixed_precision(recipe) or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    return value == "bf16"
+
+
 def mixed_precision(recipe: Recipe) -> str | None:
     """The recipe's ``train.mixed_precision`` with ``auto`` resolved: ``bf16`` where the training device
     (CUDA when available, else the CPU) computes bfloat16 natively (:func:`native_bf16`: Ampere+, or AVX-512
@@ -322,9 +329,10 @@ def epoch_order(num_examples: int, seed: int, epoch: int, lengths: Sequence[int]
     """The shuffled example order of one epoch (the same on every process).
 
     ``lengths`` (``data.group_by_length``): the shuffled order is cut into mega-batches of ``GROUP_BLOCKS``
-    global micro-batches of ``block`` rows, each sorted longest first, so that a micro-batch holds rows of
-    like length (less padding); the full blocks are then shuffled, so the length of a step's rows does not
-    follow the schedule. A short last block stays last."""
+    global batches of ``block`` rows (processes x micro-batch x grad_accum: the same blocks whatever the
+    process count, so a resume at another count keeps the order), each sorted longest first, so that a
+    micro-batch holds rows of like length (less padding); the full blocks are then shuffled, so the length of
+    a step's rows does not follow the schedule. A short last block stays last."""
     generator = torch.Generator().manual_seed(seed * 1000 + epoch)
     order = torch.randperm(num_examples, generator=generator).tolist()
     if lengths is None:

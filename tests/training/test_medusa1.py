@@ -42,8 +42,11 @@ def test_method_trains_the_heads_alone_at_the_recipe_lr():
     assert {id(p) for g in groups for p in g["params"]} == head_params
     assert {g["lr"] for g in groups} == {recipe.train.lr}
     loss, stats, parts = method.compute_loss(recipe, model, trainable, batch, 0, None)
-    bf16 = medusa1.mixed_precision(recipe) == "bf16"  # auto: bf16 where this CPU computes it natively
-    assert parts == {} and torch.equal(loss, medusa1.compute_loss(model, trainable, batch, bf16)[0])
+    assert parts == {} and torch.equal(loss, medusa1.compute_loss(model, trainable, batch)[0])  # null: no
+    for precision, bf16 in (("bf16", True), ("no", False)):
+        recipe.train.mixed_precision = precision
+        loss, _, _ = method.compute_loss(recipe, model, trainable, batch, 0, None)
+        assert torch.equal(loss, medusa1.compute_loss(model, trainable, batch, bf16_base=bf16)[0]), precision
 
 
 def test_bf16_base_runs_the_frozen_backbone_under_bf16_autocast():
@@ -58,6 +61,21 @@ def test_bf16_base_runs_the_frozen_backbone_under_bf16_autocast():
     assert not torch.equal(loss16, loss32) and torch.allclose(loss16, loss32, rtol=0.05)
     for p in model.base_model.parameters():  # the backbone's weights stay float32 and frozen
         assert p.dtype == torch.float32 and not p.requires_grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # an outer autocast (evaluation's) is kept
+        outer = medusa1.compute_loss(model, trainable, batch)[0]
+        assert torch.equal(outer, trainable(hidden16, batch["labels"], batch["input_ids"])[0])
+
+
+def test_backbone_bf16_follows_the_recipe_else_accelerate(monkeypatch):
+    from medusa.training.setup import backbone_bf16
+    recipe = Recipe(model="m")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert backbone_bf16(recipe) is True  # null: accelerate's launch setting
+    recipe.train.mixed_precision = "no"
+    assert backbone_bf16(recipe) is False
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    recipe.train.mixed_precision = None
+    assert backbone_bf16(recipe) is False
 
 
 def test_trained_model_takes_the_prepared_modules_heads():
