@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from medusa.config import Recipe
 from medusa.errors import CheckpointError, ConfigError
 from medusa.io import OVERWRITE_HINT, atomic_write_text, give_umask_mode
 from medusa.training.engine_state import check_supported, load_engine_state, save_engine_state
@@ -123,6 +124,8 @@ def resume_changes(recipe: dict[str, Any], path: Path, fingerprint: str | None,
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"train.resume: {path / STATE_NAME}: global_step {step!r} is not a step")
     new = flat_keys(recipe)
+    defaults = flat_keys(Recipe().to_dict())  # a key added since the checkpoint was made had its default
+    old = {**{k: v for k, v in defaults.items() if k in new}, **old} if old else old
     free = RESUME_FREE_KEYS | (set(BATCH_KEYS) if isinstance(state.get("global_batch"), int) else set())
     changes = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
                if k not in free and old.get(k) != new.get(k)}

@@ -248,3 +248,15 @@ def test_resume_keeps_the_global_batch_at_any_number_of_processes(tmp_path):
     (tmp_path / STATE_NAME).write_text(json.dumps(state))
     with pytest.raises(ConfigError, match="train.batch_size"):
         resume_changes(relaid, tmp_path, None, allow=False)
+
+
+def test_a_key_added_since_the_checkpoint_compares_as_its_default(tmp_path):
+    from medusa.training.checkpoint import resume_changes
+
+    recipe = load_recipe(TINY, []).to_dict()
+    older = {**recipe, "data": {k: v for k, v in recipe["data"].items() if k != "group_by_length"}}
+    (tmp_path / STATE_NAME).write_text(json.dumps({"global_step": 2, "recipe": older}))
+    assert resume_changes(recipe, tmp_path, None, allow=False) == {}  # its default: no change
+    grouped = {**recipe, "data": {**recipe["data"], "group_by_length": True}}
+    with pytest.raises(ConfigError, match=r"data.group_by_length: False -> True"):
+        resume_changes(grouped, tmp_path, None, allow=False)
