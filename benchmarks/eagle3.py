@@ -70,6 +70,7 @@ class Settings:
     shipped: str | None = None
     threads: int | None = None
     answered_only: bool = False  # train on the rows answered so far; answer nothing more
+    resume_changed: bool = False  # the train stage resumes a killed run under changed --set overrides
     processes: int = 1  # > 1: the train stage as that many data-parallel CPU processes (accelerate launch)
     progress: bool = True
 
@@ -241,7 +242,8 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
             overrides = [f"model={model}", f"data.train={data / 'train.jsonl'}", f"output_dir={run_dir}",
                          *([f"heads.init_from={s.init_from}"] if s.init_from else []), *s.recipe_overrides]
             trained = S.run_stage(out, "train", lambda: (
-                S.launch_recipe(RECIPE, overrides, s.processes, s.progress) if s.processes > 1
+                S.launch_recipe(RECIPE, overrides, s.processes, s.progress, s.resume_changed)
+                if s.processes > 1
                 else S.train_recipe(RECIPE, overrides, s.progress)), log)
             summary["train"] = trained
             summary["curve"] = S.run_stage(out, "curve", lambda: curve_stage(s, run_dir, data / "calib.jsonl",
@@ -312,6 +314,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--answered-only", action="store_true",
                         help="train on the rows self-distilled so far (a killed run's); answer no more")
+    parser.add_argument("--resume-changed", action="store_true",
+                        help="with --processes: resume a killed training run under changed --set overrides")
     parser.add_argument("--processes", type=int, default=1, metavar="N",
                         help="train as N data-parallel CPU processes, one thread each (accelerate launch)")
     parser.add_argument("--set", action="append", default=[], metavar="key=value", help="recipe override")
@@ -324,7 +328,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[Settings, argpars
                  per_category=args.per_category,
                  max_new_tokens=args.max_new_tokens, compare_lookup_tokens=args.compare_lookup_tokens,
                  ship=args.ship, shipped=args.shipped, threads=args.threads, processes=args.processes,
-                 answered_only=args.answered_only,
+                 answered_only=args.answered_only, resume_changed=args.resume_changed,
                  recipe_overrides=tuple(args.set), progress=not args.no_progress)
     return s, args
 

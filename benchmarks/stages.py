@@ -47,10 +47,11 @@ def chat_model_parser(prog: str, description: str, settings: Any) -> argparse.Ar
 
 
 def launch_recipe(recipe_path: str | Path, overrides: Sequence[str], processes: int,
-                  progress: bool = True) -> dict[str, Any]:
+                  progress: bool = True, resume_changed: bool = False) -> dict[str, Any]:
     """``accelerate launch --config_file configs/accelerate/cpu.yaml --num_processes N -m medusa.train RECIPE
     key=value...`` (data parallel over N CPU processes, one thread each): what :func:`train_recipe` returns,
-    the last logged metrics read from the run's ``metrics.jsonl``."""
+    the last logged metrics read from the run's ``metrics.jsonl``. ``resume_changed``: a killed run resumes
+    under a changed recipe (``medusa train --resume-changed``; the changes are recorded in metrics.jsonl)."""
     import json
     import os
     import subprocess
@@ -65,7 +66,7 @@ def launch_recipe(recipe_path: str | Path, overrides: Sequence[str], processes: 
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "--num_processes", str(processes), "--main_process_port", "0", "-m", "medusa.train",
                str(recipe_path), *overrides,
-               "--overwrite"]
+               "--overwrite", *(["--resume-changed"] if resume_changed else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", **({} if progress else {"TQDM_DISABLE": "1"})}
     if subprocess.run(command, env=env).returncode != 0:
         raise MedusaError(f"{recipe_path}: accelerate launch of {processes} training processes failed")
