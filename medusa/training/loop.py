@@ -363,9 +363,7 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
     while step < end:
         if step // plan.steps_per_epoch != order_epoch:
             order_epoch = step // plan.steps_per_epoch
-            examples = run.data.train.examples
-            order = S.epoch_order(len(examples), t.seed, order_epoch, S.grouping_lengths(examples, recipe),
-                                  plan.micro_batch * plan.world * plan.grad_accum)  # one global batch
+            order = S.training_order(run.data.train.examples, recipe, plan, order_epoch)
         grad_norm = _optimizer_step(run, window, order, step, params)
         step += 1
         bar.update(1)

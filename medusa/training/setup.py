@@ -316,9 +316,13 @@ def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, plan: Plan)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def grouping_lengths(examples: Sequence[dict[str, Sequence[int]]], recipe: Recipe) -> list[int] | None:
-    """Each example's token count where ``data.group_by_length`` is on, or None."""
-    return [len(e["input_ids"]) for e in examples] if recipe.data.group_by_length else None
+def training_order(examples: Sequence[dict[str, Sequence[int]]], recipe: Recipe, plan: Plan,
+                   epoch: int) -> list[int]:
+    """Epoch ``epoch``'s example order (:func:`epoch_order`): with ``data.group_by_length``, grouped by
+    each example's token count in blocks of one global batch (processes x micro-batch x grad_accum)."""
+    lengths = [len(e["input_ids"]) for e in examples] if recipe.data.group_by_length else None
+    return epoch_order(len(examples), recipe.train.seed, epoch, lengths,
+                       plan.micro_batch * plan.world * plan.grad_accum)
 
 
 GROUP_BLOCKS = 64  # data.group_by_length: global micro-batches per length-sorted mega-batch

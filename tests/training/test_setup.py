@@ -123,3 +123,16 @@ def test_group_by_length_batches_rows_of_like_length_and_keeps_every_row():
 def test_group_by_length_refuses_mismatched_lengths():
     with pytest.raises(ValueError, match="3 lengths for 4 examples"):
         setup.epoch_order(4, 0, 0, [1, 2, 3], 2)
+
+
+def test_training_order_groups_in_blocks_of_one_global_batch():
+    from medusa.config import Recipe
+
+    examples = [{"input_ids": [0] * n} for n in (5, 90, 7, 60, 3, 80, 9, 70, 4, 50)]
+    recipe = Recipe(model="m")
+    plan = setup.Plan(steps_per_epoch=2, total_steps=2, warmup_steps=0, world=2, micro_batch=1, grad_accum=2)
+    assert setup.training_order(examples, recipe, plan, 0) == setup.epoch_order(10, recipe.train.seed, 0)
+    recipe.data.group_by_length = True
+    lengths = [len(e["input_ids"]) for e in examples]
+    assert setup.training_order(examples, recipe, plan, 1) == setup.epoch_order(10, recipe.train.seed, 1,
+                                                                                  lengths, 4)
