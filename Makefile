@@ -55,11 +55,12 @@ heads-chat: $(STAMP)
 		--threads 1 --ship $(SHIP_TO)
 
 # Reproduce the shipped EAGLE-3 drafter (resumable; delete out/heads/eagle3 to start over): self-distil the Alpaca
-# prompts (greedy, chat template) and 200 held-out ones, train the draft layer (benchmarks/recipes/smollm2_eagle3.yaml),
+# prompts, 6000 requests the model writes and 3057 document tasks (greedy, chat template) and 200 held-out ones, train the draft layer (benchmarks/recipes/smollm2_eagle3.yaml),
 # the acceptance-vs-data curve, calibrate its tree, copy into SHIP_TO/eagle3 (must not exist).
 heads-chat-eagle3: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
-	$(BIN)/python -m benchmarks.eagle3 --out out/heads/eagle3 --threads 1 --ship $(SHIP_TO)
+	$(BIN)/python -m benchmarks.eagle3 --out out/heads/eagle3 --synthesize 6000 --doc-tasks 3057 --processes 2 \
+		--threads 1 --set data.max_length=768 --set train.max_steps=520 --ship $(SHIP_TO)
 
 # MEDUSA-1 and Hydra draft-vocabulary heads on Gemma-3-270m (262k vocabulary, sliding window 512), text prompts;
 # resumable (out/bench/gemma3). Gemma Terms of Use: the model is fetched at run time, never committed.
