@@ -175,16 +175,22 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
+    return cpu_bf16_flagged() and cpu_bf16_faster()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_flagged() -> bool:
+    """Whether the CPU reports AVX-512 BF16 or AMX (``/proc/cpuinfo``, else oneDNN's check); read once per
+    process (training asks every step)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = next((line for line in f if line.startswith("flags")), "").split()
-        flagged = "avx512_bf16" in flags or "amx_bf16" in flags
+        return "avx512_bf16" in flags or "amx_bf16" in flags
     except OSError:
         try:
-            flagged = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         except (AttributeError, RuntimeError):
-            flagged = False
-    return flagged and cpu_bf16_faster()
+            return False
 
 
 @functools.lru_cache(maxsize=1)

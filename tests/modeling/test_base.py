@@ -68,9 +68,12 @@ def test_native_bf16_on_cpu_needs_the_flag_and_a_measured_speedup(monkeypatch):
     for flags, faster, expected in cases:
         monkeypatch.setattr(builtins, "open", cpuinfo(flags))
         monkeypatch.setattr(base, "cpu_bf16_faster", lambda faster=faster: faster)
+        base.cpu_bf16_flagged.cache_clear()  # read once per process: this case's cpuinfo
         assert base.native_bf16("cpu") is expected, (flags, faster)
         assert base.fast_dtype("cpu") == ("bfloat16" if expected else "float32")
     assert base.native_bf16("meta") is False
+    monkeypatch.undo()
+    base.cpu_bf16_flagged.cache_clear()  # the real CPU's flags for the tests after this one
 
 
 def test_cpu_bf16_probe_returns_a_bool_and_is_measured_once():
