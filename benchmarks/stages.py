@@ -23,6 +23,7 @@ from medusa.demo.stages import (  # noqa: F401  (re-exported: the stages every p
     marker_path,
     run_self_distill,
     run_stage,
+    summary_metrics,
     torch_threads,
     train_recipe,
     write_jsonl,
@@ -74,8 +75,7 @@ def launch_recipe(recipe_path: str | Path, overrides: Sequence[str], processes: 
     if not (out / "final").is_dir() or not (out / "metrics.jsonl").is_file():
         raise MedusaError(f"{out}: the launched training wrote no final/ or metrics.jsonl")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    last = {k: v for k, v in (rows[-1] if rows else {}).items()
-            if isinstance(v, (int, float)) and ("top1" in k or "loss" in k or k == "step")}
+    last = summary_metrics(rows[-1] if rows else {})
     return {"final_dir": str(out / "final"), "steps": int(last.get("step", 0)), "metrics": last,
             "recipe": str(recipe_path), "overrides": list(overrides), "processes": processes}
 

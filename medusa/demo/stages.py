@@ -128,6 +128,12 @@ def run_self_distill(cfg: Any, model: Any = None, tokenizer: Any = None) -> dict
                               "tokens_per_s") if k in s}
 
 
+def summary_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row's losses, top-1 accuracies and step: what a training stage reports."""
+    return {k: v for k, v in row.items()
+            if isinstance(v, (int, float)) and ("top1" in k or "loss" in k or k == "step")}
+
+
 def train_recipe(recipe_path: str | Path, overrides: Sequence[str], progress: bool = True) -> dict[str, Any]:
     """``medusa train RECIPE key=value...`` in-process (``progress=False``: no progress bar); returns the
     final directory and last metrics."""
@@ -136,8 +142,7 @@ def train_recipe(recipe_path: str | Path, overrides: Sequence[str], progress: bo
     result = train(recipe, progress=progress, overwrite=True)  # the pipeline's own output_dir
     if result.final_dir is None:
         raise MedusaError(f"{recipe_path}: training stopped before its last step")
-    last = {k: v for k, v in (result.eval_metrics or result.last_metrics or {}).items()
-            if isinstance(v, (int, float)) and ("top1" in k or "loss" in k or k == "step")}
+    last = summary_metrics(result.eval_metrics or result.last_metrics or {})
     return {"final_dir": str(result.final_dir), "steps": result.global_step, "metrics": last,
             "recipe": str(recipe_path), "overrides": list(overrides)}
 
