@@ -2,23 +2,57 @@
 the tree sizes decoding uses, with the stock linear layers and with pre-packed ones
 (:mod:`medusa.modeling.cpu_linear`), measured side by side in one process.
 
-    python -m benchmarks.forward_cost MODEL_DIR [--threads 1] [--repeats 5] [--rounds 3]
+    python -m benchmarks.forward_cost MODEL_DIR [--dtype bfloat16] [--threads 1] [--repeats 5] [--rounds 3]
 
 Prints a table (milliseconds, each the best of ``repeats`` calls; stock and packed alternate for ``rounds``
-rounds and the best of the rounds is kept, so drift in the machine's speed hits both alike)."""
+rounds and the best of the rounds is kept, so drift in the machine's speed hits both alike) and, above it,
+the memory floor of one token: the bytes of the weights a forward streams (every linear weight once) over
+this machine's streaming bandwidth, measured here (one pass over a 512 MiB buffer, the best of 3)."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from medusa.eval.timing import forward_cost_curve
-from medusa.modeling.cpu_linear import pack_linears, packing_supported, unpack_linears
+from medusa.modeling.cpu_linear import linear_bytes, pack_linears, packing_supported, unpack_linears
 
-SIZES = (1, 2, 4, 8, 16, 24, 32, 64)
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def stream_bandwidth(mib: int = 512, rounds: int = 3) -> float:
+    """Bytes per second one thread reads from memory: a sum over a ``mib`` MiB float32 buffer (too large for
+    any cache), the best of ``rounds``."""
+    buffer = torch.ones(mib * 2**18)  # [mib * 2^18] float32 = mib MiB
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return buffer.numel() * 4 / best
+
+
+def memory_floor(base: Any, bandwidth: float) -> dict[str, float]:
+    """``{"weight_bytes", "bandwidth", "seconds"}``: one token's forward streams every linear weight once
+    (tied weights once), at best at ``bandwidth`` bytes/s."""
+    was_packed = unpack_linears(base) > 0
+    weight_bytes = float(linear_bytes(base))
+    if was_packed:
+        pack_linears(base)
+    return {"weight_bytes": weight_bytes, "bandwidth": bandwidth, "seconds": weight_bytes / bandwidth}
+
+
+def format_floor(floor: dict[str, float], packed_one: float | None) -> str:
+    line = (f"memory floor of one token: {floor['weight_bytes'] / 1e6:.0f} MB of weights / "
+            f"{floor['bandwidth'] / 1e9:.1f} GB/s streamed = {floor['seconds'] * 1e3:.1f} ms")
+    if packed_one:
+        line += f"; the packed 1-token forward is {packed_one / floor['seconds']:.2f}x the floor"
+    return line
 
 
 def stock_vs_packed(base: Any, sizes: Sequence[int] = SIZES, rounds: int = 3, repeats: int = 5,
@@ -61,15 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cache-len", type=int, default=200)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from medusa.modeling.base import load_base_model
 
-    base = load_base_model(args.model, dtype=torch.float32).eval()
+    base = load_base_model(args.model, dtype=DTYPES[args.dtype]).eval()
+    floor = memory_floor(base, stream_bandwidth())
     curves = stock_vs_packed(base, rounds=args.rounds, repeats=args.repeats, cache_len=args.cache_len)
-    print(f"{args.model}: float32, {torch.get_num_threads()} threads, {args.cache_len}-token cache"
+    print(f"{args.model}: {args.dtype}, {torch.get_num_threads()} threads, {args.cache_len}-token cache"
           + ("" if packing_supported() else " (no oneDNN weight reorder in this torch: stock only)"))
+    print(format_floor(floor, curves["packed"].get(1)))
     print(format_curves(curves))
     return 0
 

@@ -1,21 +1,23 @@
-"""Pre-packed float32 linear layers for CPU decoding: tree verification's few-row matmuls at the speed of
-oneDNN's blocked weights.
+"""Pre-packed linear layers for CPU decoding: every matmul the decoder issues at oneDNN's blocked-weight
+speed.
 
-``F.linear`` on a CPU re-packs the whole weight on every call whose input has a few rows: for
-SmolLM2's 49,152 x 576 LM head, 8 rows cost 21 ms against 4.9 ms for 1 row, while the same product against
-a weight reordered once into oneDNN's blocked layout costs 8 ms (1 thread, `docs/results/cpu-linear.md`).
-A MEDUSA step verifies 8-40 tree nodes at batch 1 -- exactly those shapes -- so the verification forward
-is where the re-packing hurts.
+``F.linear`` on a CPU re-packs the whole weight on every float32 call whose input has a few rows (for
+SmolLM2's 49,152 x 576 LM head, 8 rows cost 21 ms against 4.9 ms for 1 row; 8 ms against a weight reordered
+once), and in bfloat16 even a one-row product streams its weight at a fraction of the memory's speed (the LM
+head: 5.9 ms stock against 2.5 ms packed; 16 rows cost 2.9 ms packed: AMX makes a tree of 16 nodes cost what
+one token does). ``docs/results/cpu-linear.md`` has the tables.
 
-:func:`pack_linears` swaps every float32 CPU ``nn.Linear`` inside a module for a :class:`PackedLinear` (as
-torch's quantization swaps modules): the same ``weight`` / ``bias`` Parameters (state-dict keys and tied
-weights unchanged) plus a copy of the weight reordered once (``torch.ops.mkldnn._reorder_linear_weight``),
-used (``torch.ops.mkldnn._linear_pointwise``) when the input has ``MIN_ROWS..MAX_ROWS`` rows, is float32
-on the CPU, needs no gradient, and the weight is still the one packed (a changed weight is re-packed on its
-next call). Everything else -- one row (plain decoding stays the stock computation), long prefills,
-training, ``torch.compile`` tracing, other dtypes -- runs the stock ``F.linear``. The packed copy is a plain
-attribute of the module (not a buffer): it costs memory (one more copy of the weight) and is never saved.
-:func:`unpack_linears` swaps stock ``nn.Linear``s back (the same Parameters).
+:func:`pack_linears` swaps every float32 or bfloat16 CPU ``nn.Linear`` inside a module for a
+:class:`PackedLinear` (as torch's quantization swaps modules): the same ``weight`` / ``bias`` Parameters
+(state-dict keys and tied weights unchanged) plus a copy of the weight reordered once
+(``torch.ops.mkldnn._reorder_linear_weight``), used (``torch.ops.mkldnn._linear_pointwise``) when the input
+has the weight's dtype, is on the CPU, needs no gradient, the weight is still the one packed (a changed
+weight is re-packed on its next call) and its row count is one the packed path wins at: float32
+``MIN_ROWS..MAX_ROWS`` (one row stays the stock computation: no gain there), bfloat16 any row count (one row
+included: the plain decode step). Everything else -- training, ``torch.compile`` tracing, other dtypes --
+runs the stock ``F.linear``. The packed copy is a plain attribute of the module (not a buffer): it costs
+memory (one more copy of the weight) and is never saved. :func:`unpack_linears` swaps stock ``nn.Linear``s
+back (the same Parameters).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MIN_ROWS, MAX_ROWS = 3, 64  # rows (tokens) per call that use the packed weight (2 rows: no gain measured)
+MIN_ROWS, MAX_ROWS = 3, 64  # float32: rows (tokens) per call that use the packed weight (2 rows: no gain)
+PACKED_DTYPES = (torch.float32, torch.bfloat16)  # bfloat16: every row count (1 row: 2.3x stock on AMX)
 PACK_HINT = 8  # the row count oneDNN lays the blocked weight out for (best over 4..64 rows on this CPU)
 ENV = "MEDUSA_CPU_PACK"  # "0": never pack (load_for_generation's default is "auto")
 
@@ -39,10 +42,30 @@ def packing_supported() -> bool:
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
 
 
+def bf16_matmul_unit() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AMX tiles or AVX-512-BF16): where it does not, oneDNN's
+    packed bfloat16 path emulates it and the stock ``F.linear`` is kept."""
+    cpu = getattr(torch, "cpu", None)
+    probes = [getattr(cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    return any(callable(probe) and probe() for probe in probes)
+
+
+BF16_NATIVE = bf16_matmul_unit()  # asked once per process
+
+
 def _packable(layer: nn.Module) -> bool:
     w = getattr(layer, "weight", None)
-    return (type(layer) is nn.Linear and isinstance(w, torch.Tensor) and w.dtype == torch.float32
-            and w.device.type == "cpu" and (layer.bias is None or layer.bias.dtype == torch.float32))
+    return (type(layer) is nn.Linear and isinstance(w, torch.Tensor) and w.dtype in PACKED_DTYPES
+            and w.device.type == "cpu" and (layer.bias is None or layer.bias.dtype == w.dtype)
+            and (w.dtype == torch.float32 or BF16_NATIVE))
+
+
+def rows_pay(rows: int, dtype: torch.dtype) -> bool:
+    """Whether a call of ``rows`` rows in ``dtype`` is faster through the packed weight than ``F.linear``
+    (measured on Intel AMX and AMD AVX-512-BF16 CPUs, one thread: ``docs/results/cpu-linear.md``)."""
+    if dtype == torch.bfloat16:
+        return rows >= 1 and BF16_NATIVE
+    return dtype == torch.float32 and MIN_ROWS <= rows <= MAX_ROWS
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -64,9 +87,9 @@ class PackedLinear(nn.Module):
         self.repack()
 
     def packable(self) -> bool:
-        """The weight (and bias) are float32 on the CPU: what the packed path computes in."""
+        """The weight (and bias) are float32 or bfloat16 on the CPU: what the packed path computes in."""
         w, b = self.weight, self.bias
-        return w.dtype == torch.float32 and w.device.type == "cpu" and (b is None or b.dtype == torch.float32)
+        return w.dtype in PACKED_DTYPES and w.device.type == "cpu" and (b is None or b.dtype == w.dtype)
 
     def repack(self) -> None:
         """Reorder the current weight (it changed since it was packed: loaded, trained, moved)."""
@@ -79,7 +102,7 @@ class PackedLinear(nn.Module):
         w = self.weight
         rows = x.numel() // max(x.shape[-1], 1)
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
-        if (torch.compiler.is_compiling() or not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32
+        if (torch.compiler.is_compiling() or x.dtype != w.dtype or not rows_pay(rows, x.dtype)
                 or x.device.type != "cpu" or needs_grad or not self.packable()):
             return F.linear(x, w, self.bias)
         if (w.data_ptr(), w._version) != self.packed_key:
@@ -113,8 +136,9 @@ def _swap(module: nn.Module, pick: Any, make: Any) -> int:
 
 
 def pack_linears(module: nn.Module) -> int:
-    """Swap every float32 CPU ``nn.Linear`` inside ``module`` for a :class:`PackedLinear` (in place; a layer
-    packed before is re-packed); returns how many. No-op (0) where :func:`packing_supported` is False."""
+    """Swap every float32 / bfloat16 CPU ``nn.Linear`` inside ``module`` for a :class:`PackedLinear` (in
+    place; a layer packed before is re-packed); returns how many. No-op (0) where :func:`packing_supported`
+    is False."""
     if not packing_supported():
         return 0
     repacked = 0
@@ -135,7 +159,8 @@ def packed_count(module: nn.Module) -> int:
 
 
 def linear_bytes(module: nn.Module) -> int:
-    """Bytes of the float32 CPU linear weights :func:`pack_linears` would copy (shared weights once)."""
+    """Bytes of the float32 / bfloat16 CPU linear weights :func:`pack_linears` would copy (shared weights
+    once)."""
     seen: dict[int, int] = {}
     for layer in module.modules():
         if _packable(layer):
@@ -156,7 +181,8 @@ def _available_bytes() -> int | None:
 
 def auto_pack(model: Any, share: float = 0.25) -> int:
     """:func:`pack_linears` on a model for generation unless ``MEDUSA_CPU_PACK=0``, the copies would take
-    more than ``share`` of the available memory, or nothing is on the CPU in float32; returns how many."""
+    more than ``share`` of the available memory, or nothing is on the CPU in float32 / bfloat16; returns how
+    many."""
     if os.environ.get(ENV, "auto").strip().lower() in ("0", "false", "no", "off"):
         return 0
     need, free = linear_bytes(model), _available_bytes()
@@ -165,5 +191,6 @@ def auto_pack(model: Any, share: float = 0.25) -> int:
     return pack_linears(model)
 
 
-__all__ = ["ENV", "MAX_ROWS", "MIN_ROWS", "PackedLinear", "auto_pack", "linear_bytes", "pack_linears",
-           "packed_count", "packed_matmul", "packing_supported", "unpack_linears"]
+__all__ = ["BF16_NATIVE", "ENV", "MAX_ROWS", "MIN_ROWS", "PACKED_DTYPES", "PackedLinear", "auto_pack",
+           "bf16_matmul_unit", "linear_bytes", "pack_linears", "packed_count", "packed_matmul",
+           "packing_supported", "rows_pay", "unpack_linears"]

@@ -75,14 +75,14 @@ def test_gradients_and_a_changed_weight_take_the_stock_path(calls):
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         layer.weight = nn.Parameter(torch.randn(32, 16))  # replaced: the same
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-        assert layer.to(torch.bfloat16)(x.bfloat16()).dtype == torch.bfloat16  # another dtype: stock
+        assert layer.to(torch.float16)(x.half()).dtype == torch.float16  # another dtype: stock
     assert calls == [8, 8]
     weight = layer.weight
     assert unpack_linears(model) == 1 and packed_count(model) == 0 and type(model[0]) is nn.Linear
     assert model[0].weight is weight and "forward" not in model[0].__dict__  # the same Parameter, stock
 
 
-def test_only_float32_cpu_linears_are_packed_and_shared_weights_counted_once():
+def test_only_float32_and_native_bfloat16_cpu_linears_are_packed_and_shared_weights_counted_once():
     model = tiny_model("llama")  # tied embeddings: the LM head shares the embedding's weight
     n = sum(isinstance(m, nn.Linear) for m in model.modules())
     sizes = {m.weight.data_ptr(): m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear)}
@@ -91,8 +91,27 @@ def test_only_float32_cpu_linears_are_packed_and_shared_weights_counted_once():
     tied = model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     assert not tied or model.lm_head.weight is model.get_input_embeddings().weight  # still tied once packed
     assert need == sum(sizes.values()) and (tied or len(sizes) == n)
-    half = nn.Linear(8, 8).to(torch.bfloat16)
-    assert pack_linears(half) == 0
+    assert pack_linears(nn.Sequential(nn.Linear(8, 8).half())) == 0
+    assert pack_linears(nn.Sequential(nn.Linear(8, 8).bfloat16())) == int(cpu_linear.BF16_NATIVE)
+
+
+@pytest.mark.skipif(not cpu_linear.BF16_NATIVE, reason="no bfloat16 matrix unit (AMX / AVX-512-BF16)")
+@pytest.mark.parametrize("bias", [True, False])
+def test_bfloat16_packs_every_row_count_one_included(calls, bias):
+    torch.manual_seed(2)
+    layer = nn.Sequential(nn.Linear(64, 300, bias=bias)).bfloat16()
+    ref = nn.Sequential(nn.Linear(64, 300, bias=bias)).bfloat16()
+    ref.load_state_dict(layer.state_dict())
+    assert pack_linears(layer) == 1
+    with torch.no_grad():
+        for rows in (1, 2, 8, 16, MAX_ROWS + 1, 200):
+            x = torch.randn(rows, 64).bfloat16()
+            b = None if ref[0].bias is None else ref[0].bias.float()
+            exact = F.linear(x.float(), ref[0].weight.float(), b)
+            y = layer(x)
+            assert y.dtype == torch.bfloat16
+            torch.testing.assert_close(y.float(), exact, rtol=2e-2, atol=2e-2)  # bf16 output rounding
+    assert calls == [1, 2, 8, 16, MAX_ROWS + 1, 200]
 
 
 def test_greedy_equals_hf_generate_on_a_packed_model(calls, stories_medusa):
