@@ -8,8 +8,8 @@ from medusa.cli import LOOKUP_TOKENS, NEW_TOKENS, NODES, TEMPERATURE, TOP_K, TOP
 
 TREE_HELP = ("a tree.json, or 'dynamic': per step and row the --nodes most probable paths (scored by the "
              "calibrated path score when tree.json has one; 'dynamic-raw': by the heads' raw probabilities), "
-             "or 'lookup': the context-lookup chain alone, no heads (needs --lookup-tokens >= 1) (default: "
-             "the checkpoint's tree, else built-in)")
+             "'lookup': the context-lookup chain alone, no heads (needs --lookup-tokens >= 1), or 'plain': "
+             "no drafts (our own plain decode) (default: the checkpoint's tree, else built-in)")
 
 
 def add_checkpoint_args(p: argparse.ArgumentParser, heads_help: str) -> None:

@@ -5,6 +5,7 @@ Statistics are returned, not printed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from medusa.decoding.kv_cache import TreeCache, check_supported, dynamic_prefill
 from medusa.decoding.processors import merged_config, resolve_generation
 from medusa.decoding.proposals import Proposer, choose_proposer
 from medusa.decoding.static_cache import static_capacity, static_prefill
-from medusa.decoding.step import DecodeState, StepFns, decode_loop, record
+from medusa.decoding.step import DecodeState, PhaseClock, StepFns, decode_loop, record
 from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice, resolve_tree
 from medusa.errors import MedusaError
 from medusa.tree import MedusaTree
@@ -130,6 +131,7 @@ def medusa_generate(
     compile: bool = False,
     cache_implementation: str | None = None,
     lookup_tokens: int | None = None,
+    step_clock: PhaseClock | None = None,
     **generation_kwargs: Any,
 ) -> torch.Tensor | MedusaGenerateOutput:
     """Decode with MEDUSA heads: several tokens per forward pass of the base model. ``acceptance="greedy"``
@@ -151,7 +153,9 @@ def medusa_generate(
     ``tree``: a MedusaTree, ``"dynamic[:N]"`` / a DynamicTreeOption, or ``"lookup"``. ``lookup_tokens=L``:
     a chain of L context-lookup tokens (:mod:`medusa.decoding.lookup`) verified in the same forward as the
     heads' tree; None: the calibrated tree's ``lookup_tokens`` (0 when it has none), 0: off.
-    ``tree="lookup"``: the lookup chain alone. Acceptance stays exact (greedy == HF; "sample" lossless).
+    ``tree="lookup"``: the lookup chain alone; ``tree="plain"``: no drafts (our own plain decode).
+    ``step_clock``: a :class:`medusa.decoding.step.PhaseClock` the eager steps add their time per phase to
+    (``--profile``). Acceptance stays exact (greedy == HF; "sample" lossless).
     """
     input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens,
                                          streamer)
@@ -166,6 +170,10 @@ def medusa_generate(
     proposer = new_proposer(model, choice, input_ids.device, max_new_tokens, eager_cpu, scorer)
     check_supported(model.base_model, input_ids.shape[1] + max_new_tokens + proposer.depth + 1)
     new_cache, fns = _path(model, proposer, input_ids.shape, max_new_tokens, compile, cache_implementation)
+    if step_clock is not None:
+        if fns.compiled:
+            raise MedusaError("step_clock times the eager step's phases; a compiled step fuses them")
+        fns = dataclasses.replace(fns, clock=step_clock)
     if fns.compiled:
         scorer = compiled_scorer(model, scorer)
     out = _timed_decode(model, proposer, scorer, input_ids, mask2d, streamer, new_cache, fns, max_new_tokens)

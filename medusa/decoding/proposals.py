@@ -27,6 +27,7 @@ from medusa.decoding.dynamic_tree import ChildrenFn, build_step_tree, hydra_chil
 from medusa.decoding.eagle3_proposer import DraftSampling, Eagle3Proposer
 from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
 from medusa.decoding.lookup import MAX_NGRAM, LookupContext, hybrid_tree, lookup_chain, new_context, observe
+from medusa.decoding.plain import PlainProposer
 from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice
 from medusa.decoding.trees import Proposal, StaticTree, root_only_tree, static_tree
 from medusa.errors import MedusaError
@@ -219,6 +220,8 @@ def choose_proposer(heads: Any, choice: TreeChoice, device: torch.device, dtype:
     ``trim_lookup``: a lookup chain's context room and trimming (:class:`HybridProposer`); ``sampling``:
     "sample" acceptance's temperature and generator (the eagle3 drafter then samples its drafts)."""
     head_type = getattr(heads, "head_type", "linear")
+    if choice.plain:  # tree="plain": no drafts, whatever the heads
+        return PlainProposer(root_only_tree(device, dtype))
     if head_type == "eagle3":  # the EAGLE-3 drafter grows its own per-row tree each step
         if choice.draft is None:  # tree="lookup": the chain alone, no drafter
             return HybridProposer(None, root_only_tree(device, dtype), choice.lookup_tokens, room,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -88,12 +88,53 @@ def propose_verify(model: Any, proposer: Proposer, cache: TreeCache, root: torch
     return proposal, logits, hidden_states
 
 
+PHASES = ("drafting", "target_forward", "acceptance", "host", "cache")
+
+
+@dataclass
+class PhaseClock:
+    """Seconds one run's steps spent per phase (``medusa generate --profile``; eager decoding): the
+    proposer's ``propose`` and ``observe`` (drafting), the verify forward (target forward), the scorer
+    (acceptance), the step's host copy (host) and ``cache.compact`` (cache). Each lap syncs a GPU."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    steps: int = 0
+    mark: float = 0.0
+
+    def start(self) -> None:
+        self.mark = time.perf_counter()
+        self.steps += 1
+
+    def lap(self, phase: str, like: torch.Tensor) -> None:
+        """Add the time since the last mark to ``phase`` (``like``: a tensor on the step's device)."""
+        if like.device.type == "cuda":
+            torch.cuda.synchronize(like.device)
+        now = time.perf_counter()
+        self.seconds[phase] += now - self.mark
+        self.mark = now
+
+
 @dataclass
 class StepFns:
-    """The step's device function: the plain ``propose_verify`` or its ``torch.compile`` wrapper."""
+    """The step's device function: the plain ``propose_verify`` or its ``torch.compile`` wrapper; ``clock``:
+    time each phase (eager only: a compiled step fuses drafting and verification)."""
 
     propose_verify: Callable[..., tuple[Proposal, torch.Tensor, torch.Tensor]] = propose_verify
     compiled: bool = False
+    clock: PhaseClock | None = None
+
+
+def _clocked_propose_verify(model: Any, state: DecodeState, clock: PhaseClock
+                            ) -> tuple[Proposal, torch.Tensor, torch.Tensor]:
+    """:func:`propose_verify`, with the drafting and the target forward timed apart."""
+    clock.start()
+    proposal = state.proposer.propose(state.root, state.hidden)
+    tokens, tree = proposal.tokens, proposal.tree
+    clock.lap("drafting", tokens)
+    positions = state.n_valid.view(tokens.shape[0], 1) + tree.depths  # [B, N]
+    logits, hidden_states = verify(model, state.cache, tokens, positions, tree.float_mask)
+    clock.lap("target_forward", logits)
+    return proposal, logits, hidden_states
 
 
 def path_features(hidden: torch.Tensor, path: torch.Tensor, n_acc: torch.Tensor
@@ -116,8 +157,12 @@ def step(model: Any, state: DecodeState, scorer: Scorer, fns: StepFns | None = N
     graphs = fns.compiled and state.root.device.type == "cuda"
     if graphs:  # CUDA graphs: outputs of the previous replay may be overwritten from here on
         torch.compiler.cudagraph_mark_step_begin()
-    proposal, logits, hidden = fns.propose_verify(model, state.proposer, state.cache, state.root,
-                                                  state.hidden, state.n_valid)
+    clock = fns.clock
+    if clock is None:
+        proposal, logits, hidden = fns.propose_verify(model, state.proposer, state.cache, state.root,
+                                                      state.hidden, state.n_valid)
+    else:
+        proposal, logits, hidden = _clocked_propose_verify(model, state, clock)
     tokens, tree = proposal.tokens, proposal.tree
     b = tokens.shape[0]
     path, n_acc, nxt = scorer(logits, tokens, tree, proposal.draft_probs)  # logits [B, N, V]
@@ -125,10 +170,18 @@ def step(model: Any, state: DecodeState, scorer: Scorer, fns: StepFns | None = N
     keep = n_acc + 1  # [B] kept tree nodes per row (root + accepted)
     width = path.shape[1]
     kept = tokens.gather(1, path)  # [B, D+1]
+    if clock is not None:
+        clock.lap("acceptance", kept)
     state.proposer.observe(kept, keep, nxt, features)
+    if clock is not None:
+        clock.lap("drafting", kept)
     both = torch.cat([kept, keep.view(b, 1), nxt.view(b, 1), path], dim=1).cpu()
     result = StepResult(both[:, :width], both[:, width], both[:, width + 1], both[:, width + 2:])
+    if clock is not None:
+        clock.lap("host", both)
     state.cache.compact(path, keep, result)
+    if clock is not None:
+        clock.lap("cache", both)
     state.n_valid = state.n_valid + keep
     state.root = nxt.clone() if graphs else nxt
     return result
@@ -193,5 +246,5 @@ def decode_loop(model: Any, state: DecodeState, scorer: Scorer, eos: list[int], 
     return steps
 
 
-__all__ = ["DecodeState", "StepFns", "StepResult", "decode_loop", "path_features", "propose_verify", "record",
-           "step", "verify", "warm_up"]
+__all__ = ["PHASES", "DecodeState", "PhaseClock", "StepFns", "StepResult", "decode_loop", "path_features",
+           "propose_verify", "record", "step", "verify", "warm_up"]

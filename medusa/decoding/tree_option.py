@@ -15,6 +15,7 @@ from medusa.errors import MedusaError
 from medusa.tree import DraftTreeShape, MedusaTree, is_draft_tree_file
 
 LOOKUP_TREE = "lookup"  # tree="lookup" / --tree lookup: the lookup chain alone, no heads (decoding.lookup)
+PLAIN_TREE = "plain"  # tree="plain" / --tree plain: no drafts, the root alone each step (decoding.plain)
 DEFAULT_DYNAMIC_NODES = 32
 
 
@@ -56,10 +57,11 @@ class TreeChoice:
     dynamic: DynamicTreeOption | None = None
     lookup_tokens: int = 0
     draft: DraftTreeShape | None = None
+    plain: bool = False  # tree="plain": no drafts at all
 
     @property
     def lookup_only(self) -> bool:
-        return self.static is None and self.dynamic is None and self.draft is None
+        return self.static is None and self.dynamic is None and self.draft is None and not self.plain
 
     @property
     def depth(self) -> int:
@@ -76,8 +78,8 @@ def tree_option(tree: str | None, nodes: int | None = None, lookup_tokens: int |
     """The CLI's ``--tree`` / ``--nodes`` / ``--lookup-tokens``: None (the checkpoint's tree), ``dynamic`` (a
     :class:`DynamicTreeOption` of ``nodes`` nodes, default 32, calibrated path score when the checkpoint has
     one), ``dynamic-raw`` (raw head probabilities), ``lookup`` (the string: the lookup chain alone, which
-    needs ``lookup_tokens >= 1``) or a tree.json path. A lookup chain (``lookup_tokens >= 1``) needs a
-    static tree or ``lookup``."""
+    needs ``lookup_tokens >= 1``), ``plain`` (no drafts) or a tree.json path. A lookup chain
+    (``lookup_tokens >= 1``) needs a static tree or ``lookup``."""
     if tree in ("dynamic", "dynamic-raw"):
         if lookup_tokens:
             raise MedusaError("--lookup-tokens needs a static tree (a tree.json or the checkpoint's) or "
@@ -86,6 +88,10 @@ def tree_option(tree: str | None, nodes: int | None = None, lookup_tokens: int |
                                  calibrated=tree == "dynamic")
     if nodes is not None:
         raise MedusaError("--nodes applies to --tree dynamic only (a tree.json fixes its own size)")
+    if tree == PLAIN_TREE:  # no drafts: our own plain decode
+        if lookup_tokens:
+            raise MedusaError("--tree plain (no drafts) takes no --lookup-tokens")
+        return PLAIN_TREE
     if tree == LOOKUP_TREE:
         if lookup_tokens is None or lookup_tokens < 1:
             raise MedusaError("--tree lookup (the lookup chain alone) needs --lookup-tokens L with L >= 1")
@@ -146,6 +152,10 @@ def resolve_lookup_tokens(model: Any, tree: object, lookup_tokens: int | None) -
 def resolve_tree(model: Any, tree: object, lookup_tokens: int | None = None) -> TreeChoice:
     """The run's :class:`TreeChoice` for the user's ``tree`` / ``lookup_tokens`` on ``model`` (its heads'
     count, its calibrated ``tree``, its ``default_tree()``)."""
+    if isinstance(tree, str) and tree == PLAIN_TREE:
+        if lookup_tokens:
+            raise MedusaError("tree='plain' (no drafts) takes no lookup chain: drop lookup_tokens")
+        return TreeChoice(plain=True)
     lookup = resolve_lookup_tokens(model, tree, lookup_tokens)
     if is_lookup_tree(tree):
         return TreeChoice(lookup_tokens=lookup)
@@ -183,6 +193,7 @@ def draft_shape(model: Any, tree: object) -> DraftTreeShape:
     return model.tree if isinstance(model.tree, DraftTreeShape) else DraftTreeShape()
 
 
-__all__ = ["DEFAULT_DYNAMIC_NODES", "LOOKUP_TREE", "DynamicTreeOption", "TreeChoice", "draft_shape",
-           "is_lookup_tree", "resolve_dynamic", "resolve_lookup_tokens", "resolve_tree", "tree_kind",
+__all__ = ["DEFAULT_DYNAMIC_NODES", "LOOKUP_TREE", "PLAIN_TREE", "DynamicTreeOption", "TreeChoice",
+           "draft_shape", "is_lookup_tree", "resolve_dynamic", "resolve_lookup_tokens", "resolve_tree",
+           "tree_kind",
            "tree_option"]

@@ -23,7 +23,7 @@ import torch
 
 from medusa.config.enums import ACCEPTANCE
 from medusa.decoding.generate import sampling_defaults
-from medusa.decoding.tree_option import LOOKUP_TREE, DynamicTreeOption, is_lookup_tree
+from medusa.decoding.tree_option import LOOKUP_TREE, PLAIN_TREE, DynamicTreeOption, is_lookup_tree
 from medusa.errors import MedusaError
 from medusa.eval.bench_compiled import (
     compiled_fields,
@@ -32,13 +32,14 @@ from medusa.eval.bench_compiled import (
     static_compiled_config,
 )
 from medusa.eval.bench_config import bench_config, lookup_config
+from medusa.eval.fidelity import fidelity_fields, fidelity_summary
 from medusa.eval.report import summarize
 from medusa.eval.timing import plain_step_time, timed
 from medusa.modeling.draft_vocab import draft_vocab_summary
 from medusa.modeling.loading import encode_prompt
 
 LOOKUP_METHODS = ("lookup_alone", "hybrid")  # compare_lookup: the lookup chain alone, and beside the heads
-EXTRA_METHODS = (*LOOKUP_METHODS, "assisted", "prompt_lookup")  # optional, reported beside MEDUSA
+EXTRA_METHODS = ("own_plain", *LOOKUP_METHODS, "assisted", "prompt_lookup")  # reported beside MEDUSA
 
 
 def _generation_config(base: Any, ignore_eos: bool, pad_token_id: int | None, max_new_tokens: int,
@@ -142,6 +143,11 @@ def run_medusa(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
     return _medusa_call(s, ids, i, s.tree, s.lookup_tokens)
 
 
+def run_own_plain(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
+    """Our own decode loop with no drafts (``tree="plain"``): the packed model one token per step."""
+    return _medusa_call(s, ids, i, PLAIN_TREE, 0)
+
+
 def run_lookup_alone(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
     """MEDUSA's context-lookup chain of ``compare_lookup`` tokens alone (``tree="lookup"``, no heads)."""
     return _medusa_call(s, ids, i, LOOKUP_TREE, s.compare_lookup)
@@ -182,7 +188,7 @@ def run_medusa_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
 
 
 RUNNERS: dict[str, Callable[[BenchSetup, torch.Tensor, int], Any]] = {"baseline": run_baseline,
-    "medusa": run_medusa, "lookup_alone": run_lookup_alone, "hybrid": run_hybrid,
+    "medusa": run_medusa, "own_plain": run_own_plain, "lookup_alone": run_lookup_alone, "hybrid": run_hybrid,
     "assisted": run_assisted, "prompt_lookup": run_prompt_lookup,
     "baseline_compiled": run_baseline_compiled, "medusa_compiled": run_medusa_compiled}
 COMPILED = ("baseline_compiled", "medusa_compiled")
@@ -236,7 +242,7 @@ def prompt_row(prompt: str, prompt_len: int, best: dict[str, float], outputs: di
             row[f"{extra}_tokens_per_s"] = new[extra] / best[extra]
             row[f"{extra}_speedup"] = row[f"{extra}_tokens_per_s"] / row["baseline_tokens_per_s"]
             row[f"{extra}_exact_match"] = torch.equal(seqs[extra][0].cpu(), base_seq) if greedy else None
-            if extra in LOOKUP_METHODS:
+            if extra in (*LOOKUP_METHODS, "own_plain"):
                 row[f"{extra}_steps"] = outputs[extra].num_steps
                 row[f"{extra}_tokens_per_step"] = outputs[extra].tokens_per_step
     return row
@@ -327,6 +333,8 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
     config["chat_template"] = chat
     config["compile"] = compile
     report = summarize(rows, accept_hist, config)
+    if acceptance == "greedy":
+        report["fidelity"] = fidelity_summary(rows)
     report.update(draft_vocab_summary(model.heads, torch.cat(generated)))
     if compile:
         report["compiled"] = compiled_summary(rows)
@@ -336,7 +344,7 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
 def method_names(assisted: bool, prompt_lookup: bool, compile: bool, compare_lookup: bool = False
                  ) -> list[str]:
     """The methods one bench run times, in order (keys of :data:`RUNNERS`)."""
-    return (["baseline", "medusa"] + (list(LOOKUP_METHODS) if compare_lookup else [])
+    return (["baseline", "medusa", "own_plain"] + (list(LOOKUP_METHODS) if compare_lookup else [])
             + (["assisted"] if assisted else [])
             + (["prompt_lookup"] if prompt_lookup else []) + (list(COMPILED) if compile else []))
 
@@ -352,6 +360,9 @@ def measure_prompt(s: BenchSetup, names: Sequence[str], prompt: str, ids: torch.
     compiled = {n: outputs.pop(n) for n in COMPILED if n in outputs}
     greedy = s.acceptance == "greedy"
     row = prompt_row(prompt, ids.shape[1], best, outputs, plain, greedy)
+    if greedy:  # where greedy outputs differ, how close the base's top two logits were there
+        seqs = {n: getattr(out, "sequences", out)[0].cpu() for n, out in outputs.items()}  # each [P + new]
+        row.update(fidelity_fields(s.model.base_model, seqs, ids.shape[1]))
     if compiled:
         row.update(compiled_fields(best, compiled, ids.shape[1], greedy))
     return row, outputs["medusa"]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from medusa.data.readers import read_prompts
+from medusa.decoding.step import PhaseClock
 from medusa.decoding.tree_option import resolve_dynamic
 from medusa.errors import MedusaError
 from medusa.eval.step_cost import step_op_counts, verify_floor
@@ -84,9 +85,23 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
         "all_identical_to_hf": all(r["identical_to_hf"] for r in rows),
     }
     summary["speedup_vs_hf_generate"] = summary["medusa_tokens_per_s"] / summary["hf_tokens_per_s"]
+    summary["phases_ms_per_step"] = step_phases(model, encode(prompts[0]), max_new_tokens, tree)
     if step_cost:
         summary.update(_step_cost(model, encode(prompts[0]), max_new_tokens, tree))
     return summary
+
+
+def step_phases(model: Any, ids: torch.Tensor, max_new_tokens: int, tree: Any) -> dict[str, float]:
+    """Milliseconds per step in each phase of one decode of ``ids [1, P]`` (drafting, target forward,
+    acceptance, host copy, cache), and ``loop`` for the rest of the decode time (emitting tokens, stop
+    checks): where a step's time goes."""
+    clock = PhaseClock()
+    out = model.generate(ids, max_new_tokens=max_new_tokens, tree=tree, lookup_tokens=0,
+                         return_dict_in_generate=True, step_clock=clock)
+    steps = max(clock.steps, 1)
+    phases = {name: 1e3 * seconds / steps for name, seconds in clock.seconds.items()}
+    phases["loop"] = max(0.0, 1e3 * out.decode_time_s / steps - sum(phases.values()))
+    return phases
 
 
 def _step_cost(model: Any, ids: torch.Tensor, max_new_tokens: int, tree: Any) -> dict[str, Any]:
@@ -109,7 +124,14 @@ def format_profile(s: dict[str, Any]) -> str:
             f"MEDUSA tokens/s      {s['medusa_tokens_per_s']:.0f}\n"
             f"HF generate tokens/s {s['hf_tokens_per_s']:.0f}\n"
             f"speedup              {s['speedup_vs_hf_generate']:.2f}x\n"
-            f"identical to HF      {s['all_identical_to_hf']}" + _format_step_cost(s))
+            f"identical to HF      {s['all_identical_to_hf']}" + _format_phases(s) + _format_step_cost(s))
+
+
+def _format_phases(s: dict[str, Any]) -> str:
+    phases = s.get("phases_ms_per_step")
+    if not phases:
+        return ""
+    return "\nstep phases (ms)     " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in phases.items())
 
 
 def _format_step_cost(s: dict[str, Any]) -> str:

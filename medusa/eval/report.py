@@ -7,7 +7,11 @@ time / a plain single-token forward with a KV cache), ``greedy_exact_match`` (fr
 greedy MEDUSA output equals the baseline's; None when sampling), ``rows`` (per prompt), and more.
 Optional methods, each a dict of ``tokens_per_s`` / ``speedup`` / ``greedy_exact_match`` when measured:
 ``assisted`` and ``prompt_lookup`` (HF), ``lookup_alone`` and ``hybrid`` (MEDUSA's context-lookup chain
-alone and beside the heads, ``bench(compare_lookup=L)``; also ``tokens_per_step``).
+alone and beside the heads, ``bench(compare_lookup=L)``; also ``tokens_per_step``), and always
+``own_plain`` (our own decode loop with no drafts, the same packed model: MEDUSA's tokens/s over its
+tokens/s is the gain of the drafts themselves). Greedy runs add ``fidelity``
+(:func:`medusa.eval.fidelity.fidelity_summary`: identity of MEDUSA with our plain decode and with HF, and the
+base's top-2 logit margin where they first differ).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                if rows[0]["exact_match"] is not None else None),
     }
     report["overhead"] = report["medusa_step_ms"] / report["plain_step_ms"]
-    for extra in (*LOOKUP_LABELS, "assisted", "prompt_lookup"):
+    for extra in ("own_plain", *LOOKUP_LABELS, "assisted", "prompt_lookup"):
         if f"{extra}_s" in rows[0]:
             report[extra] = {
                 "tokens_per_s": total(f"{extra}_new_tokens") / total(f"{extra}_s"),
@@ -120,11 +124,13 @@ def markdown_table(report: dict[str, Any]) -> str:
         tps, speedup, exact = _lookup_cells(e)
         lines.append(f"| MEDUSA {LOOKUP_LABELS[m]}{f' (L={n})' if n else ''} | {e['tokens_per_s']:.1f} | "
                      f"{speedup} | {tps} | — | {exact} |")
-    for extra, label in (("assisted", "HF assisted (draft model)"), ("prompt_lookup", "HF prompt lookup")):
+    for extra, label in (("own_plain", "our plain decode (no drafts)"),
+                         ("assisted", "HF assisted (draft model)"), ("prompt_lookup", "HF prompt lookup")):
         if report.get(extra):
             e = report[extra]
             lines.append(f"| {label} | {e['tokens_per_s']:.1f} | {e['speedup']:.2f}x | — | — | "
                          f"{_frac(e['greedy_exact_match'])} |")
+    lines += [line for line in (_gain_line(report), _fidelity_line(report)) if line]
     lines += ["", (f"overhead (MEDUSA step / plain 1-token forward {report['plain_step_ms']:.2f} ms): "
               f"{report['overhead']:.2f}"), "",
               ("| # | prompt tokens | new | baseline tok/s | MEDUSA tok/s | speedup | tokens/step | "
@@ -135,6 +141,32 @@ def markdown_table(report: dict[str, Any]) -> str:
                      f"{r['medusa_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['tokens_per_step']:.2f} | "
                      f"{'—' if r['exact_match'] is None else ('yes' if r['exact_match'] else 'NO')} |")
     return "\n".join(lines) + "\n"
+
+
+def _gain_line(report: dict[str, Any]) -> str:
+    """The drafts' own gain: each MEDUSA method's tokens/s over our plain decode's (same loop, no drafts)."""
+    plain = report.get("own_plain")
+    if not plain:
+        return ""
+    gains = [f"heads {report['medusa_tokens_per_s'] / plain['tokens_per_s']:.2f}x"]
+    gains += [f"{LOOKUP_LABELS[m]} {report[m]['tokens_per_s'] / plain['tokens_per_s']:.2f}x"
+              for m in LOOKUP_LABELS if report.get(m)]
+    return (f"drafts over our plain decode ({plain['tokens_per_s']:.1f} tokens/s): " + ", ".join(gains))
+
+
+def _fidelity_line(report: dict[str, Any]) -> str:
+    """Identity with our plain decode and with HF greedy, and the largest top-2 margin at a divergence."""
+    f = report.get("fidelity")
+    if not f:
+        return ""
+    parts = []
+    for key, label in (("vs_own_plain", "MEDUSA = our plain"), ("vs_hf", "MEDUSA = HF"),
+                       ("own_plain_vs_hf", "our plain = HF")):
+        if key in f:
+            m = f[key]["max_margin"]
+            margin = "" if m is None else f" (max margin {m:.3f})"
+            parts.append(f"{label} {f[key]['identical']:.2f}{margin}")
+    return "greedy identity per prompt: " + "; ".join(parts)
 
 
 def _frac(x: float | None) -> str:
@@ -224,10 +256,12 @@ def format_summary(report: dict[str, Any]) -> str:
         tps, speedup, exact = _lookup_cells(e)
         lines.append(f"{'MEDUSA ' + LOOKUP_LABELS[m]:<20} {e['tokens_per_s']:8.1f} tokens/s, {speedup}, "
                      f"{tps} tokens/step, exact match {exact}")
-    for extra, label in (("assisted", "HF assisted"), ("prompt_lookup", "HF prompt lookup")):
+    for extra, label in (("own_plain", "our plain decode"), ("assisted", "HF assisted"),
+                         ("prompt_lookup", "HF prompt lookup")):
         if report.get(extra):
             lines.append(f"{label:<20} {report[extra]['tokens_per_s']:8.1f} tokens/s, "
                          f"{report[extra]['speedup']:.2f}x")
+    lines += [line for line in (_gain_line(report), _fidelity_line(report)) if line]
     return "\n".join(lines)
 
 

@@ -138,7 +138,13 @@ def test_bench_compare_lookup_rows_are_exact_and_reported_per_category(stories_m
     summary = format_summary(report).splitlines()
     assert [line.split(maxsplit=2)[1] for line in summary if line.startswith("MEDUSA ")] == [
         "heads", "lookup", "hybrid"]
-    assert summary[-1].startswith("HF prompt lookup")
+    assert summary[-3].startswith("HF prompt lookup") and summary[-4].startswith("our plain decode")
+    assert summary[-2].startswith("drafts over our plain decode (") and ", hybrid " in summary[-2]
+    assert summary[-1] == ("greedy identity per prompt: MEDUSA = our plain 1.00; MEDUSA = HF 1.00; "
+                           "our plain = HF 1.00")
+    assert report["own_plain"]["greedy_exact_match"] == 1.0 and report["own_plain"]["tokens_per_step"] == 1.0
+    assert report["fidelity"]["vs_own_plain"] == {"identical": 1.0, "divergences": 0, "max_margin": None,
+                                                  "median_margin": None}
     table = category_table(report).splitlines()
     assert table[0].endswith("| lookup alone tokens/step | lookup alone speedup | lookup alone exact match "
                              "| hybrid tokens/step | hybrid speedup | hybrid exact match "

@@ -19,6 +19,29 @@ def test_generate_profile_cli_prints_the_floor_and_the_ops(tmp_path, capsys):
     assert "overhead floor" in out and "per MEDUSA step vs" in out and "identical to HF      True" in out
     tokens_per_step = float(re.search(r"^tokens/step +([0-9.]+)$", out, re.M).group(1))
     assert tokens_per_step > 1.5  # identical with tree paths accepted, not by the root alone
+    line = re.search(r"^step phases \(ms\) +(.*)$", out, re.M).group(1)
+    phases = dict(re.findall(r"([a-z ]+) ([0-9.]+)", line))
+    assert list(phases) == ["drafting", " target forward", " acceptance", " host", " cache", " loop"]
+    assert float(phases[" target forward"]) > 0 and float(phases["drafting"]) > 0
+
+
+def test_step_phases_add_up_to_the_decode_time():
+    import torch
+
+    from medusa.decoding.step import PHASES, PhaseClock
+    from medusa.eval.profile import step_phases
+
+    from tiny_models import stories_tokenizer
+
+    model = fitted_stories_heads(4, 1)
+    ids = stories_tokenizer()(stories_prompts(1)[0], return_tensors="pt").input_ids
+    phases = step_phases(model, ids, 12, None)
+    assert list(phases) == [*PHASES, "loop"] and all(v >= 0 for v in phases.values())
+    clock = PhaseClock()
+    out = model.generate(ids, max_new_tokens=12, return_dict_in_generate=True, step_clock=clock)
+    assert clock.steps == out.num_steps and 0 < sum(clock.seconds.values()) <= out.decode_time_s
+    plain = model.generate(ids, max_new_tokens=12)
+    assert torch.equal(out.sequences, plain)  # the clock changes nothing in the output
 
 
 def test_profile_without_a_decoding_step_is_an_error():
@@ -49,6 +72,8 @@ def test_format_profile_lays_out_the_figures():
              added_ops={"aten::topk": 1.0, "aten::gather": 2.0, "aten::add": -0.5})
     text = format_profile(s)
     assert text.startswith("tree 16 nodes, 2 prompts x 16 tokens\n")
+    s["phases_ms_per_step"] = {"drafting": 0.5, "target_forward": 2.0}
+    assert "\nstep phases (ms)     drafting 0.50, target forward 2.00\n" in format_profile(s)
     assert text.splitlines()[-2:] == [
         "verify forward alone 2.40 ms vs 1-token forward 1.60 ms: overhead floor 1.50",
         "compute ops          120 per MEDUSA step vs 80 per HF token (added: topk +1, gather +2, add -0.5)"]
