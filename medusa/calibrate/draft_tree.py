@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from medusa.decoding.generate import medusa_generate
+from medusa.decoding.generate import compute_dtype, medusa_generate
 from medusa.errors import MedusaError
 from medusa.tree.draft_tree import DraftTreeShape
 
@@ -74,6 +74,7 @@ def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_to
     record = {"method": "greedy decoding of the calibration prompts, each candidate timed",
               "prompts": len(prompts), "max_new_tokens": max_new_tokens,
               "torch_threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - t0, 1),
+              "dtype": str(compute_dtype(model)).removeprefix("torch."),  # bf16 trees are timed in bf16
               "expected_tokens_per_step": rows[best]["tokens_per_step"], "candidates": rows}
     return replace(shapes[best], calibration=record)
 

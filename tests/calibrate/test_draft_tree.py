@@ -23,6 +23,7 @@ def test_measure_and_choose():
     fastest = max(record["candidates"], key=lambda c: c["tokens_per_s"])
     assert (best.num_nodes, best.lookup_tokens) == (fastest["num_nodes"], fastest["lookup_tokens"])
     assert record["expected_tokens_per_step"] == fastest["tokens_per_step"]
+    assert record["dtype"] == "float32"  # timed in the dtype it will decode in
 
 
 def test_candidates_are_valid_shapes():

@@ -1,5 +1,5 @@
-"""medusa/decoding/plain.py: ``tree="plain"`` decodes with no drafts -- one token per step, exactly HF greedy --
-whatever the heads, and refuses a lookup chain."""
+"""medusa/decoding/plain.py: ``tree="plain"`` decodes with no drafts -- one token per step, exactly HF
+greedy -- whatever the heads, and refuses a lookup chain."""
 
 import pytest
 import torch
