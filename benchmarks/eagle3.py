@@ -253,7 +253,7 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
                 s, heads, data / "calib.jsonl"), log)
             if s.ship:
                 summary["ship"] = S.run_stage(out, "ship", lambda: tie_to_packaged(
-                    heads, Path(s.ship) / "eagle3", model, hub_id=HUB_ID, dtype=None), log)
+                    heads, Path(s.ship) / "eagle3", model, hub_id=HUB_ID), log)
                 return _write(out, summary)
         summary["bench"] = S.run_stage(out, "bench", lambda: bench_stage(s, heads, rows, out / "report.json"),
                                        log)
