@@ -1,11 +1,8 @@
 """The training loop (medusa/training/loop.py): end-to-end MEDUSA-1 runs of the tiny recipe on stories260K
-(CPU), resume, a 2-process launch (the draft vocabulary: test_vocab_setup.py; the method: test_method.py)."""
+(CPU), resume (a 2-process launch: tests/integration/test_distributed.py; the draft vocabulary:
+test_vocab_setup.py; the method: test_method.py)."""
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ from medusa.config import load_recipe
 from medusa.modeling.model import MedusaModel
 from medusa.training.loop import train
 
-from tiny_models import SHARED, require_module, require_shared, stories_model
+from tiny_models import require_module, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,25 +90,3 @@ def test_4bit_backbone_trains_on_cpu(tmp_path, monkeypatch):
     moved = [not torch.equal(p, q) for p, q in zip(result.model.heads.state_dict().values(),
                                                      untrained.heads.state_dict().values())]
     assert all(moved)
-
-
-CPU_CONFIG = ROOT / "configs" / "accelerate" / "cpu.yaml"
-TWO_PROCESSES = re.compile(r"engine: MULTI_CPU, 2 process\(es\); rank (\d) holds")
-
-
-def test_two_process_cpu_launch(tmp_path):
-    require_shared(SHARED)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
-           "--num_processes", "2", "--main_process_port", "0", "--mixed_precision", "no",
-           "-m", "medusa.train", str(TINY), f"output_dir={tmp_path / 'ddp'}", "train.max_steps=3",
-           "train.batch_size=2", "data.max_length=32", "train.logging_steps=1", "train.save_steps=2",
-           "data.eval_split=0.0"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(TWO_PROCESSES.findall(proc.stdout)) == ["0", "1"]  # DDP over gloo, a world of 2
-    rows = _metrics(tmp_path / "ddp")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert (tmp_path / "ddp" / "checkpoint-2" / "trainer_state.json").is_file()
-    trained = MedusaModel.from_pretrained(tmp_path / "ddp" / "final", base_model=stories_model())
-    assert trained.config.recipe["train"]["max_steps"] == 3
