@@ -38,7 +38,6 @@ from benchmarks.chat_data import document_tasks, reply_stats, spec_bench
 from benchmarks.chat_model import fetch_smollm2
 from benchmarks.ship import tie_to_packaged
 from medusa.errors import DataError
-from medusa.eval.report import category_table
 from medusa.io import atomic_write_text
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -220,11 +219,8 @@ def bench_stage(s: Settings, heads: Path, rows: list[dict[str, Any]], report: Pa
     ``--compare-lookup-tokens``), HF prompt lookup — all against one HF generate run."""
     tree = json.loads((heads / "tree.json").read_text())
     compare = tree.get("lookup_tokens") or s.compare_lookup_tokens
-    result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, progress=s.progress,
-                           chat=True, ignore_eos=False, prompt_lookup=True,
-                           categories=[r["category"] for r in rows], compare_lookup=compare)
-    result["table"] = category_table(json.loads(report.read_text()))
-    return result
+    return S.category_bench(heads, rows, report, s.max_new_tokens, progress=s.progress, chat=True,
+                            prompt_lookup=True, compare_lookup=compare)
 
 
 def run(s: Settings, log: Any = print) -> dict[str, Any]:
@@ -253,7 +249,7 @@ def run(s: Settings, log: Any = print) -> dict[str, Any]:
                 s, heads, data / "calib.jsonl"), log)
             if s.ship:
                 summary["ship"] = S.run_stage(out, "ship", lambda: tie_to_packaged(
-                    heads, Path(s.ship) / "eagle3", model, hub_id=HUB_ID, dtype=None), log)
+                    heads, Path(s.ship) / "eagle3", model, hub_id=HUB_ID), log)
                 return _write(out, summary)
         summary["bench"] = S.run_stage(out, "bench", lambda: bench_stage(s, heads, rows, out / "report.json"),
                                        log)

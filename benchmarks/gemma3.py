@@ -37,7 +37,6 @@ from benchmarks.stories260k import sentence_prefixes, stories
 from medusa.config import load_recipe
 from medusa.data import load_tokenized
 from medusa.errors import DataError
-from medusa.eval.report import category_table
 from medusa.modeling.base import load_tokenizer
 from medusa.modeling.draft_vocab import candidate_rows, choose_draft_vocab
 from medusa.modeling.packaged_models import GEMMA3, fetch_model
@@ -202,12 +201,9 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
     (``--compare-lookup L``); ``prompt_lookup``: and HF prompt lookup."""
 
     compare = S.compare_lookup_tokens(heads, s.compare_lookup_tokens) if tree is None else 0
-    result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
-                           progress=s.progress, ignore_eos=False, categories=[r["category"] for r in rows],
-                           tree=tree, compare_lookup=compare, prompt_lookup=prompt_lookup,
-                           prompt_lookup_num_tokens=s.prompt_lookup_num_tokens)
-    result["table"] = category_table(json.loads(report.read_text()))
-    return result
+    return S.category_bench(heads, rows, report, s.max_new_tokens, repeats=s.repeats, progress=s.progress,
+                            tree=tree, compare_lookup=compare, prompt_lookup=prompt_lookup,
+                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens)
 
 
 def run(s: Settings, log: Any = print) -> dict[str, Any]:

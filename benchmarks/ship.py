@@ -55,14 +55,16 @@ def trim_to_tree(directory: Path, dtype: torch.dtype | None) -> dict[str, Any]:
 
 def _store_dtype(directory: Path, config: MedusaConfig, state: dict[str, torch.Tensor],
                  dtype: torch.dtype | None) -> dict[str, Any]:
+    """The drafter's floats stored in ``dtype`` while ``config.dtype`` keeps the dtype it decodes in (float32
+    for CPU decoding): ``from_pretrained`` casts them back up, so the repository carries half the bytes."""
     from safetensors.torch import save_file
 
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-        config.dtype = str(dtype).replace("torch.", "")
-        save_file(state, directory / WEIGHTS_NAME)
-        config.save(directory)
-    return {"num_heads": config.num_heads, "dropped_heads": 0, "dtype": config.dtype}
+        save_file(state, directory / WEIGHTS_NAME, metadata={"format": "pt"})
+    stored = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+    return {"num_heads": config.num_heads, "dropped_heads": 0, "dtype": config.dtype,
+            "stored_dtype": str(stored).replace("torch.", "")}
 
 
 def tie_to_packaged(heads_dir: str | Path, dest: str | Path, base_dir: str | Path,

@@ -39,7 +39,6 @@ from benchmarks.forward_cost import format_curves, stock_vs_packed
 from benchmarks.head_types import HeadTypePlan, hydra_overrides, run_head_types
 from benchmarks.ship import ship_heads
 from medusa.errors import DataError, MedusaError
-from medusa.eval.report import category_table
 from medusa.modeling.base import load_base_model
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # recorded as the shipped heads' base_model_name_or_path
@@ -157,12 +156,9 @@ def bench_by_category(s: Settings, heads: Path, rows: list[dict[str, Any]], repo
     tree.json as it is (its lookup chain included) instead of the three MEDUSA rows."""
 
     compare = S.compare_lookup_tokens(heads, s.compare_lookup_tokens) if tree is None and s.lookup_rows else 0
-    result = S.bench_stage(heads, [r["prompt"] for r in rows], report, s.max_new_tokens, repeats=s.repeats,
-                           progress=s.progress, chat=True, ignore_eos=False, prompt_lookup=prompt_lookup,
-                           prompt_lookup_num_tokens=s.prompt_lookup_num_tokens,
-                           categories=[r["category"] for r in rows], tree=tree, compare_lookup=compare)
-    result["table"] = category_table(json.loads(report.read_text()))
-    return result
+    return S.category_bench(heads, rows, report, s.max_new_tokens, repeats=s.repeats, progress=s.progress,
+                            chat=True, prompt_lookup=prompt_lookup, tree=tree, compare_lookup=compare,
+                            prompt_lookup_num_tokens=s.prompt_lookup_num_tokens)
 
 
 def run(s: Settings, log: Any = print) -> dict[str, Any]:

@@ -7,6 +7,7 @@ pipeline's ``main``.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from medusa.demo.stages import (  # noqa: F401  (re-exported: the stages every p
     write_jsonl,
 )
 from medusa.errors import MedusaError
+from medusa.eval.report import category_table
 from medusa.io import atomic_write_text
 from medusa.modeling.config import TREE_NAME
 from medusa.modeling.loading import load_for_generation
@@ -228,3 +230,14 @@ def run_pipeline(argv: Sequence[str] | None, parse: Callable[[Sequence[str] | No
     with the summary file as footer."""
     settings, args = parse(argv)
     return run_main(run, settings, describe, f"summary: {Path(settings.out) / 'summary.json'}", args.debug)
+
+
+def category_bench(heads: Path, rows: list[dict[str, Any]], report: Path, max_new_tokens: int,
+                   **bench: Any) -> dict[str, Any]:
+    """``bench_stage`` on ``rows`` (``{"prompt", "category"}``) stopping at EOS as HF does, with the report's
+    per-category table under ``"table"`` (what every chat / text pipeline prints); ``bench``: the rest of
+    ``bench_stage``'s options (chat, tree, compare_lookup, prompt_lookup, repeats, ...)."""
+    result = bench_stage(heads, [r["prompt"] for r in rows], report, max_new_tokens, ignore_eos=False,
+                         categories=[r["category"] for r in rows], **bench)
+    result["table"] = category_table(json.loads(Path(report).read_text()))
+    return result

@@ -15,7 +15,6 @@ cannot close a cycle by itself.
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -294,15 +293,31 @@ def _check_allowlist(found: dict[str, int], allowed: dict[str, int], what: str, 
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def import_probe():
+    """One server that preloads torch / transformers and forks a medusa-free child per import."""
+    from import_probe import ImportProbe
+
+    probe = ImportProbe(ROOT)
+    yield probe
+    probe.close()
+
+
 @pytest.mark.parametrize("module", sorted(module_files()))
-def test_module_imports_alone_in_a_fresh_interpreter(module):
+def test_module_imports_alone_in_a_fresh_interpreter(module, import_probe):
     code = f"import {module}"
     if module == "medusa.__main__":  # it runs the CLI on import: give it `--help` (exits 0)
         code = f"import sys; sys.argv = ['medusa', '--help']; {code}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, f"import {module} failed:\n{proc.stderr[-3000:]}"
+    ok, error = import_probe.run(code)
+    assert ok, f"import {module} failed:\n{error}"
+
+
+def test_the_import_probe_starts_each_import_without_medusa_and_reports_failures(import_probe):
+    assert import_probe.run("import sys; assert not any(m.startswith('medusa') for m in sys.modules)")[0]
+    ok, error = import_probe.run("import medusa.no_such_module")
+    assert not ok and "ModuleNotFoundError" in error
+    assert import_probe.run("import medusa.training.loop") == (True, "")
+    assert import_probe.run("import sys; assert 'medusa.training.loop' not in sys.modules")[0]  # not kept
 
 
 def test_import_graph_has_no_cycle():

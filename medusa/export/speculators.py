@@ -149,7 +149,9 @@ def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any],
         # vLLM collects each layer once: a repeated layer would feed fc fewer blocks than it has
         raise CheckpointError(f"{src / CONFIG_NAME}: eagle3 heads need distinct feature_layers for vLLM, got "
                               f"{cfg.feature_layers!r}")
-    state = read_heads_file(src / WEIGHTS_NAME)
+    decoding = getattr(torch, cfg.dtype)  # the dtype the drafter decodes in (stored narrower when shipped)
+    state = {k: v.to(decoding) if v.is_floating_point() else v
+             for k, v in read_heads_file(src / WEIGHTS_NAME).items()}
     if "lm_head.weight" not in state:
         raise CheckpointError(f"{src / WEIGHTS_NAME}: missing tensor lm_head.weight")
     tensors = eagle3_tensors(state, list(cfg.feature_layers), cfg.vocab_size)

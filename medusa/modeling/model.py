@@ -274,9 +274,9 @@ class MedusaModel(nn.Module):
                 check_token_map(state["token_map"], config.draft_vocab, config.vocab_size)
             except ValueError as exc:
                 raise CheckpointError(f"{weights_path}: {exc}") from None
-        floats = [v.dtype for v in state.values() if v.is_floating_point()]
-        target_dtype = (resolve_dtype(heads_dtype) if heads_dtype is not None
-                        else (floats[0] if floats else torch.float32))
+        # The heads decode in ``heads_dtype`` or else the config's dtype; the file may store them narrower
+        # (the shipped EAGLE-3 drafter: bfloat16 on disk, float32 for CPU decoding), so floats are cast.
+        target_dtype = resolve_dtype(heads_dtype if heads_dtype is not None else config.dtype)
         heads.to(dtype=target_dtype)
         heads.load_state_dict({k: v.to(target_dtype) if v.is_floating_point() else v
                                for k, v in state.items()},

@@ -17,6 +17,7 @@ from medusa import MedusaModel, MedusaTree
 from medusa.errors import CheckpointError
 from medusa.modeling.config import MedusaConfig
 from medusa.modeling.packaged import PACKAGED_KEY, weights_fingerprint
+from medusa.tree.draft_tree import DraftTreeShape
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +77,24 @@ def test_ship_heads_ties_every_set(tmp_path, base_dir):
     assert shipped["dest"] == str(tmp_path / "data_heads") and list(shipped["heads"]) == ["medusa1", "hydra"]
     for name in finals:
         assert MedusaConfig.load(tmp_path / "data_heads" / name).extra[PACKAGED_KEY]["name"] == "llama"
+
+
+def test_the_eagle3_drafter_ships_in_bf16_and_decodes_in_its_config_dtype(tmp_path, base_dir):
+    """The drafter is stored in bfloat16 (half the bytes the repository carries) while its config keeps the
+    float32 it decodes in: from_pretrained casts the stored floats up, the token map stays int64."""
+    model = perturb(MedusaModel.from_base(str(base_dir), num_heads=3, head_type="eagle3"))
+    model.tree = DraftTreeShape(num_nodes=4, depth=2, branch=2, expand=2)
+    model.save_pretrained(tmp_path / "final")
+    dest = tmp_path / "ship" / "eagle3"
+    dest.parent.mkdir()
+    info = tie_to_packaged(tmp_path / "final", dest, base_dir)
+    assert (info["dtype"], info["stored_dtype"], info["dropped_heads"]) == ("float32", "bfloat16", 0)
+    state = load_file(dest / "medusa_heads.safetensors")
+    assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.bfloat16}
+    assert MedusaConfig.load(dest).dtype == "float32"
+    again = MedusaModel.from_pretrained(dest, base_model=str(base_dir))
+    assert again.tree == model.tree
+    for key, value in model.heads.state_dict().items():
+        loaded = again.heads.state_dict()[key]
+        want = value.to(torch.bfloat16).to(torch.float32) if value.is_floating_point() else value
+        assert loaded.dtype == want.dtype and torch.equal(loaded, want), key

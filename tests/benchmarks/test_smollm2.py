@@ -94,7 +94,7 @@ def test_bench_by_category_compares_lookup_with_the_trees_length(tmp_path, monke
         return {}
 
     monkeypatch.setattr(smollm2.S, "bench_stage", fake_bench_stage)
-    monkeypatch.setattr(smollm2, "category_table", lambda report: "table")
+    monkeypatch.setattr(smollm2.S, "category_table", lambda report: "table")
     s = smollm2.Settings(out=str(tmp_path))
     assert s.compare_lookup_tokens == 8 and s.prompt_lookup_num_tokens == 10
     rows = [{"prompt": "hi", "category": "qa"}]

@@ -36,3 +36,24 @@ def test_launch_recipe_trains_in_two_processes(tmp_path, tiny_recipe_env):
     result = S.launch_recipe(recipe, overrides, 2, progress=False)
     assert result["processes"] == 2 and result["steps"] == 2 and result["metrics"]["loss"] > 0
     assert (Path(result["final_dir"]) / "medusa_heads.safetensors").is_file()
+
+
+def test_category_bench_stops_at_eos_and_tables_the_categories(tmp_path, monkeypatch):
+    """Every pipeline's per-category bench: the rows' prompts and categories go to bench_stage (stopping at
+    EOS as HF does), the report's per-category table comes back under "table"."""
+    from benchmarks import stages
+
+    calls = []
+
+    def fake_bench_stage(heads, prompts, report, max_new_tokens, **kwargs):
+        calls.append((heads, prompts, max_new_tokens, kwargs))
+        report.write_text('{"rows": 1}')
+        return {"overall": 1.0}
+
+    monkeypatch.setattr(stages, "bench_stage", fake_bench_stage)
+    monkeypatch.setattr(stages, "category_table", lambda report: f"table of {report}")
+    rows = [{"prompt": "a", "category": "qa"}, {"prompt": "b", "category": "rag"}]
+    result = stages.category_bench(tmp_path, rows, tmp_path / "r.json", 16, chat=True, compare_lookup=4)
+    assert result == {"overall": 1.0, "table": "table of {'rows': 1}"}
+    assert calls == [(tmp_path, ["a", "b"], 16, {"ignore_eos": False, "categories": ["qa", "rag"],
+                                                  "chat": True, "compare_lookup": 4})]

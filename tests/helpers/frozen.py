@@ -52,12 +52,13 @@ class FrozenRecord:
 
 
 def record_frozen(monkeypatch: Any, trained: Trained) -> FrozenRecord:
-    """Wrap ``medusa.training.loop``'s ``setup_model`` (snapshot after set-up, before any optimizer step)
-    and ``save_final`` (the same names again, before the final save)."""
-    import medusa.training.loop as loop
+    """Wrap ``medusa.training.session``'s ``setup_model`` (snapshot after set-up, before any optimizer step)
+    and ``medusa.training.output``'s ``save_final`` (the same names again, before the final save)."""
+    import medusa.training.output as output
+    import medusa.training.session as session
 
     record = FrozenRecord()
-    setup, save = loop.setup_model, loop.save_final
+    setup, save = session.setup_model, output.save_final
 
     def recording_setup(*args: Any, **kwargs: Any) -> Any:
         out = setup(*args, **kwargs)
@@ -70,6 +71,6 @@ def record_frozen(monkeypatch: Any, trained: Trained) -> FrozenRecord:
         record.after.append({n: state[n].detach().cpu().clone() for n in names if n in state})
         return save(run, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "setup_model", recording_setup)
-    monkeypatch.setattr(loop, "save_final", recording_save)
+    monkeypatch.setattr(session, "setup_model", recording_setup)
+    monkeypatch.setattr(output, "save_final", recording_save)
     return record

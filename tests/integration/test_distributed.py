@@ -109,6 +109,8 @@ def _equal_and_resumable(config: str, kind: str, recipe: str, tmp_path: Path, ca
     count. Returns the 2-process run's per-rank counts (held, total, updated, trainable)."""
     two, one = tmp_path / "two", tmp_path / "one"
     ranks = _two_ranks(_launch(config, recipe, two, "train.save_steps=2"), kind)
+    assert sorted(_metrics(two)) == [1, 2, 3, 4] and (two / "checkpoint-2" / "trainer_state.json").is_file()
+    assert json.loads((two / "final" / "medusa_config.json").read_text())["recipe"]["train"]["max_steps"] == 4
     total, trainable = ranks[0][1], ranks[0][3]
     engine = _one_process(recipe, one, capsys, "train.save_steps=2")
     assert engine == ("NO", 1, total, total, trainable, trainable)

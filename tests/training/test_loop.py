@@ -1,12 +1,8 @@
 """The training loop (medusa/training/loop.py): end-to-end MEDUSA-1 runs of the tiny recipe on stories260K
-(CPU), resume, a 2-process launch; the draft vocabulary built from the training labels; the training method
-chosen once from the recipe."""
+(CPU), resume (a 2-process launch: tests/integration/test_distributed.py; the draft vocabulary:
+test_vocab_setup.py; the method: test_method.py)."""
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,14 +10,10 @@ import torch
 from frozen import heads_only, record_frozen
 
 from medusa.config import load_recipe
-from medusa.errors import ConfigError
-from medusa.modeling.draft_vocab import build_token_map
 from medusa.modeling.model import MedusaModel
-from medusa.training import setup as S
 from medusa.training.loop import train
 
-from fit_heads import fit_heads
-from tiny_models import SHARED, require_module, require_shared, stories_model
+from tiny_models import require_module, stories_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,76 +90,3 @@ def test_4bit_backbone_trains_on_cpu(tmp_path, monkeypatch):
     moved = [not torch.equal(p, q) for p, q in zip(result.model.heads.state_dict().values(),
                                                      untrained.heads.state_dict().values())]
     assert all(moved)
-
-
-CPU_CONFIG = ROOT / "configs" / "accelerate" / "cpu.yaml"
-TWO_PROCESSES = re.compile(r"engine: MULTI_CPU, 2 process\(es\); rank (\d) holds")
-
-
-def test_two_process_cpu_launch(tmp_path):
-    require_shared(SHARED)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
-           "--num_processes", "2", "--main_process_port", "0", "--mixed_precision", "no",
-           "-m", "medusa.train", str(TINY), f"output_dir={tmp_path / 'ddp'}", "train.max_steps=3",
-           "train.batch_size=2", "data.max_length=32", "train.logging_steps=1", "train.save_steps=2",
-           "data.eval_split=0.0"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(TWO_PROCESSES.findall(proc.stdout)) == ["0", "1"]  # DDP over gloo, a world of 2
-    rows = _metrics(tmp_path / "ddp")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert (tmp_path / "ddp" / "checkpoint-2" / "trainer_state.json").is_file()
-    trained = MedusaModel.from_pretrained(tmp_path / "ddp" / "final", base_model=stories_model())
-    assert trained.config.recipe["train"]["max_steps"] == 3
-
-
-TINY_DIR = ROOT / "recipes" / "tiny"
-
-
-def _draft_recipe(name, tmp_path, *overrides):
-    base = [f"output_dir={tmp_path / 'run'}", "data.max_length=64", "train.logging_steps=2",
-            "data.eval_split=0.0", "train.eval_steps=0"]
-    return load_recipe(TINY_DIR / f"{name}.yaml", base + list(overrides))
-
-
-@pytest.mark.parametrize("name,head_type", [("medusa1", "linear"), ("medusa1", "shared_lm_head"),
-                                            ("medusa2_lora", "linear")])
-def test_draft_vocab_run_saves_the_map_of_the_most_frequent_labels(tmp_path, name, head_type, capsys):
-    recipe = _draft_recipe(name, tmp_path, "heads.draft_vocab=64", f"heads.head_type={head_type}",
-                     "train.max_steps=4")
-    result = train(recipe)
-    assert "draft vocabulary: 64 of 512 tokens cover" in capsys.readouterr().out
-    rows = [json.loads(x) for x in (Path(result.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    miss = [r["head1_draft_miss"] for r in rows if "loss" in r]
-    assert miss and all(0.0 < m < 1.0 for m in miss)
-    data = S.load_data(recipe, S.load_tokenizer(recipe))
-    expected = build_token_map(data.train.examples, 512, 64)
-    base = stories_model() if name == "medusa1" else None
-    loaded = MedusaModel.from_pretrained(result.final_dir, base_model=base)
-    assert loaded.config.draft_vocab == 64 and torch.equal(loaded.heads.token_map, expected)
-    if head_type == "linear":
-        assert loaded.heads.lm_heads[0].weight.shape == (64, loaded.config.hidden_size)
-    ids = torch.tensor([[1, 403, 407, 261, 378, 29]])
-    ref = loaded.base_model.generate(ids, do_sample=False, max_new_tokens=12)
-    fit_heads(loaded, ref, steps=150)  # the 4 steps left them near the LM head: fit them to the reference
-    out = loaded.generate(ids, max_new_tokens=12, return_dict_in_generate=True)
-    assert torch.equal(out.sequences, ref)
-    assert max(out.accept_lengths[0]) >= 3  # tree paths through the draft ids accepted, not only the root
-
-
-def test_init_from_with_another_draft_vocab_is_refused(tmp_path):
-    first = train(_draft_recipe("medusa1", tmp_path / "a", "heads.draft_vocab=64", "train.max_steps=2"))
-    recipe = _draft_recipe("medusa1", tmp_path / "b", "heads.draft_vocab=32", "train.max_steps=2",
-                     f"heads.init_from={first.final_dir}")
-    with pytest.raises(ConfigError, match="heads.draft_vocab: 32, but heads.init_from .* has draft_vocab 64"):
-        train(recipe)
-
-
-def test_the_method_is_chosen_once_from_the_recipe():
-    from medusa.config import METHODS, Recipe
-    from medusa.training import loop, medusa1, medusa2
-
-    assert set(loop._METHODS) == set(METHODS)
-    assert loop.method_of(Recipe(method="medusa1")) is medusa1.METHOD
-    assert loop.method_of(Recipe(method="medusa2")) is medusa2.METHOD
