@@ -153,10 +153,8 @@ def medusa_generate(
     ``tree``: a MedusaTree, ``"dynamic[:N]"`` / a DynamicTreeOption, or ``"lookup"``. ``lookup_tokens=L``:
     a chain of L context-lookup tokens (:mod:`medusa.decoding.lookup`) verified in the same forward as the
     heads' tree; None: the calibrated tree's ``lookup_tokens`` (0 when it has none), 0: off.
-    ``tree="lookup"``: the lookup chain alone; ``tree="plain"``: no drafts (our own plain decode).
-    ``step_clock``: a :class:`medusa.decoding.step.PhaseClock` the eager steps add their time per phase to
-    (``--profile``). Acceptance stays exact (greedy == HF; "sample" lossless).
-    """
+    ``tree="lookup"``: the lookup chain alone; ``"plain"``: no drafts. ``step_clock``: a ``PhaseClock`` (eager
+    steps time their phases: ``--profile``). Acceptance stays exact (greedy == HF; sample lossless)."""
     input_ids, mask2d = _check_arguments(model, input_ids, attention_mask, acceptance, max_new_tokens,
                                          streamer)
     choice = _check_compile(resolve_tree(model, tree, lookup_tokens), compile)
@@ -164,16 +162,11 @@ def medusa_generate(
         eos_token_id=eos_token_id, generation_config=generation_config, generator=generator,
         hf=dict(generation_kwargs, temperature=temperature, top_k=top_k, top_p=top_p),
         posterior_threshold=posterior_threshold, posterior_alpha=posterior_alpha))
-    # a lookup chain on the eager CPU path verifies, each step, only the nodes some row can accept (a host
-    # read, free on a CPU); the static / compiled paths keep its fixed length
+    # eager CPU: a lookup chain is cut each step to what some row can accept (static / compiled: fixed)
     eager_cpu = not compile and cache_implementation in (None, "dynamic") and input_ids.device.type == "cpu"
     proposer = new_proposer(model, choice, input_ids.device, max_new_tokens, eager_cpu, scorer)
-    check_supported(model.base_model, input_ids.shape[1] + max_new_tokens + proposer.depth + 1)
-    new_cache, fns = _path(model, proposer, input_ids.shape, max_new_tokens, compile, cache_implementation)
-    if step_clock is not None:
-        if fns.compiled:
-            raise MedusaError("step_clock times the eager step's phases; a compiled step fuses them")
-        fns = dataclasses.replace(fns, clock=step_clock)
+    new_cache, fns = _path(model, proposer, input_ids.shape, max_new_tokens, compile, cache_implementation,
+                           step_clock)
     if fns.compiled:
         scorer = compiled_scorer(model, scorer)
     out = _timed_decode(model, proposer, scorer, input_ids, mask2d, streamer, new_cache, fns, max_new_tokens)
@@ -219,20 +212,25 @@ def _timed_decode(model: Any, proposer: Proposer, scorer: Scorer, input_ids: tor
 
 
 def _path(model: Any, proposer: Proposer, shape: torch.Size, max_new_tokens: int, compile: bool,
-          cache_implementation: str | None) -> tuple[NewCache, StepFns]:
+          cache_implementation: str | None, clock: PhaseClock | None = None) -> tuple[NewCache, StepFns]:
     """(the cache's prefill, the step's functions) of the eager path (default: ``DynamicCache``) or the
-    static / compiled one (``StaticCache``, fixed shapes)."""
+    static / compiled one (``StaticCache``, fixed shapes); ``clock``: the eager step times its phases. The
+    base must verify a tree over the run's length."""
+    if clock is not None and compile:
+        raise MedusaError("step_clock times the eager step's phases; a compiled step fuses them")
     b, p = shape
+    check_supported(model.base_model, p + max_new_tokens + proposer.depth + 1)
     if cache_implementation not in (None, "dynamic", "static"):
         raise MedusaError(f"cache_implementation must be 'dynamic' or 'static', got {cache_implementation!r}")
     n, dtype = proposer.num_nodes, compute_dtype(model)
     if not compile and cache_implementation != "static":
         capacity = p + 2 * max_new_tokens + n
-        return functools.partial(dynamic_prefill, num_nodes=n, capacity=capacity, dtype=dtype), StepFns()
+        return (functools.partial(dynamic_prefill, num_nodes=n, capacity=capacity, dtype=dtype),
+                StepFns(clock=clock))
     capacity = static_capacity(p, max_new_tokens, b, n, proposer.depth)
     new_cache = functools.partial(static_prefill, num_nodes=n, capacity=capacity, dtype=dtype,
                                   compact_fn=compact_function(model, compile))
-    return new_cache, step_functions(model, compile)
+    return new_cache, dataclasses.replace(step_functions(model, compile), clock=clock)
 
 
 def prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, proposer: Proposer,

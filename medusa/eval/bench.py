@@ -329,14 +329,19 @@ def bench(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: in
         bar.set_postfix(speedup=f"{row['speedup']:.2f}", tps=f"{row['tokens_per_step']:.2f}", refresh=False)
     bar.close()
     config = bench_config(s, assistant_model, prompt_lookup, prompt_lookup_num_tokens, repeats, ignore_eos)
-    config.update(lookup_config(s))
-    config["chat_template"] = chat
-    config["compile"] = compile
+    config.update(lookup_config(s), chat_template=chat, compile=compile)
+    return _report(s, rows, accept_hist, config, generated)
+
+
+def _report(s: BenchSetup, rows: list[dict[str, Any]], accept_hist: Counter, config: dict[str, Any],
+            generated: list[torch.Tensor]) -> dict[str, Any]:
+    """The report of a run: the summary, greedy fidelity, the draft vocabulary's coverage of what was
+    generated, the compiled rows."""
     report = summarize(rows, accept_hist, config)
-    if acceptance == "greedy":
+    if s.acceptance == "greedy":
         report["fidelity"] = fidelity_summary(rows)
-    report.update(draft_vocab_summary(model.heads, torch.cat(generated)))
-    if compile:
+    report.update(draft_vocab_summary(s.model.heads, torch.cat(generated)))
+    if config["compile"]:
         report["compiled"] = compiled_summary(rows)
     return report
 
