@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from medusa.errors import MedusaError
-from medusa.modeling.base import load_tokenizer, text_config
+from medusa.modeling.base import load_tokenizer, resolve_dtype, text_config
 from medusa.modeling.config import MedusaConfig, base_location
 from medusa.modeling.cpu_linear import auto_pack, pack_linears
 from medusa.modeling.model import MedusaModel
@@ -16,11 +18,15 @@ def load_for_generation(heads: str | Path, base: str | None = None, dtype: str |
                         tokenizer: str | None = None,
                         cpu_pack: bool | None = None) -> tuple[MedusaModel, Any]:
     """The MedusaModel (eval mode) and its tokenizer (from ``tokenizer``, ``base``, the merged backbone,
-    or the checkpoint's recorded base, in that order). ``cpu_pack``: pre-pack the float32 CPU linear layers
-    for few-row matmuls (:mod:`medusa.modeling.cpu_linear`); None: unless ``MEDUSA_CPU_PACK=0`` or memory
-    is short (:func:`medusa.modeling.cpu_linear.auto_pack`)."""
+    or the checkpoint's recorded base, in that order). A half-precision ``dtype`` (bfloat16 / float16) loads
+    the heads in it too: drafting runs in the decoding dtype (verification by the base decides every token).
+    ``cpu_pack``: pre-pack the CPU linear layers (:mod:`medusa.modeling.cpu_linear`: float32 few-row and
+    every bfloat16 matmul); None: unless ``MEDUSA_CPU_PACK=0`` or memory is short
+    (:func:`medusa.modeling.cpu_linear.auto_pack`)."""
     config = MedusaConfig.load(Path(heads))
-    model = MedusaModel.from_pretrained(heads, base_model=base, dtype=dtype).eval()
+    half = dtype is not None and resolve_dtype(dtype) in (torch.bfloat16, torch.float16)
+    model = MedusaModel.from_pretrained(heads, base_model=base, dtype=dtype,
+                                        heads_dtype=dtype if half else None).eval()
     if cpu_pack is None:
         auto_pack(model)
     elif cpu_pack:

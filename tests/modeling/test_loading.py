@@ -29,6 +29,14 @@ def test_load_for_generation_gives_an_eval_model_and_the_base_tokenizer(checkpoi
         encode_prompt(tok, "hi", chat=True)
 
 
+def test_a_half_precision_dtype_loads_the_heads_in_it_too(checkpoint):
+    heads_dtypes = lambda m: {p.dtype for p in m.heads.parameters()}
+    model, _ = load_for_generation(checkpoint, base=str(STORIES), dtype="bfloat16", cpu_pack=False)
+    assert heads_dtypes(model) == {torch.bfloat16} and model.base_model.dtype == torch.bfloat16
+    model, _ = load_for_generation(checkpoint, base=str(STORIES), dtype="float32", cpu_pack=False)
+    assert heads_dtypes(model) == {torch.float32}
+
+
 def test_check_positions_names_the_prompt_and_the_allowed_tokens(checkpoint):
     model, tok = load_for_generation(checkpoint, base=str(STORIES))
     n = int(encode_prompt(tok, "Once upon a time").shape[1])
