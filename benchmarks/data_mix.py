@@ -109,7 +109,7 @@ class RunOptions:
     model: str
     out: Path
     dtype: str = "bfloat16"
-    batch_size: int = 64
+    batch_size: int = 128
     max_new_tokens: int = 384
     scale: float = 1.0
     seed: int = 0
@@ -123,7 +123,7 @@ def distill_part(opts: RunOptions, prompts: Path | None, out: Path, limit: int |
                             mode="replay", limit=limit, synthesize_prompts=synthesize,
                             sampling=Sampling(temperature=0.0, top_p=1.0, max_new_tokens=opts.max_new_tokens,
                                               seed=opts.seed),
-                            batch_size=max(opts.batch_size // 2, 1) if long_prompts else opts.batch_size,
+                            batch_size=max(opts.batch_size // 4, 1) if long_prompts else opts.batch_size,
                             dtype=opts.dtype, on_length="keep", progress=False)
     return self_distill(cfg)
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", default=os.environ.get("MEDUSA_SHARED", "../shared"))
     parser.add_argument("--model", default=str(Path.home() / ".cache/medusa/models/smollm2-135m-instruct"))
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=128, help="slots (a quarter for summaries and RAG)")
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every part's count")
     parser.add_argument("--status", action="store_true", help="print rows and reply tokens, run nothing")
