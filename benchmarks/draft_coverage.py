@@ -70,6 +70,15 @@ def coverage_rows(train: Examples, evals: dict[str, Examples], vocab_size: int,
     return rows
 
 
+def shipped_map_row(path: Path, evals: dict[str, Examples]) -> dict[str, Any]:
+    """Coverage of every eval set by the ``token_map`` a shipped head set holds (its own training data's)."""
+    from safetensors.torch import load_file
+
+    token_map = load_file(str(path))["token_map"]
+    return {"draft_vocab": f"shipped {int(token_map.shape[0])}",
+            **{name: coverage(token_map, _labels(ex)) for name, ex in evals.items()}}
+
+
 def head_cost(n: int, hidden: int, rows: int = 8, dtype: torch.dtype | None = None,
               repeats: int = 0) -> dict[str, Any]:
     """The draft LM head ``[n, hidden]``: parameters, mega multiply-adds per drafted token and, with
@@ -134,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec-bench-replies", type=int, default=0, metavar="N",
                         help="answer N Spec-Bench public prompts per category first (evaluation only)")
     parser.add_argument("--time", type=int, default=0, metavar="R", help="time the draft head R times")
+    parser.add_argument("--shipped-map", default=None, metavar="SAFETENSORS",
+                        help="also the coverage of this head file's token_map (the shipped drafter's)")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
     from medusa.selfdistill.backends.local import load_tokenizer
@@ -148,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         evals.update(by_category(sb, tok))
     report = {"train_reply_tokens": int(_labels(train).ne(-100).sum()),
               "eval_reply_tokens": {k: int(_labels(v).ne(-100).sum()) for k, v in evals.items()},
-              "coverage": coverage_rows(train, evals, len(tok)),
+              "coverage": coverage_rows(train, evals, len(tok))
+              + ([shipped_map_row(Path(args.shipped_map), evals)] if args.shipped_map else []),
               "head_cost": [head_cost(n, 576, repeats=args.time, dtype=getattr(torch, args.dtype))
                             for n in SIZES]}
     text = json.dumps(report, indent=1)

@@ -56,3 +56,12 @@ def test_spec_bench_replies_group_by_category(tmp_path):
     assert sorted(groups) == sorted(["spec_bench", *(f"sb_{c}" for c in cats)])
     assert len(groups["spec_bench"]) == 3
     assert all(any(x != -100 for x in ex["labels"]) for ex in groups["spec_bench"])
+
+
+def test_shipped_map_row_reads_the_token_map(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"token_map": torch.tensor([1, 2], dtype=torch.long), "w": torch.zeros(2)}, tmp_path / "h.st")
+    row = C.shipped_map_row(tmp_path / "h.st", {"held": [_ex([-100, 1, 2, 4, 4])]})
+    assert row == {"draft_vocab": "shipped 2", "held": pytest.approx(0.5)}
