@@ -42,6 +42,9 @@ COUNTS = {"alpaca": 4800, "translate_out": 6000, "math": 6000, "summarize": 4000
           "multi_turn": 4000, "vicuna": 80, "synth": 12000}  # translate_in: what translate_out yields
 HELD_OUT_COUNTS = {"alpaca": HELD_OUT_ALPACA, "translate_out": 60, "math": 60, "summarize": 40, "rag": 40,
                    "multi_turn": 40}
+# a training part's reply budget below --max-new-tokens: a translation of 1-3 sentences needs < 150
+# tokens; longer replies were the model repeating itself (38% of the held-out ones reached 384)
+PART_MAX_NEW = {"translate_out": 192, "translate_in": 192}
 LONG_PARTS = ("summarize", "rag")  # long prompts: a smaller batch keeps the KV buffers small
 
 
@@ -117,11 +120,13 @@ class RunOptions:
 
 
 def distill_part(opts: RunOptions, prompts: Path | None, out: Path, limit: int | None,
-                 synthesize: int = 0, long_prompts: bool = False) -> dict[str, Any]:
+                 synthesize: int = 0, long_prompts: bool = False,
+                 max_new_tokens: int | None = None) -> dict[str, Any]:
     """One resumable ``medusa self-distill`` call (greedy, replay, cut replies kept)."""
     cfg = SelfDistillConfig(model=opts.model, prompts=None if synthesize else str(prompts), out=str(out),
                             mode="replay", limit=limit, synthesize_prompts=synthesize,
-                            sampling=Sampling(temperature=0.0, top_p=1.0, max_new_tokens=opts.max_new_tokens,
+                            sampling=Sampling(temperature=0.0, top_p=1.0,
+                                              max_new_tokens=max_new_tokens or opts.max_new_tokens,
                                               seed=opts.seed),
                             batch_size=max(opts.batch_size // 4, 1) if long_prompts else opts.batch_size,
                             dtype=opts.dtype, on_length="keep", progress=False)
@@ -140,8 +145,9 @@ def _run_one(opts: RunOptions, split: str, part: str, rows: list[dict[str, Any]]
     if not rows:
         return
     try:
+        cap = PART_MAX_NEW.get(part, opts.max_new_tokens) if split == "train" else opts.max_new_tokens
         s = distill_part(opts, prompts, opts.out / split / f"{part}.jsonl", limit,
-                         long_prompts=part in LONG_PARTS)
+                         long_prompts=part in LONG_PARTS, max_new_tokens=min(cap, opts.max_new_tokens))
     except MedusaError as exc:  # one part's failure (its errors file says why) does not stop the run
         log(opts, split=split, part=part, frac=frac, error=str(exc))
         return

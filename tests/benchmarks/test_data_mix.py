@@ -40,13 +40,20 @@ def test_run_writes_every_part_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(M, "COUNTS", {"alpaca": 4, "translate_out": 4, "math": 3, "summarize": 0, "rag": 0,
                                       "multi_turn": 2, "vicuna": 2, "synth": 0})
     opts = M.RunOptions(str(model), tmp_path / "run", dtype="float32", batch_size=4, max_new_tokens=6,
-                        held_out_counts={"alpaca": 3, "math": 2})
+                        held_out_counts={"alpaca": 3, "math": 2, "translate_out": 2})
+    monkeypatch.setattr(M, "PART_MAX_NEW", {"translate_out": 3})  # a training part's own reply budget
     M.run(opts, shared)
     found = M.status(opts.out)
     assert found["heldout"]["alpaca"]["rows"] == 3 and found["heldout"]["math"]["rows"] == 2
     for part, n in (("alpaca", 4), ("math", 3), ("multi_turn", 2), ("vicuna", 2)):
         assert found["train"][part]["rows"] == n
     assert found["train_reply_tokens"] > 0
+
+    def budgets(split):
+        rows = M.read_rows(opts.out / split / "translate_out.jsonl")
+        return {r["metadata"]["sampling"]["max_new_tokens"] for r in rows}
+
+    assert budgets("train") == {3} and budgets("heldout") == {6}
     first = json.loads((opts.out / "train" / "multi_turn.jsonl").read_text().splitlines()[0])
     assert [m["role"] for m in first["messages"]] == ["user", "assistant", "user", "assistant"]
     log = [json.loads(line) for line in (opts.out / "run.log").read_text().splitlines()]
