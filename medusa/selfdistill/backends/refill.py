@@ -122,7 +122,10 @@ class RefillLoop:
         self.dtype = next(model.parameters()).dtype
         self.queue = deque(Row(i, list(p)) for i, p in enumerate(prompts))
         longest = max((len(p) for p in prompts), default=1)
-        self.cache = SlotCache(2 * (longest + max_new_tokens) + COMPACT_EVERY)
+        # a slot spans at most longest + max_new_tokens - 1 columns before a step (its prompt, then one per
+        # step); compact() shifts the oldest slot's first column to 0 once it is COMPACT_EVERY in (or the
+        # buffer is full), so this many columns always hold every live slot and the next one
+        self.cache = SlotCache(longest + max_new_tokens + COMPACT_EVERY)
         n = min(batch_size, len(prompts))
         self.slots: list[Row | None] = [None] * n
         self.valid = torch.zeros(n, self.cache.capacity, dtype=torch.bool, device=self.device)  # [B, cap]

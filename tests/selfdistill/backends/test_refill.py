@@ -58,3 +58,15 @@ def test_refill_sampling_is_seeded_and_top_k_1_is_greedy():
     assert run(temperature=1.0, seed=3) == run(temperature=1.0, seed=3)
     assert run(temperature=1.0, seed=3) != run(temperature=1.0, seed=4)
     assert run(temperature=0.7, top_k=1, seed=5) == run()
+
+
+def test_refill_fits_the_tightest_buffer_in_any_prompt_order(monkeypatch):
+    """The buffer holds longest prompt + max_new_tokens + COMPACT_EVERY columns: with COMPACT_EVERY = 1
+    (the least room) and the longest prompt admitted among short ones, no step runs out of columns."""
+    require_shared(STORIES)
+    tok, model = stories_tokenizer(), stories_model().float().eval()
+    prompts = [tok(t)["input_ids"] for t in TEXTS[::-1]]  # not sorted: a long prompt joins short ones
+    monkeypatch.setattr(R, "COMPACT_EVERY", 1)
+    got = {i: tokens for i, tokens, _ in R.generate_refill(model, prompts, max_new_tokens=9, batch_size=3,
+                                                           pad_id=0, eos_ids=[2])}
+    assert all(got[i] == _lone_generate(model, p, 9, 2) for i, p in enumerate(prompts))

@@ -1,0 +1,66 @@
+"""The issue-44 data run: held-out parts first, training parts in passes, resumable, a status count."""
+
+from __future__ import annotations
+
+import json
+
+from selfdistill_helpers import save_chat_model
+
+from benchmarks import data_mix as M
+
+from tiny_models import SHARED, require_shared
+
+
+def _shared(tmp_path):
+    data = tmp_path / "shared" / "data"
+    data.mkdir(parents=True)
+    alpaca = [{"instruction": f"What is thing {i}?", "input": "",
+               "output": " ".join(["Thing", str(i), "is", "a", "good", "thing."] * 8)} for i in range(230)]
+    (data / "alpaca_5000.json").write_text(json.dumps(alpaca))
+    (data / "tinystories_sample.txt").write_text("\n\n".join(
+        " ".join(["Once", "upon", "a", "time", "there", "was", f"cat{i}."] * 4) for i in range(20)))
+    (data / "vicuna_bench_questions.jsonl").write_text(
+        "".join(json.dumps({"question_id": i, "turns": [f"Question {i}?"]}) + "\n" for i in range(3)))
+    return tmp_path / "shared"
+
+
+def test_sources_split_held_out_texts_from_training_ones(tmp_path):
+    shared = _shared(tmp_path)
+    train, held = M.load_sources(shared, False), M.load_sources(shared, True)
+    assert len(train.alpaca) == 30 and len(held.alpaca) == M.HELD_OUT_ALPACA
+    assert len(train.stories) == 18 and len(held.stories) == 2
+    assert held.vicuna == [] and len(train.vicuna) == 3
+    assert not {r["instruction"] for r in train.alpaca} & {r["instruction"] for r in held.alpaca}
+
+
+def test_run_writes_every_part_and_resumes(tmp_path, monkeypatch):
+    require_shared(SHARED)
+    shared, model = _shared(tmp_path), save_chat_model(tmp_path / "model")
+    # summaries / RAG passages are longer than the tiny model's 512 positions: built, not answered here
+    monkeypatch.setattr(M, "COUNTS", {"alpaca": 4, "translate_out": 4, "math": 3, "summarize": 0, "rag": 0,
+                                      "multi_turn": 2, "vicuna": 2, "synth": 0})
+    opts = M.RunOptions(str(model), tmp_path / "run", dtype="float32", batch_size=4, max_new_tokens=6,
+                        held_out_counts={"alpaca": 3, "math": 2, "translate_out": 2})
+    monkeypatch.setattr(M, "PART_MAX_NEW", {"translate_out": 3})  # a training part's own reply budget
+    M.run(opts, shared)
+    found = M.status(opts.out)
+    assert found["heldout"]["alpaca"]["rows"] == 3 and found["heldout"]["math"]["rows"] == 2
+    for part, n in (("alpaca", 4), ("math", 3), ("multi_turn", 2), ("vicuna", 2)):
+        assert found["train"][part]["rows"] == n
+    assert found["train_reply_tokens"] > 0
+
+    def budgets(split):
+        rows = M.read_rows(opts.out / split / "translate_out.jsonl")
+        return {r["metadata"]["sampling"]["max_new_tokens"] for r in rows}
+
+    assert budgets("train") == {3} and budgets("heldout") == {6}
+    first = json.loads((opts.out / "train" / "multi_turn.jsonl").read_text().splitlines()[0])
+    assert [m["role"] for m in first["messages"]] == ["user", "assistant", "user", "assistant"]
+    log = [json.loads(line) for line in (opts.out / "run.log").read_text().splitlines()]
+    assert [e["frac"] for e in log if e.get("part") == "math" and e["split"] == "train"] == list(M.PASSES)
+    assert log[-1]["event"] == "finished"
+    before = (opts.out / "train" / "alpaca.jsonl").read_text()
+    M.run(opts, shared)  # a second start answers nothing again
+    assert (opts.out / "train" / "alpaca.jsonl").read_text() == before
+    assert all(e["written"] == 0 for e in map(json.loads, (opts.out / "run.log").read_text().splitlines()[
+        len(log):]) if "written" in e)
