@@ -97,9 +97,10 @@ def test_rope_permute_interleaves_each_heads_halves():
     assert got == want
 
 
-def test_medusa_heads_are_refused_naming_llama_cpp_options(tmp_path, base_dir):
-    model = MedusaModel.from_base(str(base_dir), num_heads=2)
+@pytest.mark.parametrize("head_type", ["linear", "hydra"])
+def test_medusa_heads_are_refused_naming_llama_cpp_options(tmp_path, base_dir, head_type):
+    model = MedusaModel.from_base(str(base_dir), num_heads=2, head_type=head_type)
     model.save_pretrained(tmp_path / "heads")
-    with pytest.raises(CheckpointError, match="ngram-mod.*draft model"):
+    with pytest.raises(CheckpointError, match=f"'{head_type}'.*ngram-mod.*draft model"):
         export_checkpoint(tmp_path / "heads", tmp_path / "out", "gguf")
     assert not (tmp_path / "out").exists()
