@@ -99,7 +99,8 @@ def markdown(table: dict[str, list[dict[str, Any]]], ours: dict[int, dict[str, A
     for precision, rows in table.items():
         for r in rows:
             share = f"{r['accept_share']:.3f}" if r["accept_share"] is not None else "-"
-            pos = " / ".join(f"{p:.3f}" for p in r["per_position"]) if r["per_position"] else "-"
+            chain = r["config"].startswith("eagle3") and r["per_position"]  # n-gram drafts vary in length
+            pos = " / ".join(f"{p:.3f}" for p in r["per_position"]) if chain else "-"
             same = f"{r['identical_to_plain']}/{r['prompts']}"
             lines.append(f"| {precision} | {r['config']} | {r['tokens_per_s_median']:.1f} | "
                          f"{r['tokens_per_s_total']:.1f} | {share} | {pos} | {same} |")
