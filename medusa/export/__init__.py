@@ -48,6 +48,7 @@ from medusa.export.common import (
     read_our_checkpoint,
     require_tree_fits,
 )
+from medusa.export.gguf import export_gguf
 from medusa.export.medusa_v1 import is_v1_dir, read_v1, require_official_layers, write_v1
 from medusa.export.serving import (
     OFFICIAL_MODEL_TYPES,
@@ -93,6 +94,8 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     pre = MedusaConfig.load(src)
     if format == "speculators":
         return _export_speculators(src, out, pre, base, overwrite, embed_tokens)
+    if format == "gguf":
+        return export_gguf(src, out, pre, base, overwrite)
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to "
                               f"{format}: it serves MEDUSA heads of head_type "

@@ -1,0 +1,231 @@
+"""``--format gguf``: an EAGLE-3 drafter as the ``eagle3`` GGUF llama.cpp serves (``llama-server -m
+TARGET.gguf -md OUT/draft.gguf --spec-type draft-eagle3``), written with the ``gguf`` package's writer.
+
+What llama.cpp (build 10434, ``src/models/eagle3.cpp``) reads, and what its own converter writes for a
+speculators checkpoint (``convert_hf_to_gguf.py --target-model-dir``), which this module mirrors:
+
+- ``general.architecture = eagle3``; the llama hyperparameters of the draft layer (``block_count`` 1,
+  ``embedding_length``, ``feed_forward_length``, head counts, ``rope.freq_base``, RMS epsilon,
+  ``vocab_size`` = the TARGET vocabulary) under ``eagle3.*``;
+- ``eagle3.target_layers``: exactly 3 ids, llama.cpp's numbering = the INPUT of that target layer = Hugging
+  Face's ``hidden_states[i]`` = our ``feature_layers``; the fused features are concatenated in that array's
+  order, so ids are written ascending and ``fc.weight``'s column blocks in the same order;
+- ``eagle3.target_hidden_size``, ``eagle3.norm_before_residual`` (ours: false, the residual is the fused
+  hidden state before ``hidden_norm``), ``eagle3.norm_before_fc`` (false);
+- tensors: ``fc.weight``, ``blk.0.attn_norm`` (input_layernorm on the token embedding), ``blk.0.attn_norm_2``
+  (hidden_norm), ``blk.0.attn_q/k/v`` reading ``2d`` (Q and K rows permuted as llama.cpp's RoPE wants),
+  ``attn_output``, ``ffn_norm``, ``ffn_gate/up/down``, ``output_norm``, ``output`` ``[N, d]``, and ``d2t [N]``
+  int64 ABSOLUTE target ids (our ``token_map``; llama.cpp's converter adds ``arange`` to speculators'
+  offsets);
+  no ``token_embd``: llama.cpp then embeds the draft tokens with the target's table, as our drafter does;
+- the target's tokenizer (BPE: ``tokenizer.ggml.model = gpt2``, tokens, types, merges, special ids, chat
+  template). llama.cpp loads it with the model but never tokenizes with the drafter; the pre-tokenizer name
+  (``tokenizer.ggml.pre``, which the converter finds by hashing a probe text) is left out, so the loader logs
+  "missing pre-tokenizer type, using: 'default'".
+
+MEDUSA / Hydra heads are refused: llama.cpp has no MEDUSA heads (its speculation is a draft model, EAGLE-3,
+MTP / DFlash drafters or n-gram lookup).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from medusa.errors import CheckpointError, MedusaError
+from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.model import read_heads_file
+
+ARCH = "eagle3"
+DRAFT_FILE = "draft.gguf"
+LLAMA_CPP_OFFERS = ("llama.cpp has no MEDUSA or Hydra heads; serve the base there with its n-gram drafters "
+                    "(llama-server --spec-type ngram-mod or ngram-simple) or a small draft model "
+                    "(-md DRAFT.gguf), or train head_type eagle3 and export that")
+
+# our layer-0 names -> llama.cpp's (the converter's tensor map for arch eagle3)
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "hidden_norm.weight": "attn_norm_2.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def refuse_non_eagle3(src: Path, cfg: MedusaConfig) -> None:
+    if cfg.head_type != "eagle3":
+        raise CheckpointError(f"{src / CONFIG_NAME}: --format gguf exports head_type eagle3 drafters only "
+                              f"(this checkpoint's is {cfg.head_type!r}): {LLAMA_CPP_OFFERS}")
+
+
+def rope_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Q / K rows from Hugging Face's rotate-half order to llama.cpp's interleaved RoPE pairs (the
+    converter's ``LlamaModel.permute``); ``weight [n_head * head_dim, in]``."""
+    rows = weight.shape[0]
+    return (weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def draft_tensors(state: dict[str, torch.Tensor], layers: list[int], n_head: int,
+                  n_head_kv: int) -> dict[str, np.ndarray]:
+    """Our eagle3 tensors -> llama.cpp's names as float32 arrays (as the converter's ``--outtype f32``), fc
+    column blocks in ascending layer order, Q / K rows RoPE-permuted, ``d2t`` absolute target ids."""
+    fc = state["fc.weight"]  # [d, 3d]: one [d, d] block per feature layer, in our layer order
+    d = fc.shape[0]
+    blocks = fc.split(d, dim=1)
+    order = sorted(range(len(layers)), key=lambda i: layers[i])
+    out = {"fc.weight": torch.cat([blocks[i] for i in order], dim=1),
+           "output_norm.weight": state["norm.weight"], "output.weight": state["lm_head.weight"]}
+    for ours, theirs in LAYER_NAMES.items():
+        key = f"layers.0.{ours}"
+        if key not in state:
+            raise CheckpointError(f"{WEIGHTS_NAME}: missing tensor {key}")
+        weight = state[key]
+        if ours == "self_attn.q_proj.weight":
+            weight = rope_permute(weight, n_head)
+        elif ours == "self_attn.k_proj.weight":
+            weight = rope_permute(weight, n_head_kv)
+        out[f"blk.0.{theirs}"] = weight
+    arrays = {k: v.detach().to(torch.float32).contiguous().numpy() for k, v in out.items()}
+    if "token_map" in state:
+        arrays["d2t"] = state["token_map"].to(torch.int64).contiguous().numpy()  # [N] absolute target ids
+    return arrays
+
+
+def _rope_theta(text: dict[str, Any]) -> float:
+    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", None):
+        raise MedusaError(f"--format gguf writes default RoPE only (the base's rope_type is {kind!r})")
+    return float(params.get("rope_theta", text.get("rope_theta", 10000.0)))
+
+
+def write_hparams(writer: Any, cfg: MedusaConfig, text: dict[str, Any]) -> None:
+    """eagle3.* keys: the draft layer's llama hyperparameters (the base's) and the EAGLE-3 ones."""
+    layers = sorted(cfg.feature_layers or [])
+    if len(layers) != 3 or len(set(layers)) != 3:
+        raise CheckpointError(f"{CONFIG_NAME}: llama.cpp's eagle3 reads exactly 3 distinct target layers, "
+                              f"feature_layers is {cfg.feature_layers!r}")
+    n_head = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // n_head)
+    writer.add_name(f"{text.get('model_type', 'llama')} eagle3 drafter")
+    writer.add_block_count(1)
+    writer.add_context_length(int(text.get("max_position_embeddings", 4096)))
+    writer.add_embedding_length(int(text["hidden_size"]))
+    writer.add_feed_forward_length(int(text["intermediate_size"]))
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(int(text.get("num_key_value_heads") or n_head))
+    writer.add_rope_freq_base(_rope_theta(text))
+    writer.add_layer_norm_rms_eps(float(text["rms_norm_eps"]))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(int(text["vocab_size"]))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_array(f"{ARCH}.target_layers", layers)
+    writer.add_uint32(f"{ARCH}.target_hidden_size", int(text["hidden_size"]))
+    writer.add_bool(f"{ARCH}.norm_before_residual", False)
+    writer.add_bool(f"{ARCH}.norm_before_fc", False)
+
+
+def write_vocab(writer: Any, tokenizer_dir: str, vocab_size: int) -> None:
+    """The target's BPE tokenizer as llama.cpp's ``gpt2`` vocabulary (the converter's ``get_vocab_base``:
+    added special tokens CONTROL, other added tokens USER_DEFINED, holes ``[PAD{i}]`` UNUSED)."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        raise MedusaError(f"{tokenizer_dir}: --format gguf needs the base's tokenizer.json (a BPE tokenizer)")
+    spec = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    model_type = spec.get("model", {}).get("type")
+    if model_type != "BPE":
+        raise MedusaError(f"{tokenizer_dir}/tokenizer.json: --format gguf writes BPE tokenizers only "
+                          f"(this one is {model_type})")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    reverse = {i: t for t, i in tok.get_vocab().items()}
+    added = tok.added_tokens_decoder  # {id: AddedToken}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.NORMAL)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer)
+
+
+def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokenizer_dir: str,
+                     out: Path) -> dict[str, Any]:
+    """Write ``out/draft.gguf``; returns what the export summary reports."""
+    import gguf
+
+    refuse_non_eagle3(src, cfg)
+    state = read_heads_file(src / WEIGHTS_NAME)
+    for key in ("fc.weight", "norm.weight", "lm_head.weight"):
+        if key not in state:
+            raise CheckpointError(f"{src / WEIGHTS_NAME}: missing tensor {key}")
+    n_head = int(text["num_attention_heads"])
+    tensors = draft_tensors(state, list(cfg.feature_layers or []), n_head,
+                            int(text.get("num_key_value_heads") or n_head))
+    path = out / DRAFT_FILE
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    write_hparams(writer, cfg, text)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    write_vocab(writer, tokenizer_dir, int(text["vocab_size"]))
+    for name, array in tensors.items():
+        if name == "d2t":
+            writer.add_tensor(name, array, raw_dtype=gguf.GGMLQuantizationType.I64)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"draft_vocab_size": int(tensors["output.weight"].shape[0]), "gguf": str(path),
+            "target_layers": sorted(cfg.feature_layers or []), "dtype": "float32"}
+
+
+def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overwrite: bool) -> dict[str, Any]:
+    """eagle3 heads -> ``out/draft.gguf`` beside the backbone they were trained on (its config and tokenizer
+    are read); the summary's ``commands`` serve it with llama-server."""
+    import shlex
+
+    from transformers import AutoConfig
+
+    from medusa.export.backbone import resolve_backbone
+    from medusa.io import atomic_directory
+
+    refuse_non_eagle3(src, cfg)
+    backbone = resolve_backbone(src, cfg, out, base=base)
+    base_cfg = AutoConfig.from_pretrained(backbone.path)
+    text = (base_cfg.get_text_config() if hasattr(base_cfg, "get_text_config") else base_cfg).to_dict()
+    tokenizer_dir = str(backbone.tokenizer_dir or backbone.path)
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, base]) as tmp:
+        info = write_draft_gguf(src, cfg, text, tokenizer_dir, tmp)
+    draft = str(out / DRAFT_FILE)
+    serve = ["llama-server", "-m", "TARGET.gguf", "-md", draft, "--spec-type", "draft-eagle3",
+             "--spec-draft-n-max", str(cfg.num_heads), "--spec-draft-p-min", "0"]
+    return {"format": "gguf", "out": str(out), "num_heads": cfg.num_heads, "num_layers": 1,
+            "layout": "gguf-eagle3", "materialised_lm_head": False, "lm_head_copies": 1,
+            "tree_nodes": None, "tree_depth": None, "tokenizer_files": [], "backbone": backbone.path,
+            "backbone_source": backbone.source, "backbone_description": backbone.description,
+            "tokenizer": backbone.tokenizer, "commands": [shlex.join(serve)],
+            "notes": [f"TARGET.gguf: the backbone {backbone.path} in GGUF (llama.cpp's "
+                      "convert_hf_to_gguf.py); the drafter embeds its tokens with the target's table and "
+                      "drafts chains only"],
+            **{k: v for k, v in info.items() if k != "gguf"}}

@@ -1,0 +1,106 @@
+"""--format gguf (medusa.export.gguf): eagle3 heads -> the eagle3 GGUF llama.cpp reads, checked by reading the
+file back with the gguf package: the eagle3 keys (3 ascending target layers, target hidden size,
+norm_before_residual false), the draft layer's hyperparameters, tensor names, fc column blocks in ascending
+layer order, Q / K rows in llama.cpp's interleaved RoPE order, d2t = our token map (absolute ids), the
+target's BPE vocabulary; MEDUSA heads refused naming what llama.cpp offers. (That the pinned llama-server
+serves it, greedy text equal to plain: tests/integration/test_llama_cpp_serving.py.)
+"""
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from medusa import MedusaModel
+from medusa.errors import CheckpointError
+from medusa.export import export_checkpoint
+from medusa.export.gguf import rope_permute
+
+from tiny_models import tiny_model
+
+gguf = pytest.importorskip("gguf")
+
+
+def _bpe_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="t1", eos_token="t2", unk_token="t0")
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base") / "llama"
+    model = tiny_model("llama", layers=4)
+    model.save_pretrained(path)
+    _bpe_tokenizer(model.config.vocab_size).save_pretrained(path)
+    return path
+
+
+def _eagle3(root, base_dir, feature_layers, token_map=None):
+    model = MedusaModel.from_base(str(base_dir), num_heads=3, head_type="eagle3",
+                                  feature_layers=feature_layers, token_map=token_map)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(root / "heads")
+    return root / "heads"
+
+
+def _read(path):
+    reader = gguf.GGUFReader(str(path))
+    keys = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    return keys, tensors
+
+
+def test_gguf_keys_and_tensors(tmp_path, base_dir):
+    V = MedusaModel.from_base(str(base_dir), num_heads=1).config.vocab_size
+    tm = torch.arange(3, V, 3)  # a draft vocabulary of every third id
+    src = _eagle3(tmp_path, base_dir, [2, 0, 3], token_map=tm)
+    summary = export_checkpoint(src, tmp_path / "out", "gguf")
+    assert summary["format"] == "gguf" and "--spec-type draft-eagle3" in summary["commands"][0]
+    keys, tensors = _read(tmp_path / "out" / "draft.gguf")
+    assert keys["general.architecture"] == "eagle3"
+    assert keys["eagle3.target_layers"] == [0, 2, 3]
+    assert keys["eagle3.target_hidden_size"] == 32 and keys["eagle3.norm_before_residual"] is False
+    assert keys["eagle3.block_count"] == 1 and keys["eagle3.vocab_size"] == V
+    assert keys["eagle3.attention.head_count"] == 4 and keys["eagle3.embedding_length"] == 32
+    assert keys["tokenizer.ggml.model"] == "gpt2" and len(keys["tokenizer.ggml.tokens"]) == V
+    assert keys["tokenizer.ggml.eos_token_id"] == 2
+    ours = load_file(str(src / "medusa_heads.safetensors"))
+    d = 32
+    blocks = ours["fc.weight"].split(d, dim=1)  # ours in feature_layers order [2, 0, 3]
+    want_fc = torch.cat([blocks[1], blocks[0], blocks[2]], dim=1)  # ascending: 0, 2, 3
+    assert np.array_equal(tensors["fc.weight"], want_fc.numpy())
+    assert tensors["d2t"].dtype == np.int64 and np.array_equal(tensors["d2t"], tm.numpy())
+    assert np.array_equal(tensors["output.weight"], ours["lm_head.weight"].numpy())
+    assert np.array_equal(tensors["blk.0.attn_norm_2.weight"], ours["layers.0.hidden_norm.weight"].numpy())
+    assert np.array_equal(tensors["blk.0.attn_v.weight"], ours["layers.0.self_attn.v_proj.weight"].numpy())
+    assert "token_embd.weight" not in tensors  # llama.cpp embeds with the target's table
+    q = ours["layers.0.self_attn.q_proj.weight"]  # [n_head * head_dim, 2d]
+    assert np.array_equal(tensors["blk.0.attn_q.weight"], rope_permute(q, 4).numpy())
+    assert not np.array_equal(tensors["blk.0.attn_q.weight"], q.numpy())
+
+
+def test_rope_permute_interleaves_each_heads_halves():
+    """HF's rotate-half pairs (i, i + half) become llama.cpp's adjacent rows (2i, 2i + 1), head by head."""
+    n_head, head_dim = 2, 6
+    w = torch.arange(n_head * head_dim, dtype=torch.float32)[:, None]  # row r holds r
+    got = rope_permute(w, n_head)[:, 0].tolist()
+    half = head_dim // 2
+    want = [h * head_dim + j * half + i for h in range(n_head) for i in range(half) for j in range(2)]
+    assert got == want
+
+
+@pytest.mark.parametrize("head_type", ["linear", "hydra"])
+def test_medusa_heads_are_refused_naming_llama_cpp_options(tmp_path, base_dir, head_type):
+    model = MedusaModel.from_base(str(base_dir), num_heads=2, head_type=head_type)
+    model.save_pretrained(tmp_path / "heads")
+    with pytest.raises(CheckpointError, match=f"'{head_type}'.*ngram-mod.*draft model"):
+        export_checkpoint(tmp_path / "heads", tmp_path / "out", "gguf")
+    assert not (tmp_path / "out").exists()

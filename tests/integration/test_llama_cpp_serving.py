@@ -1,0 +1,67 @@
+"""The shipped SmolLM2 EAGLE-3 drafter, exported with ``medusa export --format gguf``, loads unmodified in the
+pinned prebuilt llama-server (build 10434, its own venv: benchmarks.llama_cpp_env) beside SmolLM2 converted
+to an f32 GGUF by llama.cpp's own converter; on chat-templated prompts, greedy, one thread, its drafts are
+accepted and the text equals plain decoding's on every prompt.
+
+The venv and the converted GGUFs are built once per session. Outside CI the test skips when the venv cannot
+be built (no network, no wheel for this platform); in CI (MEDUSA_REQUIRE_SHARED=1) that fails. About a
+minute once the venv exists (two server starts, 3 prompts x 32 tokens each).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from real_models import smollm2_dir
+
+from benchmarks.llama_cpp_env import LlamaCppUnavailable, convert_target, ensure_venv
+from benchmarks.llama_cpp_server import LlamaServer, ServerConfig
+from benchmarks.serve_check import chat_ids
+from medusa.export import export_checkpoint
+
+HEADS = Path(__file__).resolve().parents[2] / "data" / "heads" / "smollm2-135m-instruct" / "eagle3"
+PROMPTS = ["What is the capital of France? Answer in one sentence.",
+           "Write a Python function that reverses a string.",
+           "List three facts about the moon."]
+TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    base = smollm2_dir()
+    try:
+        ensure_venv()
+    except LlamaCppUnavailable as exc:
+        if os.environ.get("MEDUSA_REQUIRE_SHARED") == "1":
+            pytest.fail(f"the llama.cpp venv cannot be built and MEDUSA_REQUIRE_SHARED=1: {exc}")
+        pytest.skip(f"llama.cpp cannot be installed here: {exc}")
+    root = tmp_path_factory.mktemp("llama_cpp")
+    summary = export_checkpoint(HEADS, root / "export", "gguf", base=str(base))
+    target = convert_target(base, "f32", root / "target-f32.gguf")
+    ids = chat_ids(str(base), PROMPTS)
+    out = {}
+    draft = root / "export" / "draft.gguf"
+    for cfg in (ServerConfig("plain"), ServerConfig("eagle3", "draft-eagle3", draft, 3)):
+        with LlamaServer(target, cfg, root / f"{cfg.name}.log") as server:
+            out[cfg.name] = [server.complete(p, TOKENS) for p in ids]
+    return summary, out, root
+
+
+def test_the_export_loads_and_its_drafts_are_accepted(served):
+    summary, out, root = served
+    assert summary["format"] == "gguf" and summary["target_layers"] == [2, 15, 27]
+    log = (root / "eagle3.log").read_text(errors="replace")
+    assert "EAGLE3 using d2t mapping (draft_vocab_size = 8192)" in log
+    drafted = sum(r["draft_n"] for r in out["eagle3"])
+    accepted = sum(r["draft_n_accepted"] for r in out["eagle3"])
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+    assert all(r["draft_n"] == 0 for r in out["plain"])
+
+
+def test_greedy_text_equals_plain(served):
+    _, out, _ = served
+    for plain, spec in zip(out["plain"], out["eagle3"]):
+        assert len(plain["tokens"]) == TOKENS
+        assert spec["tokens"] == plain["tokens"]
