@@ -10,7 +10,8 @@ head probabilities; ``DynamicTreeOption(calibrated=False)`` / ``--tree dynamic-r
 The tree is grown level by level as EAGLE-2 grows it: level d's candidates are the top
 ``branch`` children of each of the ``width`` best level-(d-1) candidates; all candidates of all levels
 are pooled and the best ``N - 1`` are kept with the root. A child's log-probability is its parent's plus a
-log-probability <= 0 (and a ``1e-6`` per-depth tie-break), so the kept set is prefix-closed; with
+log-probability <= 0 (and a ``1e-6`` per-depth tie-break), and the kept set is closed under ancestors by
+construction (:func:`medusa.decoding.draft_pool.closed_keys`: a node ranks strictly below its parent); with
 ``width = branch = N - 1`` (the default) it is exactly the N best nodes of the whole tree of depth D.
 
 Everything is built on the device with static shapes (N fixed): tokens, parents, depths, the ancestor
@@ -26,7 +27,8 @@ from typing import Any
 
 import torch
 
-from medusa.decoding.trees import RowTrees, tree_structure
+from medusa.decoding.draft_pool import closed_keys, pick_tree
+from medusa.decoding.trees import RowTrees
 from medusa.errors import MedusaError
 from medusa.tree.path_score import score_log_probs
 
@@ -118,7 +120,7 @@ def build_step_tree(root: torch.Tensor, children: ChildrenFn, num_nodes: int, de
     calibrated score (:attr:`medusa.decoding.tree_option.DynamicTreeOption.score`), or None for the raw
     log-probabilities.
     """
-    b, n = root.shape[0], num_nodes
+    n = num_nodes
     device = root.device
     width = n - 1 if width is None else width
     score, token, parent, sizes = _grow(root, scored(children, path_score), depth, width, branch)  # [B, P]
@@ -127,14 +129,8 @@ def build_step_tree(root: torch.Tensor, children: ChildrenFn, num_nodes: int, de
     if score.shape[1] < n - 1:
         raise MedusaError(f"a dynamic tree of {n} nodes needs {n - 1} candidates below the root; "
                           f"{depth} head(s) with {branch} children per node give only {score.shape[1]}")
-    picked = score.topk(n - 1, dim=-1).indices.sort(dim=-1).values  # [B, N-1]: level order = parents first
-    where = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=device)  # [B, P+1]: pool -> node
-    where.scatter_(1, picked + 1, torch.arange(1, n, device=device).expand(b, n - 1))
-    tokens = torch.cat([root.view(b, 1), token.gather(1, picked)], dim=1)  # [B, N]
-    parents = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device),
-                         where.gather(1, parent.gather(1, picked))], dim=1)  # [B, N]
-    depths = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), level[picked]], dim=1)  # [B, N]
-    return tree_structure(tokens, parents, depths, depth, branch, dtype)
+    key = closed_keys(score, parent - 1, sizes)  # [B, P]: a node ranks strictly below its parent
+    return pick_tree(root, key, token, parent - 1, level, n, depth, branch, dtype)[0]
 
 
 __all__ = ["TIE_BREAK", "ChildrenFn", "build_step_tree", "hydra_children", "medusa_children", "scored"]

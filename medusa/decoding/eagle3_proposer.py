@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
+from medusa.decoding.draft_pool import closed_keys, pick_tree
 from medusa.decoding.lookup import MAX_NGRAM, LookupContext, hybrid_tree, lookup_chain, new_context, observe
-from medusa.decoding.trees import Proposal, RowTrees, tree_structure
+from medusa.decoding.trees import Proposal, RowTrees
 from medusa.errors import MedusaError
 from medusa.tree.draft_tree import DraftTreeShape
 
@@ -227,28 +228,24 @@ class Eagle3Proposer:
         """The ``num_nodes - 1`` best pool nodes in level order under the root (and their pool indices
         ``[B, N-1]``). Ranked by the node's cumulative log-probability (top-k drafting) or, with sampling, by
         its parent's (a node's place must not depend on its own sampled token); ties go to the shallower
-        node, then the earlier sibling, so a parent always outranks its child."""
+        node, then the earlier sibling, and every key is clamped strictly below its parent's
+        (:func:`medusa.decoding.draft_pool.closed_keys`), so a node is kept only with its parent."""
         tree = self.tree
-        b, n = root.shape[0], tree.num_nodes
         device = root.device
-        levels = torch.cat([torch.full((s.shape[1],), d, dtype=torch.long, device=device)
-                            for d, s in enumerate(pool_score, start=1)])  # [P]
+        sizes = [s.shape[1] for s in pool_score]
+        levels = torch.cat([torch.full((size,), d, dtype=torch.long, device=device)
+                            for d, size in enumerate(sizes, start=1)])  # [P]
         token, parent = torch.cat(pool_token, dim=1), torch.cat(pool_parent, dim=1)  # [B, P]
+        own = torch.cat(pool_score, dim=1).double()  # [B, P]
         if self.sampling is None:
-            score = torch.cat(pool_score, dim=1) - 1e-6 * levels  # [B, P]
+            raw = own - 1e-6 * levels  # [B, P]
         else:
-            own = torch.cat(pool_score, dim=1).double()  # [B, P]
             parent_score = torch.where(parent >= 0, own.gather(1, parent.clamp(min=0)), 0.0)  # [B, P]
-            rank = torch.cat([torch.arange(s.shape[1], device=device) % tree.branch for s in pool_score])
-            score = parent_score - 1e-6 * levels - 1e-9 * rank  # [B, P] float64
-        picked = score.topk(n - 1, dim=-1).indices.sort(dim=-1).values  # [B, N-1] level order
-        where = torch.zeros(b, score.shape[1] + 1, dtype=torch.long, device=device)  # pool + 1 -> node
-        where.scatter_(1, picked + 1, torch.arange(1, n, device=device).expand(b, n - 1))
-        tokens = torch.cat([root.view(b, 1), token.gather(1, picked)], dim=1)  # [B, N]
-        parents = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device),
-                             where.gather(1, parent.gather(1, picked) + 1)], dim=1)  # [B, N]
-        depths = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=device), levels[picked]], dim=1)
-        return tokens, tree_structure(tokens, parents, depths, tree.depth, tree.branch, self.dtype), picked
+            rank = torch.cat([torch.arange(size, device=device) % tree.branch for size in sizes])
+            raw = parent_score - 1e-6 * levels - 1e-9 * rank  # [B, P]
+        trees, picked = pick_tree(root, closed_keys(raw, parent, sizes), token, parent, levels,
+                                  tree.num_nodes, tree.depth, tree.branch, self.dtype)
+        return trees.tokens, trees, picked
 
 
 __all__ = ["DraftSampling", "Eagle3Proposer"]

@@ -69,6 +69,40 @@ def test_dynamic_tree_is_prefix_closed_when_a_head_is_certain():
     _check_buffers(tree, 0)
 
 
+@pytest.mark.parametrize("gap", [17.0, 20.0, 40.0])
+def test_dynamic_tree_keeps_no_child_without_its_parent_when_heads_are_very_sure(gap):
+    """Heads sure of one token (log-probability exactly 0.0, the next ``gap`` nats below): a child of a node
+    at score -gap ties its parent in float32, where the old ``1e-6`` per-depth tie-break vanished past
+    |score| >= 16 and ``topk`` kept children without their parents (orphans hung from the root)."""
+    k, v = 3, 6
+    logp = torch.full((k, 1, v), -90.0)
+    logp[:, :, 2], logp[:, :, 4] = 0.0, -gap
+    for n in range(3, 12):
+        tree = build_step_tree(torch.tensor([1]), medusa_children(logp, 3), n, k, torch.float32, branch=3)
+        _check_buffers(tree, 0)
+        paths = _paths_of(tree, 0)
+        assert all(p[:-1] in paths for p in paths if len(p) > 1)  # ancestor-closed
+
+
+def test_dynamic_tree_greedy_equals_hf_with_very_sure_heads():
+    """MEDUSA heads made very sure (LM head scaled: log-probabilities of exactly 0.0 and gaps of 17+ nats)
+    on a dynamic tree: greedy output is still HF greedy ``generate``'s."""
+    base = tiny_model("llama", layers=2, seed=4)
+    model = MedusaModel.from_base(base, num_heads=3, num_layers=1, head_type="linear")
+    with torch.no_grad():
+        for p in model.heads.parameters():
+            p.mul_(200.0) if p.dim() == 2 and p.shape[0] == 96 else None
+    torch.manual_seed(3)
+    prompts = torch.randint(3, 96, (6, 5))
+    for n in (4, 6, 9):
+        for row in range(6):
+            ids = prompts[row:row + 1]
+            want = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+            assert torch.equal(model.generate(ids, max_new_tokens=12, tree=f"dynamic:{n}", eos_token_id=[]),
+                               want)
+
+
 def test_hydra_dynamic_tree_is_the_top_n_paths():
     base = tiny_model("llama", vocab_size=12, hidden_size=16)
     model = MedusaModel.from_base(base, num_heads=2, head_type="hydra")

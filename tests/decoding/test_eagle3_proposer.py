@@ -167,3 +167,60 @@ def test_sampled_drafts_q_r_stay_finite_when_q_underflows_to_one_hot(fitted):
             kids = [int(k) for k in tree.children[b, node] if k >= 0]
             for r, kid in enumerate(kids):
                 assert all(float(q[b, kid, proposal.tokens[b, k]]) == 0.0 for k in kids[:r])
+
+
+def _very_sure(base, a: int, b: int, gap: float) -> MedusaModel:
+    """Eagle3 heads whose draft logits are the same at every node: token ``a`` at log-probability exactly
+    0.0, ``b`` ``gap`` nats below, every other token 60 nats below (the layer's output is the attention's
+    output bias, a constant; the LM head reads its normed direction)."""
+    model = MedusaModel.from_base(base, num_heads=4, head_type="eagle3")
+    heads, layer = model.heads, model.heads.layers[0]
+    with torch.no_grad():
+        for w in (heads.fc.weight, layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+            w.zero_()
+        c = torch.randn(heads.hidden_size, generator=torch.Generator().manual_seed(1))
+        layer.self_attn.o_proj.bias.copy_(c)
+        u = heads.norm(c.view(1, -1)).view(-1)  # the normed output's direction, whatever g's scale
+        heads.lm_head.weight.zero_()
+        heads.lm_head.weight[a] = u * 60.0 / u.dot(u)
+        heads.lm_head.weight[b] = u * (60.0 - gap) / u.dot(u)
+    return model.eval()
+
+
+SURE_SHAPES = [DraftTreeShape(4, 2, 2, 2), DraftTreeShape(4, 2, 3, 2), DraftTreeShape(5, 3, 2, 2),
+               DraftTreeShape(8, 4, 2, 2)]
+
+
+@pytest.mark.parametrize("gap", [16.5, 17.0, 20.0])
+def test_very_sure_drafter_keeps_no_child_without_its_parent(gap):
+    """A drafter sure of its token (log-probability exactly 0.0): a child's score equals its parent's, and the
+    old float32 ``score - 1e-6 * level`` rank lost the tie-break past |score| >= 16, so ``topk`` kept a child
+    whose parent it dropped (an orphan hung from the root at the wrong depth)."""
+    from medusa.decoding.eagle3_proposer import Eagle3Proposer
+
+    base = tiny_model("llama", layers=4, seed=2, attention_bias=True)
+    model = _very_sure(base, 44, 45, gap)
+    ids = torch.tensor([[5, 17, 44, 9, 30]])
+    feats = base_features(base, ids, None, model.heads.feature_layers)
+    for shape in SURE_SHAPES:
+        proposer = Eagle3Proposer(model.heads, shape, torch.float32)
+        root = torch.tensor([44])
+        proposer.prefill(ids, torch.ones_like(ids), feats, root)
+        tree = proposer.propose(root).tree
+        for i in range(1, shape.num_nodes):
+            assert int(tree.depths[0, i]) == int(tree.depths[0, tree.parents[0, i]]) + 1, (shape, i)
+
+
+def test_very_sure_drafter_greedy_equals_hf():
+    """Greedy output with a drafter sure of the tokens the base emits (gap 17 nats) is HF greedy's."""
+    base = tiny_model("llama", layers=4, seed=2, attention_bias=True)
+    torch.manual_seed(0)
+    prompts = torch.randint(3, 96, (4, 5))
+    want = base.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=10, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    for row in range(4):
+        for a in want[row, 7:9].tolist():
+            model = _very_sure(base, a, (a + 1) % 96, 17.0)
+            for shape in SURE_SHAPES[:3]:
+                got = model.generate(prompts[row:row + 1], max_new_tokens=10, tree=shape, eos_token_id=[])
+                assert torch.equal(got, want[row:row + 1]), (row, a, shape)
