@@ -15,7 +15,9 @@ What vLLM 0.32 reads (``transformers_utils/configs/speculators/{base,algos}.py``
   Face's ``hidden_states[i]``, our ``feature_layers`` numbering; vLLM concatenates them in ASCENDING layer
   order, so ``fc.weight [d, 3d]``'s column blocks are written in that order.
 - tensors: ``fc.weight``, ``layers.0.*`` (q / k / v read ``2d``), ``norm.weight``, ``lm_head.weight [N, d]``;
-  ``d2t [N]`` int64 OFFSETS (target id = draft id + ``d2t[draft id]``) and ``t2d [V]`` bool (vLLM skips it,
+  ``d2t [N]`` int64 OFFSETS (target id = draft id + ``d2t[draft id]``), ascending target ids (speculators
+  and the EAGLE-3 reference assume draft id k = the k-th smallest target id; ours is in frequency order,
+  so the export sorts it and reorders ``lm_head``'s rows) and ``t2d [V]`` bool (vLLM skips it,
   speculators reads it) only with a draft vocabulary (with N = V vLLM has no parameter to put ``d2t`` in).
 - ``embed_tokens.weight [V, d]``: the base's input embeddings (ours reads the base's), in the heads' dtype.
   Both readers take that name: speculators' ``Eagle3DraftModel`` (``embed_tokens``) and vLLM's
@@ -48,7 +50,7 @@ VLLM_MODEL_TYPES = ("llama", "qwen3")  # vLLM 0.32's eagle3 architectures
 def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
                    vocab_size: int) -> dict[str, torch.Tensor]:
     """Our eagle3 heads' tensors -> the speculators names (fc columns in ascending layer order, d2t / t2d
-    from ``token_map``)."""
+    from ``token_map`` sorted ascending, ``lm_head`` rows in that order)."""
     out = {k: v.contiguous() for k, v in state.items() if k != "token_map"}
     order = sorted(range(len(layers)), key=lambda i: layers[i])
     if order != list(range(len(layers))):
@@ -57,7 +59,10 @@ def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
         out["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1).contiguous()
     token_map = state.get("token_map")
     if token_map is not None:
-        tm = token_map.to(torch.int64)
+        # speculators (t2d -> lm_head rows) and the EAGLE-3 reference take draft id k = the k-th smallest
+        # target id: ours are in frequency order, so the draft vocabulary is sorted and lm_head's rows follow
+        tm, order = torch.sort(token_map.to(torch.int64))  # [N] ascending, [N] our draft id of each
+        out["lm_head.weight"] = out["lm_head.weight"].index_select(0, order).contiguous()  # [N, d]
         out["d2t"] = (tm - torch.arange(tm.numel())).contiguous()  # [N] offsets
         t2d = torch.zeros(vocab_size, dtype=torch.bool)
         t2d[tm] = True

@@ -35,7 +35,7 @@ def _eagle3(tmp_path, base_dir, feature_layers, token_map=None, heads_dtype=None
 
 def test_speculators_config_and_tensors(tmp_path, base_dir):
     V = MedusaModel.from_base(str(base_dir), num_heads=1).config.vocab_size
-    tm = torch.arange(0, V, 2)[: V // 4]  # a draft vocabulary of every other id
+    tm = torch.arange(0, V, 2)[: V // 4].flip(0)  # every other id, unsorted as training's frequency order
     src, model = _eagle3(tmp_path, base_dir, [2, 0, 3], token_map=tm)
     summary = export_checkpoint(src, tmp_path / "spec", "speculators")
     cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
@@ -53,13 +53,16 @@ def test_speculators_config_and_tensors(tmp_path, base_dir):
     embed = model.base_model.get_input_embeddings().weight  # [V, d]: what our drafter embeds tokens with
     assert state["embed_tokens.weight"].shape == (V, embed.shape[1])
     assert torch.equal(state["embed_tokens.weight"], embed.detach())
-    assert torch.equal(state["d2t"] + torch.arange(len(tm)), tm)  # target = draft + d2t[draft]
+    # target = draft + d2t[draft], ascending (speculators: draft id k = the k-th smallest target id)
+    assert torch.equal(state["d2t"] + torch.arange(len(tm)), tm.sort().values)
+    # lm_head rows follow: the exported drafter's logit of each target id is ours
+    assert torch.equal(state["lm_head.weight"], ours["lm_head.weight"].flip(0))
     assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == len(tm) and state["t2d"][tm].all()
     d = ours["fc.weight"].shape[0]
     blocks = ours["fc.weight"].split(d, dim=1)  # ours: layers 2, 0, 3 -> written 0, 2, 3
     assert torch.equal(state["fc.weight"], torch.cat([blocks[1], blocks[0], blocks[2]], dim=1))
     for name in ours:
-        if name not in ("fc.weight", "token_map"):
+        if name not in ("fc.weight", "token_map", "lm_head.weight"):
             assert torch.equal(state[name], ours[name]), name
     assert set(state) == set(ours) - {"token_map"} | {"d2t", "t2d", "embed_tokens.weight"}
     assert summary["embed_tokens"] is True
