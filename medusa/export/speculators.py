@@ -41,6 +41,7 @@ from medusa.errors import CheckpointError, MedusaError
 from medusa.export.common import write_json
 from medusa.modeling.base import dtype_name, load_base_model
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.model import read_heads_file
 
 SPECULATORS_VERSION = "0.9.0"
@@ -68,6 +69,28 @@ def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
         t2d[tm] = True
         out["t2d"] = t2d  # [V]
     return out
+
+
+def check_state(state: dict[str, torch.Tensor], cfg: MedusaConfig, where: Path) -> None:
+    """The heads' tensors before they are rewritten: ``lm_head [N, d]``, ``fc [d, 3d]``, a ``token_map`` of N
+    distinct ids in ``[0, V)`` exactly when the config has a draft vocabulary (finite: read_heads_file)."""
+    for name in ("lm_head.weight", "fc.weight"):
+        if name not in state:
+            raise CheckpointError(f"{where}: missing tensor {name}")
+    d, n = cfg.hidden_size, cfg.draft_vocab or cfg.vocab_size
+    shapes = {"lm_head.weight": (n, d), "fc.weight": (d, 3 * d)}
+    for name, shape in shapes.items():
+        if tuple(state[name].shape) != shape:
+            raise CheckpointError(f"{where}: {name} is {tuple(state[name].shape)}, the config needs {shape}")
+    token_map = state.get("token_map")
+    if (token_map is not None) != bool(cfg.draft_vocab):
+        raise CheckpointError(f"{where}: token_map {'present' if token_map is not None else 'missing'} but "
+                              f"draft_vocab is {cfg.draft_vocab}")
+    if token_map is not None:
+        try:
+            check_token_map(token_map, cfg.draft_vocab, cfg.vocab_size)
+        except ValueError as exc:
+            raise CheckpointError(f"{where}: {exc}") from None
 
 
 EMBEDDING_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
@@ -154,11 +177,14 @@ def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any],
         # vLLM collects each layer once: a repeated layer would feed fc fewer blocks than it has
         raise CheckpointError(f"{src / CONFIG_NAME}: eagle3 heads need distinct feature_layers for vLLM, got "
                               f"{cfg.feature_layers!r}")
+    depth = base_config.get("num_hidden_layers")
+    if isinstance(depth, int) and any(not 0 <= i <= depth for i in cfg.feature_layers):
+        raise CheckpointError(f"{src / CONFIG_NAME}: feature_layers {cfg.feature_layers} lie outside the "
+                              f"base's hidden states 0..{depth}")
+    state = read_heads_file(src / WEIGHTS_NAME)
+    check_state(state, cfg, src / WEIGHTS_NAME)
     decoding = getattr(torch, cfg.dtype)  # the dtype the drafter decodes in (stored narrower when shipped)
-    state = {k: v.to(decoding) if v.is_floating_point() else v
-             for k, v in read_heads_file(src / WEIGHTS_NAME).items()}
-    if "lm_head.weight" not in state:
-        raise CheckpointError(f"{src / WEIGHTS_NAME}: missing tensor lm_head.weight")
+    state = {k: v.to(decoding) if v.is_floating_point() else v for k, v in state.items()}
     tensors = eagle3_tensors(state, list(cfg.feature_layers), cfg.vocab_size)
     n = int(tensors["lm_head.weight"].shape[0])
     if embed_tokens:
