@@ -299,4 +299,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from medusa.cli import run_script
+
+    sys.exit(run_script(main))

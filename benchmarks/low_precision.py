@@ -104,4 +104,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 __all__ = ["STORY_PROMPTS", "divergence", "greedy_identity", "main"]
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from medusa.cli import run_script
+
+    raise SystemExit(run_script(main))

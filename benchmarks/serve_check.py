@@ -272,4 +272,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from medusa.cli import run_script
+
+    sys.exit(run_script(main))

@@ -101,7 +101,8 @@ def compare(ours: list[torch.Tensor], theirs: torch.Tensor) -> list[dict[str, An
 
 def check(heads_dir: Path, base: str, ids: torch.Tensor, steps: int, work: Path,
           attn: str = "eager") -> dict[str, Any]:
-    """Export ``heads_dir``, run both sides on ``ids [1, T]``; per-step comparison + the worker's info."""
+    """Export ``heads_dir``, run both sides on ``ids [1, T]``; per-step comparison (our logits in the
+    export's ascending draft order) + the worker's info."""
     from medusa import MedusaModel
     from medusa.export import export_checkpoint
     from medusa.modeling.eagle3 import base_features
@@ -112,11 +113,17 @@ def check(heads_dir: Path, base: str, ids: torch.Tensor, steps: int, work: Path,
     feats = base_features(model.base_model, ids, None, heads.feature_layers)  # [1, T, 3d]
     ours = our_logits(heads, feats, ids, steps)
     theirs, info = run_worker(work / "export", ascending_features(heads, feats), ids, steps, work, attn)
-    out = {"positions": int(ids.shape[1] - 1), "steps": compare(ours, theirs["logits"]), "worker": info}
-    if heads.token_map is not None:  # speculators' d2t offsets lead back to our draft -> target map
-        d2t = theirs["d2t"]
-        target = d2t + torch.arange(d2t.numel())  # [N]
-        out["d2t_equals_token_map"] = bool(torch.equal(target, heads.token_map.cpu()))
+    out: dict[str, Any] = {"worker": info}
+    if heads.token_map is not None:  # the export's draft ids are ours sorted by target id
+        sorted_map, order = torch.sort(heads.token_map.cpu())  # [N], [N]
+        ours = [o[..., order] for o in ours]  # our logits in the export's draft order
+        target = theirs["d2t"] + torch.arange(theirs["d2t"].numel())  # [N]: speculators' draft -> target
+        out["d2t_equals_token_map"] = bool(torch.equal(target, sorted_map))
+        out["d2t_ascending"] = bool((target[1:] > target[:-1]).all())
+        base_head = model.base_model.get_output_embeddings().weight.detach().cpu()  # [V, d]
+        verifier = theirs["verifier_lm_head"]  # [N, d]: speculators' verifier head, rows by t2d
+        out["verifier_head_matches_d2t"] = bool(torch.equal(verifier, base_head[target].to(verifier.dtype)))
+    out.update(positions=int(ids.shape[1] - 1), steps=compare(ours, theirs["logits"]))
     return out
 
 
@@ -147,4 +154,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from medusa.cli import run_script
+
+    sys.exit(run_script(main))

@@ -11,9 +11,10 @@ each query attending causally to step 0 and to its own entry of every later step
 tokens without a verifier's last hidden state, so the draft LM head's outputs are read with a forward hook.
 
 Writes ``OUT_DIR/logits.safetensors`` (``logits [k, T, N]``: step j's row i predicts token i + 2 + j; rows
-past ``T - j`` read padding) and ``OUT_DIR/info.json``. The model is speculators' own
-``Eagle3DraftModel.from_pretrained(export)``, unmodified: nothing is loaded into it here. ``info.json``
-says where its embedding table came from: ``embed_tokens_in_checkpoint`` (the export holds
+past ``T - j`` read padding; with a draft vocabulary also ``d2t [N]`` and ``verifier_lm_head [N, d]``, the
+verifier LM head rows speculators selected with ``t2d``) and ``OUT_DIR/info.json``. The model is
+speculators' own ``Eagle3DraftModel.from_pretrained(export)``, unmodified: nothing is loaded into it here.
+``info.json`` says where its embedding table came from: ``embed_tokens_in_checkpoint`` (the export holds
 ``embed_tokens.weight``), ``embed_tokens_from_checkpoint`` (the loaded table equals that tensor),
 ``embed_tokens_equal_verifier`` (it equals the verifier's input embeddings, what our drafter reads) and
 ``embed_tokens_all_zero``. Without the tensor speculators 0.9.0 under transformers 5.x drafts with an
@@ -85,6 +86,9 @@ def main(argv: list[str]) -> int:
     tensors = {"logits": logits.contiguous()}
     if model.d2t is not None:
         tensors["d2t"] = model.d2t.detach().clone()
+        # the verifier's LM head rows speculators picked with t2d (ascending target ids): row k must be the
+        # target of draft id k (d2t's) for its training / evaluation targets to be the right tokens
+        tensors["verifier_lm_head"] = model.verifier_lm_head.weight.detach().clone()
     save_file(tensors, str(out / "logits.safetensors"))
     info = {"model_class": type(model).__name__, "layer_class": type(model.layers[0]).__name__,
             "attn_implementation": model._attn_impl, "draft_vocab_size": int(model.draft_vocab_size),

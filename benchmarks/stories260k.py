@@ -243,7 +243,7 @@ def _medusa2(s: Settings, out: Path, data: Path, model_path: str, trained: dict[
 
         final2 = out / "final_medusa2"
 
-        with atomic_directory(final2, overwrite=True) as tmp:
+        with atomic_directory(final2, overwrite=True, kind="heads") as tmp:
             shutil.copytree(m2["final_dir"], tmp, dirs_exist_ok=True)
             shutil.copy2(out / "final" / TREE_NAME, tmp / TREE_NAME)
         return {"final_dir": str(final2)}
@@ -365,4 +365,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from medusa.cli import run_script
+
+    raise SystemExit(run_script(main))

@@ -27,25 +27,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from medusa.errors import MedusaError, path_kind
+from medusa.manifest import (  # noqa: F401  (re-exported)
+    MANIFEST_NAME,
+    owned_now,
+    read_full,
+    read_manifest,
+    record_in_manifest,
+    stamp,
+    umask,
+)
+from medusa.manifest import write_manifest as _write_manifest
 
-OVERWRITE_HINT = "pass --overwrite to replace the files this command writes (other files are kept)"
-MANIFEST_NAME = ".medusa-manifest.json"
+OVERWRITE_HINT = "pass --overwrite to replace the files this command wrote there (other files are kept)"
 
 
 # ------------------------------------------------------------------------------------------ modes
-def umask() -> int:
-    """The process's umask (read without changing it where /proc allows)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def give_umask_mode(path: str | Path) -> None:
     """``path`` (a file, or a directory and everything in it) gets the mode a plain create would give:
     0666 / 0777 less the umask."""
@@ -120,83 +116,33 @@ def _remove(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the manifest
-def _stamp(path: Path) -> list[int] | None:
-    """A file's ``[size, mtime_ns]`` (None for a directory): what tells an unchanged file of ours."""
-    if path.is_dir() and not path.is_symlink():
-        return None
-    st = path.lstat()
-    return [st.st_size, st.st_mtime_ns]
-
-
-def read_manifest(folder: Path) -> dict[str, list[int] | None]:
-    """The names a medusa command wrote into ``folder`` (name -> stamp); empty when there is no manifest,
-    or it is not one (then nothing there counts as ours)."""
-    try:
-        data = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
-        entries = data["entries"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    if not isinstance(entries, dict):
-        return {}
-    return {k: v for k, v in entries.items() if _plain_name(k) and (v is None or (
-        isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)))}
-
-
-def _plain_name(name: object) -> bool:
-    return isinstance(name, str) and "/" not in name and name not in ("", ".", "..", MANIFEST_NAME)
-
-
-def ours(folder: Path, name: str, manifest: dict[str, list[int] | None] | None = None) -> bool:
-    """``folder/name`` was written by a medusa command and is unchanged since (a directory: listed)."""
-    manifest = read_manifest(folder) if manifest is None else manifest
-    path = folder / name
-    if name not in manifest or not (path.exists() or path.is_symlink()):
-        return False
-    return manifest[name] == _stamp(path)
-
-
-def record_in_manifest(folder: str | Path, names: Iterable[str]) -> None:
-    """Add ``names`` (just written into ``folder``) to its manifest, with their current stamps."""
-    folder = Path(folder)
-    entries = read_manifest(folder)
-    entries.update({name: _stamp(folder / name) for name in names})
-    _write_manifest(folder, entries)
-
-
-def _write_manifest(folder: Path, entries: dict[str, list[int] | None]) -> None:
-    atomic_write_text(folder / MANIFEST_NAME, json.dumps({"format": "medusa-manifest", "version": 1,
-                                                          "entries": entries}, indent=1) + "\n")
-
-
-def _merge_into(tmp: Path, target: Path) -> None:
+def _merge_into(tmp: Path, target: Path, kind: str) -> None:
     """Move every entry of ``tmp`` into ``target``. A same-named entry is replaced, and an entry the manifest
-    lists that ``tmp`` lacks is removed (a stale ``tree.json`` must not survive), only when a medusa command
-    wrote it (the manifest, unchanged since); a collision with anything else is refused before anything
-    moves; every other entry is kept."""
-    manifest = read_manifest(target)
-    written = {p.name for p in tmp.iterdir()} - {MANIFEST_NAME}
+    lists that ``tmp`` lacks is removed (a stale ``tree.json`` must not survive), only when a command of the
+    same ``kind`` wrote it (:mod:`medusa.manifest`, unchanged since); a collision with anything else is
+    refused before anything moves; every other entry is kept. The manifest is written first with the new
+    stamps and the old ones pending, so a run killed at any point leaves names the next run owns; replaced
+    folders are parked inside ``tmp``, which stays marked partial until the end (cleaned if killed)."""
+    owned = owned_now(target, kind)  # name -> current stamp
+    written = {p.name for p in tmp.iterdir()} - {MANIFEST_NAME, PARTIAL_MARK}
     for name in sorted(written):
         dest = target / name
-        if (dest.exists() or dest.is_symlink()) and not ours(target, name, manifest):
-            raise MedusaError(f"{dest}: exists and was not written by medusa (or changed since); --overwrite "
-                              "replaces only what medusa wrote there: remove it or choose another output")
-    stale = {name for name in manifest if name not in written and ours(target, name, manifest)}
+        if (dest.exists() or dest.is_symlink()) and name not in owned:
+            raise MedusaError(f"{dest}: exists and was not written by medusa (this command, unchanged "
+                              "since); --overwrite replaces only what it wrote there: remove it or choose "
+                              "another output")
+    new = {name: stamp(tmp / name) for name in written}  # a rename keeps sizes and modification times
+    _write_manifest(target, kind, {**owned, **new}, pending=owned)
     for name in sorted(written):
         dest = target / name
         if (dest.is_dir() and not dest.is_symlink()) or (dest.exists() and (tmp / name).is_dir()):
-            old = tmp.parent / f".{target.name}.{name}.old-{os.getpid()}"
+            old = tmp / f".old-{name}"
             os.replace(dest, old)
-            os.replace(tmp / name, dest)
-            _remove(old)
-        else:
-            os.replace(tmp / name, dest)
-    for name in stale:
+        os.replace(tmp / name, dest)
+    for name in sorted(set(owned) - written):
         _remove(target / name)
-    kept = {name: stamp for name, stamp in manifest.items()  # still ours, neither removed nor rewritten
-            if name not in stale and name not in written and ours(target, name, manifest)}
-    _write_manifest(target, {**kept, **{name: _stamp(target / name) for name in written}})
-    (tmp / MANIFEST_NAME).unlink(missing_ok=True)
-    tmp.rmdir()
+    _write_manifest(target, kind, new)
+    shutil.rmtree(tmp)
 
 
 # ------------------------------------------------------------------------------------------ the lock
@@ -276,7 +222,8 @@ def remove_stale_temps(target: Path) -> list[Path]:
     import glob
 
     stale = [p for p in sorted(target.parent.glob(f".{glob.escape(target.name)}.tmp-*"))
-             if _mark(p) == target.name + "\n"]
+             if _mark(p) == target.name + "\n" or (p.is_dir() and not p.is_symlink()
+                                                    and read_full(p)[0] is not None)]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale
@@ -293,17 +240,17 @@ def _renamed(exc: Exception, tmp: Path, target: Path) -> Exception:
 
 @contextlib.contextmanager
 def atomic_directory(target: str | Path, overwrite: bool = False, inputs: Iterable[str | Path | None] = (),
-                     owns: Iterable[str] = ()) -> Iterator[Path]:
+                     owns: Iterable[str] = (), kind: str = "output") -> Iterator[Path]:
     """Yield a temp directory next to ``target``; on success its files land in ``target``.
 
     ``target`` absent or empty: one rename puts the whole directory in place. ``target`` not empty: refused
-    unless ``overwrite``, which replaces the names written and removes what an earlier medusa command wrote
-    there and this one did not (the manifest), keeping every other file; a written name colliding with a
-    file medusa did not write is refused. ``owns``: kept for callers, unused (the manifest decides). A
-    ``target`` holding one of ``inputs`` is always refused. If the body raises, the temp directory is
-    removed, ``target`` is left exactly as it was, and the error names paths in ``target``'s terms (never the
-    temp directory, which no longer exists). The temp folders of earlier runs on ``target`` that were killed
-    are removed first (:func:`remove_stale_temps`).
+    unless ``overwrite``, which replaces the names written and removes what an earlier command of the same
+    ``kind`` wrote there and this one did not (the manifest, :mod:`medusa.manifest`), keeping every other
+    file; a written name colliding with a file it did not write is refused. ``owns``: kept for callers,
+    unused (the manifest decides). A ``target`` holding one of ``inputs`` is always refused. If the body
+    raises, the temp directory is removed, ``target`` is left exactly as it was, and the error names paths
+    in ``target``'s terms (never the temp directory, which no longer exists). The temp folders of earlier
+    runs on ``target`` that were killed are removed first (:func:`remove_stale_temps`).
     """
     target = Path(target)
     inputs = list(inputs)
@@ -320,14 +267,14 @@ def atomic_directory(target: str | Path, overwrite: bool = False, inputs: Iterab
                 if _renamed(exc, tmp, target) is exc:
                     raise
                 raise _renamed(exc, tmp, target) from None
-            (tmp / PARTIAL_MARK).unlink()
-            entries = {p.name: None for p in tmp.iterdir()}
             give_umask_mode(tmp)
             if target.is_dir() and any(target.iterdir()):
                 check_output_dir(target, overwrite, inputs)  # again: it may have changed meanwhile
-                _merge_into(tmp, target)
+                _merge_into(tmp, target, kind)
             else:
-                _write_manifest(tmp, {name: _stamp(tmp / name) for name in entries})
+                names = [p.name for p in tmp.iterdir() if p.name != PARTIAL_MARK]
+                _write_manifest(tmp, kind, {name: stamp(tmp / name) for name in names})
+                (tmp / PARTIAL_MARK).unlink()  # a kill from here on: the manifest marks it stale
                 os.replace(tmp, target)  # over an empty directory too
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -380,3 +327,5 @@ def read_json(path: str | Path, error_cls: type[MedusaError] = MedusaError) -> A
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error_cls(f"{path}: corrupt JSON ({exc})") from None
+    except RecursionError:
+        raise error_cls(f"{path}: JSON nested too deeply to read") from None

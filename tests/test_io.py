@@ -222,3 +222,45 @@ def test_a_device_is_never_an_output_file(tmp_path):
         check_output_file(os.devnull, overwrite=True)
     with pytest.raises(MedusaError, match="is a character device; give a file path"):
         atomic_write_text(os.devnull, "{}")
+
+
+KILLER = """
+import os, sys
+from pathlib import Path
+from medusa.io import atomic_directory
+out, stage = Path(sys.argv[1]), sys.argv[2]
+real, moved = os.replace, []
+def replace(src, dst):  # kill -9 (no cleanup runs) after the first file moved into the output
+    real(src, dst)
+    if stage == "merge" and Path(dst).parent == out and not Path(dst).name.startswith("."):
+        moved.append(dst)
+        if len(moved) == 1:
+            os._exit(9)
+os.replace = replace
+with atomic_directory(out, overwrite=True, kind="export") as tmp:
+    for name in ("a.json", "b.json", "c.json"):
+        (tmp / name).write_text("new")
+"""
+
+
+def test_a_run_killed_in_the_middle_of_a_merge_is_finished_by_the_next(tmp_path):
+    """kill -9 between two renames of an --overwrite merge: the output holds new and old files, the temp
+    folder is left; the next --overwrite run owns both, finishes the output and removes the temp folder."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    with atomic_directory(out, kind="export") as tmp:
+        for name in ("a.json", "b.json", "c.json", "gone.json"):
+            (tmp / name).write_text("old")
+    (out / "mine.txt").write_text("the user's")
+    run = subprocess.run([sys.executable, "-c", KILLER, str(out), "merge"], cwd=os.getcwd())
+    assert run.returncode == 9
+    assert sorted(p.name for p in out.iterdir() if p.read_text() == "new") == ["a.json"]  # half merged
+    assert len(list(tmp_path.glob(".out.tmp-*"))) == 1
+    with atomic_directory(out, overwrite=True, kind="export") as tmp:
+        for name in ("a.json", "b.json", "c.json"):
+            (tmp / name).write_text("newer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert {p.name: p.read_text() for p in out.iterdir() if p.name != MANIFEST_NAME} == {
+        "a.json": "newer", "b.json": "newer", "c.json": "newer", "mine.txt": "the user's"}

@@ -51,9 +51,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("modeling",),
     ("decoding",),
     ("tree", "data"),
-    ("config", "errors", "io"),
+    ("config", "errors", "io", "manifest"),
 )
-IMPORTABLE_BY_ALL = {"errors", "io"}
+IMPORTABLE_BY_ALL = {"errors", "io", "manifest"}
 # The repository's top level (git-tracked names). benchmarks/ holds the benchmark pipelines: it imports
 # medusa, never the other way round (the wheel holds medusa/ only).
 TOP_LEVEL = {".ci", ".gitignore", "Makefile", "README.md", "benchmarks", "configs", "data", "docs", "medusa",

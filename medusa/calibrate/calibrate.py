@@ -365,5 +365,5 @@ def write_tree(checkpoint: str | Path, tree: MedusaTree) -> Path:
     the checkpoint's manifest (medusa wrote it: a later ``--overwrite`` there may replace it)."""
     path = Path(checkpoint) / TREE_NAME
     tree.to_json(path)
-    record_in_manifest(checkpoint, [TREE_NAME])
+    record_in_manifest(checkpoint, [TREE_NAME], kind="heads")
     return path

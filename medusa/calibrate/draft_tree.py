@@ -28,8 +28,21 @@ LOOKUP_CHOICES = (0, 6)
 
 
 def candidate_shapes(candidates: Sequence[tuple[int, int, int, int]] = CANDIDATES,
-                     lookup: Sequence[int] = LOOKUP_CHOICES) -> list[DraftTreeShape]:
-    """The shapes tried: each (nodes, depth, branch, expand) with each lookup-chain length."""
+                     lookup: Sequence[int] = LOOKUP_CHOICES,
+                     nodes: int | None = None) -> list[DraftTreeShape]:
+    """The shapes tried: each (nodes, depth, branch, expand) with each lookup-chain length. ``nodes``
+    (``--nodes N``): every grid (depth, branch, expand) that can draft N nodes, at N nodes (a wider one when
+    none can)."""
+    if nodes is not None:
+        if nodes < 2:
+            raise MedusaError(f"--nodes {nodes}: an eagle3 draft tree verifies the root and at least one "
+                              "drafted node (--nodes >= 2)")
+        grid = sorted({(nodes, d, b, e) for _, d, b, e in candidates if b + (d - 1) * e * b >= nodes - 1})
+        width = 1
+        while not grid:  # wider than the grid: depth 6, branch = expand, the narrowest that holds them
+            width += 1
+            grid = [(nodes, 6, width, width)] if width + 5 * width * width >= nodes - 1 else []
+        candidates = grid
     return [DraftTreeShape(n, d, b, e, lookup_tokens=L) for n, d, b, e in candidates for L in lookup]
 
 

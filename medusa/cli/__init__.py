@@ -81,7 +81,7 @@ def count(hi: float, lo: int = 1) -> Bounded:
 
 SEED = Bounded(int, 0, SEED_MAX)
 NEW_TOKENS = count(MAX_NEW_TOKENS)
-TEMPERATURE = Bounded(float, 0.0, 100.0, lo_open=True)
+TEMPERATURE = Bounded(float, 1e-4, 100.0)  # below, logits / T overflow to inf and sampling reads NaN
 TOP_K = count(1_000_000)
 TOP_P = Bounded(float, 0.0, 1.0, lo_open=True)
 NODES = count(MAX_NODES)
@@ -200,6 +200,9 @@ def run_command(fn: Callable[[], int], debug: bool) -> int:
         if exc.errno not in USER_ERRNOS:
             raise
         return _fail(os_error_line(exc), debug)
+    except RecursionError:  # a reader without its own check: still one line (a file nested too deeply)
+        return _fail("an input file is nested too deeply to read (JSON / YAML nesting past Python's "
+                     "recursion limit)", debug)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
@@ -274,6 +277,13 @@ def quiet_libraries() -> Iterator[None]:
 
 def wants_debug(argv: Sequence[str]) -> bool:
     return "--debug" in argv or os.environ.get("MEDUSA_DEBUG") == "1"
+
+
+def run_script(script_main: Callable[[], int | None]) -> int:
+    """A script's ``main`` (``python -m benchmarks.X``) under the package's error handling: a user error is
+    one ``error:`` line and exit status 2, as for ``medusa`` commands (``--debug`` / ``MEDUSA_DEBUG=1``:
+    the traceback too)."""
+    return run_command(lambda: int(script_main() or 0), wants_debug(sys.argv[1:]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ def _check_before_loading(args: argparse.Namespace) -> None:
                           f"{num_heads} heads")
     depth = args.max_depth or num_heads
     possible = 1 + sum(args.topk ** d for d in range(1, depth + 1))
-    if args.nodes != "auto" and args.nodes > possible:
+    if args.nodes not in ("auto", None) and args.nodes > possible:
         raise MedusaError(f"--nodes {args.nodes}: a tree of --topk {args.topk} ranks and depth {depth} has"
                           f" at most {possible} nodes (allowed: 1..{min(possible, MAX_NODES)} or auto)")
     _fit_max_length(args)
@@ -77,7 +77,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     examples = data.examples[: args.max_examples] if args.max_examples else data.examples
     if model.config.head_type == "eagle3":  # an autoregressive drafter: its tree is timed, not predicted
         return _calibrate_drafter(args, model, examples)
-    tree = calibrate(model, examples, nodes=args.nodes, topk=args.topk, max_depth=args.max_depth,
+    tree = calibrate(model, examples, nodes=args.nodes or 64, topk=args.topk, max_depth=args.max_depth,
                      method=args.method, data_name=str(args.data), batch_size=args.batch_size,
                      progress=not args.quiet, lookup_tokens=args.lookup_tokens)
     if data.skipped:
@@ -159,7 +159,7 @@ def _calibrate_drafter(args: argparse.Namespace, model: Any, examples: list[dict
     decoding of the held-out conversations' prompts (:mod:`medusa.calibrate.draft_tree`); no plots."""
     import torch
 
-    from medusa.calibrate.draft_tree import calibrate_draft_tree
+    from medusa.calibrate.draft_tree import LOOKUP_CHOICES, calibrate_draft_tree, candidate_shapes
     from medusa.errors import MedusaError
     from medusa.modeling.config import TREE_NAME
 
@@ -170,7 +170,9 @@ def _calibrate_drafter(args: argparse.Namespace, model: Any, examples: list[dict
             prompts.append(torch.tensor([ex["input_ids"][: labelled[0]]], dtype=torch.long))
     if not prompts:
         raise MedusaError(f"{args.data}: no conversation with a prompt and a reply to decode")
-    shape = calibrate_draft_tree(model, prompts, log=(lambda _: None) if args.quiet else print)
+    lookup = LOOKUP_CHOICES if args.lookup_tokens == "auto" else (args.lookup_tokens,)
+    shapes = candidate_shapes(lookup=lookup, nodes=None if args.nodes in (None, "auto") else args.nodes)
+    shape = calibrate_draft_tree(model, prompts, shapes=shapes, log=(lambda _: None) if args.quiet else print)
     path = Path(args.heads) / TREE_NAME
     shape.to_json(path)
     print(f"wrote {path}: {shape.num_nodes} nodes, depth {shape.depth}, branch {shape.branch}, expand "
@@ -198,9 +200,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "replaced only with --overwrite)")
     p.add_argument("--data", required=True, type=PathKind("source"),
                    help="held-out conversations (any format medusa.data reads)")
-    p.add_argument("--nodes", type=Bounded(int, 1, MAX_NODES, also=("auto",)), default=64,
-                   help=f"tree size including the root (1..{MAX_NODES}), or 'auto': the size (8..64) with "
-                        "the most predicted tokens/s, decoding steps timed on this device")
+    p.add_argument("--nodes", type=Bounded(int, 1, MAX_NODES, also=("auto",)), default=None,
+                   help=f"tree size including the root (1..{MAX_NODES}; default 64, eagle3 heads: the timed "
+                        "grid's sizes), or 'auto': the size (8..64) with the most predicted tokens/s, "
+                        "decoding steps timed on this device")
     p.add_argument("--lookup-tokens", type=Bounded(int, 0, MAX_LOOKUP_TOKENS, also=("auto",)), default="auto",
                    help="context-lookup chain verified beside the tree (stored in tree.json): 'auto' (the "
                         "length with the most predicted tokens/s, steps timed on this device) or N (0: off)")

@@ -24,7 +24,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt is None and args.prompts is None:
         raise MedusaError("give --prompt TEXT or --prompts FILE")
     from medusa.data.readers import read_prompts
-    from medusa.modeling.loading import check_positions, encode_prompt, load_for_generation
+    from medusa.modeling.loading import check_positions, check_tree_fits, encode_prompt, load_for_generation
 
     prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
     tree = tree_option(args.tree, args.nodes, args.lookup_tokens)  # before the model loads
@@ -32,6 +32,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise MedusaError("--profile measures the heads' tree only; drop --lookup-tokens / --tree lookup")
     model, tokenizer = load_for_generation(args.heads, args.base, args.dtype)
     check_positions(model, tokenizer, prompts, args.max_new_tokens, args.chat)
+    check_tree_fits(model, tree)
     if args.profile:
         from medusa.eval.profile import format_profile, profile_decoding
 

@@ -169,6 +169,8 @@ def read_yaml(path: str | Path, error_cls: type[MedusaError] = MedusaError,
     text = read_text(path, error_cls)
     try:
         value = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise error_cls(f"{path}: YAML nested too deeply to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -202,7 +204,7 @@ def parse_value(text: str) -> Any:
     ``no`` -> :class:`BoolWord`)."""
     try:
         value = yaml.load(text, Loader=RecipeLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return text
     return float(value) if isinstance(value, str) and FLOAT_RE.fullmatch(value) else value
 

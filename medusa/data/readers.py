@@ -103,6 +103,8 @@ def _json_object_rows(path: Path, text: str) -> Iterator[tuple[str, Any]]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to read") from None
     rows = data.get("data", data.get("rows", [data]))
     if not isinstance(rows, list):
         raise DataError(f"{path}: 'data' / 'rows' must be a JSON list of rows")
@@ -119,6 +121,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
             yield where, json.loads(line)
         except json.JSONDecodeError as exc:
             yield where, RowError("invalid_json", f"invalid JSON ({exc.msg})")
+        except RecursionError:
+            yield where, RowError("invalid_json", "JSON nested too deeply to read")
 
 
 def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:

@@ -158,7 +158,7 @@ def calibrate_stage(heads_dir: str | Path, final_dir: str | Path, data: str | Pa
     examples = load_tokenized(str(data), tokenizer, max_length=max_length).examples
     tree = calibrate(model, examples, nodes=nodes if nodes == "auto" else int(nodes), data_name=str(data),
                      progress=progress)
-    with atomic_directory(final_dir, overwrite=True) as tmp:  # the stage's own directory
+    with atomic_directory(final_dir, overwrite=True, kind="heads") as tmp:  # the stage's own directory
         for item in Path(heads_dir).iterdir():  # everything, MEDUSA-2's merged base_model/ too
             if item.is_dir():
                 shutil.copytree(item, tmp / item.name)

@@ -93,6 +93,10 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
         raise MedusaError(f"--no-embed-tokens applies to --format speculators only (not {format})")
     pre = MedusaConfig.load(src)
     if format == "speculators":
+        if tree is not None or with_backbone:  # the format has no tree, and names its verifier by path
+            flag = "--tree" if tree is not None else "--with-backbone"
+            raise MedusaError(f"{flag} does not apply to --format speculators (its drafter drafts a chain; "
+                              "its verifier is the base, named by path)")
         return _export_speculators(src, out, pre, base, overwrite, embed_tokens)
     if format == "gguf":
         return export_gguf(src, out, pre, base, overwrite)
@@ -112,7 +116,9 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     if format == "medusa-v1":
         require_official_layers(heads, str(src / WEIGHTS_NAME))
     choices = _export_choices(format, src, tree, heads)
-    with atomic_directory(out, overwrite=overwrite, inputs=[src, tree, base]) as tmp:
+    # the base model folder is never an output (its files are another command's)
+    base_dir = backbone.path if backbone.copy_from is None else None  # (not the copy this export writes)
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, tree, base, base_dir], kind="export") as tmp:
         write_backbone(backbone, tmp)
         if format == "vllm":
             write_vllm(heads, tmp)
@@ -131,7 +137,7 @@ def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | 
     backbone = resolve_backbone(src, config, out, base=base)
     base_cfg = AutoConfig.from_pretrained(backbone.path)
     text = base_cfg.get_text_config() if hasattr(base_cfg, "get_text_config") else base_cfg
-    with atomic_directory(out, overwrite=overwrite, inputs=[src, base]) as tmp:
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, base, backbone.path], kind="export") as tmp:
         info = write_speculators(src, config, text.to_dict(), backbone.path, tmp, embed_tokens)
     comment = f"  # {backbone.hub_id}" if backbone.hub_id else ""
     spec = json.dumps({"model": str(out), "num_speculative_tokens": config.num_heads})
@@ -266,7 +272,7 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
     if heads.choices is not None:
 
         tree = MedusaTree.from_choices(heads.choices, num_heads=heads.num_heads)
-    with atomic_directory(out, overwrite=overwrite, inputs=[src, base],
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, base, base_name], kind="heads",
                           owns=(CONFIG_NAME, WEIGHTS_NAME, TREE_NAME)) as tmp:
         config.save(tmp)
         save_file(our_tensors(heads), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})

@@ -200,7 +200,7 @@ def read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{path}: corrupt JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")

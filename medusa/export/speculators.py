@@ -15,7 +15,9 @@ What vLLM 0.32 reads (``transformers_utils/configs/speculators/{base,algos}.py``
   Face's ``hidden_states[i]``, our ``feature_layers`` numbering; vLLM concatenates them in ASCENDING layer
   order, so ``fc.weight [d, 3d]``'s column blocks are written in that order.
 - tensors: ``fc.weight``, ``layers.0.*`` (q / k / v read ``2d``), ``norm.weight``, ``lm_head.weight [N, d]``;
-  ``d2t [N]`` int64 OFFSETS (target id = draft id + ``d2t[draft id]``) and ``t2d [V]`` bool (vLLM skips it,
+  ``d2t [N]`` int64 OFFSETS (target id = draft id + ``d2t[draft id]``), ascending target ids (speculators
+  and the EAGLE-3 reference assume draft id k = the k-th smallest target id; ours is in frequency order,
+  so the export sorts it and reorders ``lm_head``'s rows) and ``t2d [V]`` bool (vLLM skips it,
   speculators reads it) only with a draft vocabulary (with N = V vLLM has no parameter to put ``d2t`` in).
 - ``embed_tokens.weight [V, d]``: the base's input embeddings (ours reads the base's), in the heads' dtype.
   Both readers take that name: speculators' ``Eagle3DraftModel`` (``embed_tokens``) and vLLM's
@@ -39,6 +41,7 @@ from medusa.errors import CheckpointError, MedusaError
 from medusa.export.common import write_json
 from medusa.modeling.base import dtype_name, load_base_model
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.model import read_heads_file
 
 SPECULATORS_VERSION = "0.9.0"
@@ -48,7 +51,7 @@ VLLM_MODEL_TYPES = ("llama", "qwen3")  # vLLM 0.32's eagle3 architectures
 def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
                    vocab_size: int) -> dict[str, torch.Tensor]:
     """Our eagle3 heads' tensors -> the speculators names (fc columns in ascending layer order, d2t / t2d
-    from ``token_map``)."""
+    from ``token_map`` sorted ascending, ``lm_head`` rows in that order)."""
     out = {k: v.contiguous() for k, v in state.items() if k != "token_map"}
     order = sorted(range(len(layers)), key=lambda i: layers[i])
     if order != list(range(len(layers))):
@@ -57,12 +60,37 @@ def eagle3_tensors(state: dict[str, torch.Tensor], layers: list[int],
         out["fc.weight"] = torch.cat([blocks[i] for i in order], dim=1).contiguous()
     token_map = state.get("token_map")
     if token_map is not None:
-        tm = token_map.to(torch.int64)
+        # speculators (t2d -> lm_head rows) and the EAGLE-3 reference take draft id k = the k-th smallest
+        # target id: ours are in frequency order, so the draft vocabulary is sorted and lm_head's rows follow
+        tm, order = torch.sort(token_map.to(torch.int64))  # [N] ascending, [N] our draft id of each
+        out["lm_head.weight"] = out["lm_head.weight"].index_select(0, order).contiguous()  # [N, d]
         out["d2t"] = (tm - torch.arange(tm.numel())).contiguous()  # [N] offsets
         t2d = torch.zeros(vocab_size, dtype=torch.bool)
         t2d[tm] = True
         out["t2d"] = t2d  # [V]
     return out
+
+
+def check_state(state: dict[str, torch.Tensor], cfg: MedusaConfig, where: Path) -> None:
+    """The heads' tensors before they are rewritten: ``lm_head [N, d]``, ``fc [d, 3d]``, a ``token_map`` of N
+    distinct ids in ``[0, V)`` exactly when the config has a draft vocabulary (finite: read_heads_file)."""
+    for name in ("lm_head.weight", "fc.weight"):
+        if name not in state:
+            raise CheckpointError(f"{where}: missing tensor {name}")
+    d, n = cfg.hidden_size, cfg.draft_vocab or cfg.vocab_size
+    shapes = {"lm_head.weight": (n, d), "fc.weight": (d, 3 * d)}
+    for name, shape in shapes.items():
+        if tuple(state[name].shape) != shape:
+            raise CheckpointError(f"{where}: {name} is {tuple(state[name].shape)}, the config needs {shape}")
+    token_map = state.get("token_map")
+    if (token_map is not None) != bool(cfg.draft_vocab):
+        raise CheckpointError(f"{where}: token_map {'present' if token_map is not None else 'missing'} but "
+                              f"draft_vocab is {cfg.draft_vocab}")
+    if token_map is not None:
+        try:
+            check_token_map(token_map, cfg.draft_vocab, cfg.vocab_size)
+        except ValueError as exc:
+            raise CheckpointError(f"{where}: {exc}") from None
 
 
 EMBEDDING_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
@@ -149,11 +177,14 @@ def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any],
         # vLLM collects each layer once: a repeated layer would feed fc fewer blocks than it has
         raise CheckpointError(f"{src / CONFIG_NAME}: eagle3 heads need distinct feature_layers for vLLM, got "
                               f"{cfg.feature_layers!r}")
+    depth = base_config.get("num_hidden_layers")
+    if isinstance(depth, int) and any(not 0 <= i <= depth for i in cfg.feature_layers):
+        raise CheckpointError(f"{src / CONFIG_NAME}: feature_layers {cfg.feature_layers} lie outside the "
+                              f"base's hidden states 0..{depth}")
+    state = read_heads_file(src / WEIGHTS_NAME)
+    check_state(state, cfg, src / WEIGHTS_NAME)
     decoding = getattr(torch, cfg.dtype)  # the dtype the drafter decodes in (stored narrower when shipped)
-    state = {k: v.to(decoding) if v.is_floating_point() else v
-             for k, v in read_heads_file(src / WEIGHTS_NAME).items()}
-    if "lm_head.weight" not in state:
-        raise CheckpointError(f"{src / WEIGHTS_NAME}: missing tensor lm_head.weight")
+    state = {k: v.to(decoding) if v.is_floating_point() else v for k, v in state.items()}
     tensors = eagle3_tensors(state, list(cfg.feature_layers), cfg.vocab_size)
     n = int(tensors["lm_head.weight"].shape[0])
     if embed_tokens:

@@ -83,7 +83,7 @@ class MedusaConfig:
             raise CheckpointError(f"{path}: not found; {directory} is not a MEDUSA heads checkpoint")
         try:
             data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise CheckpointError(f"{path}: corrupt JSON ({exc})") from None
         if not isinstance(data, dict):
             raise CheckpointError(f"{path}: expected a JSON object")
@@ -119,6 +119,14 @@ def _check_types(data: dict[str, Any], source: str) -> None:
     if layers is not None and not (isinstance(layers, list) and all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= 4096 for i in layers)):
         raise bad("feature_layers", "a list of layer indices")
+    if layers is not None and data.get("head_type") != "eagle3":
+        raise CheckpointError(f"{source}: feature_layers: only for head_type eagle3 (got "
+                              f"{data.get('head_type')!r:.40})")
+    if layers is not None and (len(layers) != 3 or len(set(layers)) != 3):
+        raise bad("feature_layers", "three distinct layer indices")
+    draft = data.get("draft_vocab", 0)
+    if isinstance(draft, int) and not isinstance(draft, bool) and draft > data["vocab_size"]:
+        raise CheckpointError(f"{source}: draft_vocab: {draft} exceeds vocab_size {data['vocab_size']}")
     sub = data.get("base_model_subdir")
     if sub is not None and not (isinstance(sub, str) and sub and "/" not in sub and "\\" not in sub
                                 and sub not in (".", "..")):

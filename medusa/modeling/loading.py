@@ -60,3 +60,19 @@ def check_positions(model: MedusaModel, tokenizer: Any, prompts: list[str], max_
             raise MedusaError(f"prompt {i + 1}: {n} tokens + --max-new-tokens {max_new_tokens} exceed the "
                               f"base model's {limit} positions (max_position_embeddings); allowed "
                               f"--max-new-tokens for this prompt: {allowed}")
+
+
+def check_tree_fits(model: MedusaModel, tree: Any) -> None:
+    """A tree's ranks against the heads' vocabulary (the draft vocabulary when they have one): a MEDUSA
+    tree's deepest rank, a draft tree's ``branch`` / ``expand``, must be below it (else ``topk`` fails
+    mid-decoding). ``tree``: the option's value, else the checkpoint's own (None)."""
+    from medusa.tree import DraftTreeShape, MedusaTree
+
+    tree = model.tree if tree is None else tree
+    vocab = model.config.draft_vocab or model.config.vocab_size
+    if isinstance(tree, MedusaTree) and max(tree.topk_per_depth, default=0) > vocab:
+        raise MedusaError(f"tree: rank {max(tree.topk_per_depth) - 1} is past the heads' vocabulary of "
+                          f"{vocab} tokens")
+    if isinstance(tree, DraftTreeShape) and max(tree.branch, tree.expand) > vocab:
+        raise MedusaError(f"tree: branch {tree.branch} / expand {tree.expand} exceed the drafter's "
+                          f"vocabulary of {vocab} tokens")

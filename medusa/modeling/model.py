@@ -222,7 +222,7 @@ class MedusaModel(nn.Module):
         """
         state = {k: v.detach().contiguous().cpu() for k, v in self.heads.state_dict().items()}
         owns = (CONFIG_NAME, WEIGHTS_NAME, TREE_NAME, BASE_SUBDIR)
-        with atomic_directory(path, overwrite=overwrite, inputs=inputs, owns=owns) as tmp:
+        with atomic_directory(path, overwrite=overwrite, inputs=inputs, owns=owns, kind="heads") as tmp:
             config = MedusaConfig(**self.config.to_dict())
             floats = [v for v in state.values() if v.is_floating_point()]
             if floats:
@@ -265,9 +265,13 @@ class MedusaModel(nn.Module):
         check_packaged_base(config, base_model, source=str(path / CONFIG_NAME))
         weights_path = path / WEIGHTS_NAME
         state = read_heads_file(weights_path)
-        heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,
-                            config.num_layers, config.head_type, config.draft_vocab,
-                            hydra_projection=config.hydra_projection, feature_layers=config.feature_layers)
+        try:  # the config's values against this base (feature layers past its depth, a base without them)
+            heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,
+                                config.num_layers, config.head_type, config.draft_vocab,
+                                hydra_projection=config.hydra_projection,
+                                feature_layers=config.feature_layers)
+        except ValueError as exc:
+            raise CheckpointError(f"{path / CONFIG_NAME}: {exc}") from None
         check_state_keys(heads, state, source=str(weights_path))
         if "token_map" in state:
             try:
@@ -347,6 +351,9 @@ def read_heads_file(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
     if not state:
         raise CheckpointError(f"{path}: holds no tensors")
+    for name, tensor in state.items():  # NaN / inf weights would only surface as a sampling crash
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
     return state
 
 

@@ -54,7 +54,15 @@ def check_marker(info: dict[str, Any], base_dir: str | Path) -> None:
     marker = Path(base_dir) / MARKER
     if not marker.is_file():
         return
-    got = json.loads(marker.read_text()).get("gguf_sha256")
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{marker}: corrupt source record ({exc}); delete {base_dir} to convert the "
+                              "model again") from None
+    got = record.get("gguf_sha256") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(got, (str, type(None))):
+        raise CheckpointError(f"{marker}: corrupt source record (expected an object with a gguf_sha256 "
+                              f"string); delete {base_dir} to convert the model again")
     if info.get("gguf_sha256") and got and got != info["gguf_sha256"]:
         raise CheckpointError(f"{base_dir}: converted from GGUF sha256 {got}, but these heads were trained "
                               f"on {info['name']} (GGUF sha256 {info['gguf_sha256']})")

@@ -166,7 +166,7 @@ def convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
     base.hf_quantizer = None
     if hasattr(base.config, "quantization_config"):
         del base.config.quantization_config
-    with atomic_directory(out, overwrite=True) as tmp:  # the model cache's own directory
+    with atomic_directory(out, overwrite=True, kind="model") as tmp:  # the model cache's own directory
         base.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         source = {"model": model.title, "licence": model.licence,

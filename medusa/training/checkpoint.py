@@ -119,10 +119,14 @@ def resume_changes(recipe: dict[str, Any], path: Path, fingerprint: str | None,
         state = json.loads((path / STATE_NAME).read_text(encoding="utf-8"))
         old = flat_keys(state["recipe"]) if isinstance(state.get("recipe"), dict) else {}
         step = state["global_step"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CheckpointError(f"train.resume: {path / STATE_NAME}: not a trainer state ({exc})") from None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"train.resume: {path / STATE_NAME}: global_step {step!r} is not a step")
+    max_steps = (recipe.get("train") or {}).get("max_steps")
+    if isinstance(max_steps, int) and 0 < max_steps < step:
+        raise CheckpointError(f"train.resume: {path / STATE_NAME}: global_step {step} is past this run's "
+                              f"train.max_steps {max_steps}")
     new = flat_keys(recipe)
     defaults = flat_keys(Recipe().to_dict())  # a key added since the checkpoint was made had its default
     old = {**{k: v for k, v in defaults.items() if k in new}, **old} if old else old
@@ -290,7 +294,7 @@ def _scheduler_state(path: Path, scheduler: Any) -> dict[str, Any]:
     file = path / SCHEDULER_NAME
     try:
         state = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"train.resume: {file}: unreadable scheduler state ({exc})") from None
     expected = scheduler.state_dict()
     if not isinstance(state, dict) or set(state) != set(expected):
@@ -298,8 +302,9 @@ def _scheduler_state(path: Path, scheduler: Any) -> dict[str, Any]:
         raise CheckpointError(f"train.resume: {file}: keys {have!r}, expected {sorted(expected)}")
     for key, want in expected.items():
         got = state[key]
-        if not _fits(want, got):
-            raise CheckpointError(f"train.resume: {file}: {key} = {got!r} does not fit this run's scheduler")
+        if not _fits(want, got) or (key in ("last_epoch", "_step_count") and not -1 <= got <= 10**9):
+            raise CheckpointError(f"train.resume: {file}: {key} = {got!r:.60} does not fit this run's "
+                                  "scheduler")
     return state
 
 

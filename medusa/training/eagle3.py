@@ -109,6 +109,8 @@ def ttt_loss(heads: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, 
                 c1[j] = float((top[:, 0] == y).sum())
                 c5[j] = float((top == y.view(-1, 1)).any(dim=-1).sum())
                 ce_sum[j] = float(ce.detach())
+        else:  # no target: a zero on the graph, so backward() (and DDP's all-reduce) reaches every parameter
+            loss = loss + logits.float().sum() * 0.0  # [0, N] logits: fc, the layer, norm and lm_head
         count[j] = float(y.numel() + miss)
         missed[j] = float(miss)
     return HeadLossOutput(loss, ce_sum, c1, c5, count, missed)

@@ -125,6 +125,25 @@ def _same_kind(want: Any, got: Any) -> bool:
     return type(want) is type(got)
 
 
+# a resumed optimizer group's values: (low, high) inclusive for numbers; a bool must equal this run's own
+GROUP_BOUNDS = {"lr": (0.0, 10.0), "initial_lr": (0.0, 10.0), "weight_decay": (0.0, 10.0),
+                "eps": (1e-30, 1.0), "betas": (0.0, 0.999999), "momentum": (0.0, 1.0),
+                "dampening": (0.0, 1.0)}
+
+
+def group_value_error(key: str, want: Any, got: Any) -> str | None:
+    """Why ``got`` (a saved group's ``key``) cannot replace this run's ``want``; None when it can."""
+    if not _same_kind(want, got):
+        return f"does not fit this run's optimizer ({want!r:.60})"
+    if isinstance(want, bool) and got != want:  # amsgrad, nesterov, ...: state this run does not build
+        return f"differs from this run's optimizer ({want!r})"
+    bounds = GROUP_BOUNDS.get(key)
+    values = got if isinstance(got, list) else [got]
+    if bounds and not all(bounds[0] <= v <= bounds[1] for v in values):
+        return f"lies outside [{bounds[0]}, {bounds[1]}]"
+    return None
+
+
 def _plain(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return all(_plain(v) for v in value)
@@ -192,7 +211,7 @@ def _read(folder: Path) -> tuple[Tensors, Tensors, dict[str, Any]]:
         meta = json.loads((folder / OPTIMIZER_JSON).read_text())
         weights = load_file(str(folder / WEIGHTS_NAME))
         moments = load_file(str(folder / OPTIMIZER_TENSORS))
-    except (OSError, ValueError) as exc:  # a missing file, bad JSON, a safetensors header error
+    except (OSError, ValueError, RecursionError) as exc:  # a missing file, bad / deep JSON, safetensors
         raise CheckpointError(f"train.resume: {folder}: unreadable trained state ({exc}); medusa resumes "
                               f"from the {WEIGHTS_NAME} + {OPTIMIZER_TENSORS} + {OPTIMIZER_JSON} it "
                               "writes") from None
@@ -238,9 +257,9 @@ def _load_groups(folder: Path, torch_opt: torch.optim.Optimizer, saved: Any) -> 
         for key, value in old.items():
             if key not in group or not _plain(group[key]):
                 continue
-            if not _same_kind(group[key], value):
-                raise CheckpointError(f"train.resume: {folder / OPTIMIZER_JSON}: {key} = {value!r:.60} does "
-                                      f"not fit this run's optimizer ({group[key]!r:.60})")
+            why = group_value_error(key, group[key], value)
+            if why is not None:
+                raise CheckpointError(f"train.resume: {folder / OPTIMIZER_JSON}: {key} = {value!r:.60} {why}")
             group[key] = tuple(value) if isinstance(group[key], tuple) else value
 
 

@@ -98,7 +98,7 @@ def is_draft_tree_file(path: str | Path) -> bool:
     """True when ``path`` holds a draft tree (its ``format`` key), not a MEDUSA tree."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("format") == DRAFT_TREE_FORMAT
 

@@ -3,8 +3,9 @@
 our draft logits at every position of every training-time-test step, within 2e-4 (float32; measured
 <= 5e-5 on logits of magnitude <= 13; a draft step fed the wrong relative position is off by 0.2-1.6).
 
-The drafter has random (perturbed) weights, a draft vocabulary and feature layers out of ascending order, so
-the export's fc column reordering, ``d2t`` and its ``embed_tokens.weight`` are all exercised: speculators'
+The drafter has random (perturbed) weights, an UNSORTED draft vocabulary and feature layers out of ascending
+order, so the export's fc column reordering, its sorting of the draft vocabulary (``d2t`` ascending,
+``lm_head`` rows reordered) and its ``embed_tokens.weight`` are all exercised: speculators'
 own ``Eagle3DraftModel.from_pretrained`` loads the export as it is (the worker adds nothing) and takes its
 embedding table from the file. Skipped only where the venv cannot be built (pip failure, no network)."""
 
@@ -22,12 +23,14 @@ from tiny_models import STORIES, require_shared
 
 STEPS = 3
 TOL = 2e-4
+# a draft vocabulary in frequency order as training writes it, not ascending: the export must sort it
+UNSORTED = torch.arange(3, 403, 2)[torch.randperm(200, generator=torch.Generator().manual_seed(3))]
 
 
 def _drafter(root: Path) -> Path:
     torch.manual_seed(0)
     model = MedusaModel.from_base(str(require_shared(STORIES)), num_heads=STEPS, head_type="eagle3",
-                                  feature_layers=(4, 1, 2), token_map=torch.arange(3, 403, 2))
+                                  feature_layers=(4, 1, 2), token_map=UNSORTED)
     with torch.no_grad():
         for p in model.heads.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -52,6 +55,8 @@ def test_speculators_computes_our_draft_logits_at_every_position(compared):
     assert compared["worker"]["model_class"] == "Eagle3DraftModel"
     assert compared["worker"]["target_layer_ids"] == [1, 2, 4]
     assert compared["worker"]["draft_vocab_size"] == 200 and compared["d2t_equals_token_map"]
+    # speculators' t2d -> verifier lm_head rows: draft id k must be the k-th smallest target id
+    assert compared["d2t_ascending"] and compared["verifier_head_matches_d2t"]
     worker = compared["worker"]  # the table from_pretrained loaded: the export's, = the verifier's embeddings
     assert worker["embed_tokens_in_checkpoint"] and worker["embed_tokens_from_checkpoint"]
     assert worker["embed_tokens_equal_verifier"] and not worker["embed_tokens_all_zero"]

@@ -31,3 +31,18 @@ def test_candidates_are_valid_shapes():
     keys = {(s.num_nodes, s.depth, s.branch, s.expand, s.lookup_tokens) for s in shapes}
     assert len(shapes) == len(keys)
     assert all(s.num_nodes <= 16 for s in shapes)
+
+
+def test_nodes_and_lookup_tokens_are_honoured():
+    """``medusa calibrate --nodes N --lookup-tokens L`` on eagle3 heads: every shape tried has N nodes and
+    an L-token lookup chain; N past the grid gets a wider shape that can draft it; N < 2 is refused."""
+    import pytest
+
+    from medusa.errors import MedusaError
+
+    for nodes in (6, 12, 200):
+        shapes = candidate_shapes(lookup=(3,), nodes=nodes)
+        assert shapes and all(s.num_nodes == nodes and s.lookup_tokens == 3 for s in shapes)
+    assert len(candidate_shapes(nodes=12)) < len(candidate_shapes())  # shapes that cannot hold 12 dropped
+    with pytest.raises(MedusaError, match="--nodes 1: an eagle3 draft tree"):
+        candidate_shapes(nodes=1)

@@ -35,7 +35,7 @@ def _eagle3(tmp_path, base_dir, feature_layers, token_map=None, heads_dtype=None
 
 def test_speculators_config_and_tensors(tmp_path, base_dir):
     V = MedusaModel.from_base(str(base_dir), num_heads=1).config.vocab_size
-    tm = torch.arange(0, V, 2)[: V // 4]  # a draft vocabulary of every other id
+    tm = torch.arange(0, V, 2)[: V // 4].flip(0)  # every other id, unsorted as training's frequency order
     src, model = _eagle3(tmp_path, base_dir, [2, 0, 3], token_map=tm)
     summary = export_checkpoint(src, tmp_path / "spec", "speculators")
     cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
@@ -53,13 +53,16 @@ def test_speculators_config_and_tensors(tmp_path, base_dir):
     embed = model.base_model.get_input_embeddings().weight  # [V, d]: what our drafter embeds tokens with
     assert state["embed_tokens.weight"].shape == (V, embed.shape[1])
     assert torch.equal(state["embed_tokens.weight"], embed.detach())
-    assert torch.equal(state["d2t"] + torch.arange(len(tm)), tm)  # target = draft + d2t[draft]
+    # target = draft + d2t[draft], ascending (speculators: draft id k = the k-th smallest target id)
+    assert torch.equal(state["d2t"] + torch.arange(len(tm)), tm.sort().values)
+    # lm_head rows follow: the exported drafter's logit of each target id is ours
+    assert torch.equal(state["lm_head.weight"], ours["lm_head.weight"].flip(0))
     assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == len(tm) and state["t2d"][tm].all()
     d = ours["fc.weight"].shape[0]
     blocks = ours["fc.weight"].split(d, dim=1)  # ours: layers 2, 0, 3 -> written 0, 2, 3
     assert torch.equal(state["fc.weight"], torch.cat([blocks[1], blocks[0], blocks[2]], dim=1))
     for name in ours:
-        if name not in ("fc.weight", "token_map"):
+        if name not in ("fc.weight", "token_map", "lm_head.weight"):
             assert torch.equal(state[name], ours[name]), name
     assert set(state) == set(ours) - {"token_map"} | {"d2t", "t2d", "embed_tokens.weight"}
     assert summary["embed_tokens"] is True
@@ -121,3 +124,32 @@ def test_embeddings_read_alone_from_the_bases_safetensors(tmp_path, base_dir, mo
     monkeypatch.setattr(spec, "load_base_model", lambda _: pytest.fail("the base was loaded whole"))
     assert torch.equal(spec.verifier_embeddings(str(base_dir), embed.shape[0], torch.bfloat16),
                        embed.to(torch.bfloat16))
+
+
+def test_file_values_are_checked_before_any_tensor_is_written(tmp_path, base_dir):
+    """--tree / --with-backbone do not apply; a token map past the vocabulary, a reordered fc, NaN weights
+    and feature layers past the base's depth are one CheckpointError naming the file, nothing written."""
+    from safetensors.torch import save_file
+
+    V = MedusaModel.from_base(str(base_dir), num_heads=1).config.vocab_size
+    src, _ = _eagle3(tmp_path, base_dir, [0, 1, 2], token_map=torch.arange(5, 25))
+    with pytest.raises(MedusaError, match="--tree does not apply to --format speculators"):
+        export_checkpoint(src, tmp_path / "spec", "speculators", tree=str(tmp_path / "tree.json"))
+    with pytest.raises(MedusaError, match="--with-backbone does not apply"):
+        export_checkpoint(src, tmp_path / "spec", "speculators", with_backbone=True)
+    state = load_file(src / "medusa_heads.safetensors")
+    d = state["fc.weight"].shape[0]
+    past = state["token_map"].clone().index_fill_(0, torch.tensor([0]), V)  # an id past the vocabulary
+    cases = {"token_map": (past, "ids must lie in"),
+             "fc.weight": (state["fc.weight"].T.reshape(3 * d, d).contiguous(), "fc.weight is"),
+             "norm.weight": (torch.full_like(state["norm.weight"], float("nan")), "holds NaN")}
+    for name, (bad, needle) in cases.items():
+        save_file({**state, name: bad}, str(src / "medusa_heads.safetensors"))
+        with pytest.raises(CheckpointError, match=needle):
+            export_checkpoint(src, tmp_path / "spec", "speculators")
+    save_file(state, str(src / "medusa_heads.safetensors"))
+    cfg = json.loads((src / "medusa_config.json").read_text())
+    (src / "medusa_config.json").write_text(json.dumps({**cfg, "feature_layers": [0, 1, 9]}))
+    with pytest.raises(CheckpointError, match=r"feature_layers \[0, 1, 9\] lie outside the base's hidden"):
+        export_checkpoint(src, tmp_path / "spec", "speculators")
+    assert not (tmp_path / "spec").exists()

@@ -506,6 +506,34 @@ def _config_with(key: str, value: object) -> Callable[[Path], list[str]]:
     return build
 
 
+def _into_the_base_folder(ws: Path) -> list[str]:
+    """The heads name ws/model as their base; ws/model carries a (kind-less, pre-kind) manifest, as the
+    converted models of the model cache do: it is never an export's output."""
+    from medusa.manifest import MANIFEST_NAME, stamp
+
+    heads = _copy(ws / "heads", ws / "heads_on_model")
+    data = json.loads((heads / "medusa_config.json").read_text())
+    data["base_model_name_or_path"] = str(ws / "model")
+    (heads / "medusa_config.json").write_text(json.dumps(data))
+    names = [p.name for p in (ws / "model").iterdir()]
+    (ws / "model" / MANIFEST_NAME).write_text(json.dumps({"entries": {n: stamp(ws / "model" / n)
+                                                                       for n in names}}))
+    return ["export", "--format", "vllm", str(heads), str(ws / "model"), "--overwrite"]
+
+
+def _deep(name: str, text: str, argv: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
+    def build(ws: Path) -> list[str]:
+        target = ws / name
+        if target.parent != ws and not target.parent.exists():
+            _copy(ws / "heads", target.parent)
+        target.write_text(text)
+        return argv(ws)
+    return build
+
+
+DEEP = "[" * 100000 + "]" * 100000
+
+
 def _alias_bomb(ws: Path) -> list[str]:
     lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
@@ -590,7 +618,41 @@ ISSUE_CASES = {
                                 "2001 nodes; at most 1024"),
     "demo_set_unknown_key": (lambda ws: ["demo", "--model", str(ws / "model"), "--out", str(ws / "demo"),
                                          "--no-progress", "--set", "foo.bar=1"], "unknown key foo"),
+    # issue 47: a base model folder is never an output; files nested past the recursion limit
+    "export_into_the_base_model_folder": (_into_the_base_folder, "holds the input"),
+    "tree_rank_past_the_vocabulary": (_tree_with(choices=[[0], [600]]), "rank 600 is past the heads' vocab"),
+    "config_feature_layers_on_linear_heads": (_config_with("feature_layers", [0, 1, 2]),
+                                              "feature_layers: only for head_type eagle3"),
+    "generate_temperature_1e-45": (lambda ws: ["generate", "--heads", str(ws / "heads"), "--prompt", "Once",
+                                               "--temperature", "1e-45"], "1e-45 is out of range"),
+    "config_nested_too_deeply": (_deep("deep_heads/medusa_config.json", DEEP,
+                                       lambda ws: ["info", str(ws / "deep_heads")]),
+                                 "medusa_config.json: corrupt JSON"),
+    "recipe_nested_too_deeply": (_deep("deep.yaml", "model: " + DEEP + "\n",
+                                       lambda ws: ["train", str(ws / "deep.yaml")]),
+                                 "deep.yaml: YAML nested too deeply"),
+    "data_nested_too_deeply": (_deep("deep.json", '{"rows": ' + DEEP + "}",
+                                     lambda ws: ["train", str(ws / "recipe.yaml"),
+                                                 f"data.train={ws / 'deep.json'}"]),
+                               "deep.json: JSON nested too deeply"),
 }
+
+
+def test_heads_init_over_an_export_keeps_the_exports_files(pristine: Path):
+    """``heads init --overwrite`` into a folder an export wrote: the export's files (its manifest's kind) are
+    not the heads checkpoint's to remove; the heads are added beside them."""
+    ws = _workspace(pristine)
+    try:
+        assert _call(["export", "--format", "vllm", str(ws / "heads"), str(ws / "out")], False)[0] == 0
+        before = {p.name: p.read_bytes() for p in (ws / "out").iterdir() if p.name != ".medusa-manifest.json"}
+        code, _, err = _call(["heads", "init", "--base", str(ws / "model"), "--out", str(ws / "out"),
+                              "--num-heads", "1", "--overwrite"], False)
+        assert code == 0, err
+        after = {p.name: p.read_bytes() for p in (ws / "out").iterdir()}
+        assert all(after.get(name) == data for name, data in before.items())
+        assert "medusa_heads.safetensors" in after
+    finally:
+        shutil.rmtree(ws.parent)
 
 
 @pytest.mark.parametrize("name", ISSUE_CASES)

@@ -55,6 +55,8 @@ def test_unknown_config_key(saved):
     ("recipe", "lr=1", "recipe: expected an object"),
     ("base_model_subdir", "../../elsewhere", "base_model_subdir: expected the name of a folder inside"),
     ("feature_layers", [1, "x"], "feature_layers: expected a list of layer indices"),
+    ("feature_layers", [0, 1, 2], "feature_layers: only for head_type eagle3 (got 'linear')"),
+    ("draft_vocab", 97, "draft_vocab: 97 exceeds vocab_size 96"),
 ])
 def test_config_field_of_the_wrong_type_is_one_error_naming_it(tmp_path, key, value, needle):
     config = MedusaConfig(base_model_name_or_path="org/base", base_model_type="llama", hidden_size=32,
@@ -64,4 +66,13 @@ def test_config_field_of_the_wrong_type_is_one_error_naming_it(tmp_path, key, va
     data[key] = value
     (tmp_path / "medusa_config.json").write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match=re.escape(needle)):
+        MedusaConfig.load(tmp_path)
+
+
+@pytest.mark.parametrize("layers", [[0, 1], [0, 1, 2, 3], [1, 1, 2]])
+def test_eagle3_feature_layers_are_three_distinct_indices(tmp_path, layers):
+    config = MedusaConfig(base_model_name_or_path="org/base", base_model_type="llama", hidden_size=32,
+                          vocab_size=96, head_type="eagle3", feature_layers=layers)
+    config.save(tmp_path)
+    with pytest.raises(CheckpointError, match="feature_layers: expected three distinct layer indices"):
         MedusaConfig.load(tmp_path)

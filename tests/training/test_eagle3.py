@@ -121,6 +121,22 @@ def test_gradients_reach_the_drafter_only():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.heads.parameters())
 
 
+def test_no_target_inside_the_draft_vocabulary_is_a_zero_loss_on_the_graph():
+    """A micro-batch whose every target lies outside the draft vocabulary: loss 0, and backward() gives
+    every trainable drafter parameter a (zero) gradient, as DDP's all-reduce needs on every rank."""
+    base = tiny_model("llama", layers=4)
+    model = MedusaModel.from_base(base, num_heads=2, head_type="eagle3", token_map=torch.arange(10, 70))
+    model.freeze_base()
+    ids = torch.randint(70, 96, (2, 10))  # every label outside [10, 70)
+    feats = base_features(base, ids, None, model.heads.feature_layers)
+    out = ttt_loss(model.heads, feats, ids, ids, torch.ones_like(ids), decay=0.8)
+    assert out.loss.requires_grad and float(out.loss.detach()) == 0.0
+    out.loss.backward()
+    trained = [p for p in model.heads.parameters() if p.requires_grad]
+    assert trained and all(p.grad is not None and not p.grad.any() for p in trained)
+    assert out.missed.tolist() == out.count.tolist() == [16.0, 14.0]
+
+
 def test_medusa_train_eagle3_on_stories(tmp_path):
     from medusa.config import load_recipe
     from medusa.training.loop import train

@@ -14,6 +14,7 @@ from medusa.training.engine_state import (
     OPTIMIZER_JSON,
     OPTIMIZER_TENSORS,
     WEIGHTS_NAME,
+    group_value_error,
     load_engine_state,
     save_engine_state,
 )
@@ -146,3 +147,29 @@ def test_group_settings_of_the_wrong_kind_are_refused(tmp_path):
         other, fresh = _trained(1)
         with pytest.raises(CheckpointError, match=f"{key} = .* does not fit this run's optimizer"):
             load_engine_state(_Accelerator(), other, fresh, tmp_path)
+
+
+@pytest.mark.parametrize("key, want, got, why", [
+    ("lr", 1e-3, 1e308, "outside [0.0, 10.0]"), ("lr", 1e-3, -5, "outside"), ("betas", (0.9, 0.99), [2, 0.9],
+     "outside"), ("eps", 1e-8, -1, "outside"), ("weight_decay", 0.0, 1e30, "outside"),
+    ("amsgrad", False, True, "differs from this run's optimizer (False)"), ("lr", 1e-3, "x", "does not fit"),
+])
+def test_absurd_group_values_are_refused(key, want, got, why):
+    assert why in group_value_error(key, want, got)
+
+
+def test_sane_group_values_pass():
+    assert group_value_error("lr", 1e-3, 5e-4) is None
+    assert group_value_error("betas", (0.9, 0.99), [0.8, 0.9]) is None
+    assert group_value_error("amsgrad", False, False) is None
+
+
+def test_a_resumed_learning_rate_past_its_bound_is_refused(tmp_path):
+    module, optimizer = _trained(0)
+    save_engine_state(_Accelerator(), module, optimizer, tmp_path)
+    meta = json.loads((tmp_path / OPTIMIZER_JSON).read_text())
+    meta["param_groups"][0]["lr"] = 1e308
+    (tmp_path / OPTIMIZER_JSON).write_text(json.dumps(meta))
+    fresh_module, fresh = _trained(1)
+    with pytest.raises(CheckpointError, match=r"optimizer.json: lr = 1e\+308 lies outside"):
+        load_engine_state(_Accelerator(), fresh_module, fresh, tmp_path)
