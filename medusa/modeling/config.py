@@ -122,8 +122,8 @@ def _check_types(data: dict[str, Any], source: str) -> None:
     if layers is not None and data.get("head_type") != "eagle3":
         raise CheckpointError(f"{source}: feature_layers: only for head_type eagle3 (got "
                               f"{data.get('head_type')!r:.40})")
-    if layers is not None and (len(layers) != 3 or len(set(layers)) != 3):
-        raise bad("feature_layers", "three distinct layer indices")
+    if layers is not None and len(layers) != 3:  # low / middle / high (a 2-layer base repeats one)
+        raise bad("feature_layers", "three layer indices")
     draft = data.get("draft_vocab", 0)
     if isinstance(draft, int) and not isinstance(draft, bool) and draft > data["vocab_size"]:
         raise CheckpointError(f"{source}: draft_vocab: {draft} exceeds vocab_size {data['vocab_size']}")

@@ -69,10 +69,10 @@ def test_config_field_of_the_wrong_type_is_one_error_naming_it(tmp_path, key, va
         MedusaConfig.load(tmp_path)
 
 
-@pytest.mark.parametrize("layers", [[0, 1], [0, 1, 2, 3], [1, 1, 2]])
-def test_eagle3_feature_layers_are_three_distinct_indices(tmp_path, layers):
+@pytest.mark.parametrize("layers", [[0, 1], [0, 1, 2, 3], [1]])
+def test_eagle3_feature_layers_are_three_indices(tmp_path, layers):
     config = MedusaConfig(base_model_name_or_path="org/base", base_model_type="llama", hidden_size=32,
                           vocab_size=96, head_type="eagle3", feature_layers=layers)
     config.save(tmp_path)
-    with pytest.raises(CheckpointError, match="feature_layers: expected three distinct layer indices"):
+    with pytest.raises(CheckpointError, match="feature_layers: expected three layer indices"):
         MedusaConfig.load(tmp_path)
