@@ -25,7 +25,7 @@ from medusa.errors import MedusaError
 from medusa.eval.step_cost import step_op_counts, verify_floor
 from medusa.eval.timing import plain_step_time, timed
 from medusa.modeling.loading import encode_prompt, load_for_generation
-from medusa.tree import default_tree
+from medusa.tree import DraftTreeShape, default_tree
 
 
 @torch.no_grad()
@@ -105,10 +105,14 @@ def step_phases(model: Any, ids: torch.Tensor, max_new_tokens: int, tree: Any) -
 
 
 def _step_cost(model: Any, ids: torch.Tensor, max_new_tokens: int, tree: Any) -> dict[str, Any]:
-
+    """The overhead's floor (the verify forward over a tree of the run's size against a 1-token forward)
+    and the op counts. A drafter's per-step tree and a dynamic tree are timed as a static tree of as many
+    nodes: the forward's cost depends on the node count and the mask's shape only."""
     used = tree if tree is not None else model.tree if model.tree is not None else model.default_tree()
+    if isinstance(used, DraftTreeShape):
+        used = default_tree(model.num_heads, used.num_nodes)
     dynamic = resolve_dynamic(used, model.num_heads, model.tree)
-    if dynamic is not None:  # the forward's cost depends on the node count and mask shape only
+    if dynamic is not None:
         used = default_tree(model.num_heads, dynamic.num_nodes)
     floor = verify_floor(model, ids, used)
     return {"verify_forward_ms": floor["verify_forward_ms"], "plain_forward_ms": floor["plain_forward_ms"],

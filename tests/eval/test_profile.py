@@ -77,3 +77,17 @@ def test_format_profile_lays_out_the_figures():
     assert text.splitlines()[-2:] == [
         "verify forward alone 2.40 ms vs 1-token forward 1.60 ms: overhead floor 1.50",
         "compute ops          120 per MEDUSA step vs 80 per HF token (added: topk +1, gather +2, add -0.5)"]
+
+
+def test_profile_runs_for_an_eagle3_drafter():
+    """``--profile`` on eagle3 heads: the drafter's per-step tree is timed as a static tree of as many nodes
+    (it raised AttributeError on DraftTreeShape.paths)."""
+    from medusa import MedusaModel
+    from medusa.eval.profile import profile_decoding
+
+    from tiny_models import stories_model, stories_tokenizer
+
+    model = MedusaModel.from_base(stories_model(), num_heads=2, head_type="eagle3").eval()
+    s = profile_decoding(model, stories_tokenizer(), stories_prompts(1), max_new_tokens=8, repeats=1)
+    assert s["all_identical_to_hf"] and s["overhead_floor"] > 0
+    assert s["phases_ms_per_step"]["drafting"] > 0 and s["phases_ms_per_step"]["target_forward"] > 0
