@@ -82,10 +82,16 @@ def propose_verify(model: Any, proposer: Proposer, cache: TreeCache, root: torch
     node depths: (proposal, logits ``[B, N, V]``, features ``[B, N, F]``). One function, so compiled
     decoding compiles drafting and verification into one graph."""
     proposal = proposer.propose(root, hidden)
+    logits, hidden_states = verify_proposal(model, cache, proposal, n_valid)
+    return proposal, logits, hidden_states
+
+
+def verify_proposal(model: Any, cache: TreeCache, proposal: Proposal, n_valid: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`verify` of ``proposal``'s tree at positions ``n_valid [B]`` + node depths."""
     tokens, tree = proposal.tokens, proposal.tree
     positions = n_valid.view(tokens.shape[0], 1) + tree.depths  # [B, N] (depths [N] or [B, N])
-    logits, hidden_states = verify(model, cache, tokens, positions, tree.float_mask)
-    return proposal, logits, hidden_states
+    return verify(model, cache, tokens, positions, tree.float_mask)
 
 
 PHASES = ("drafting", "target_forward", "acceptance", "host", "cache")
@@ -129,10 +135,8 @@ def _clocked_propose_verify(model: Any, state: DecodeState, clock: PhaseClock
     """:func:`propose_verify`, with the drafting and the target forward timed apart."""
     clock.start()
     proposal = state.proposer.propose(state.root, state.hidden)
-    tokens, tree = proposal.tokens, proposal.tree
-    clock.lap("drafting", tokens)
-    positions = state.n_valid.view(tokens.shape[0], 1) + tree.depths  # [B, N]
-    logits, hidden_states = verify(model, state.cache, tokens, positions, tree.float_mask)
+    clock.lap("drafting", proposal.tokens)
+    logits, hidden_states = verify_proposal(model, state.cache, proposal, state.n_valid)
     clock.lap("target_forward", logits)
     return proposal, logits, hidden_states
 
@@ -247,4 +251,4 @@ def decode_loop(model: Any, state: DecodeState, scorer: Scorer, eos: list[int], 
 
 
 __all__ = ["PHASES", "DecodeState", "PhaseClock", "StepFns", "StepResult", "decode_loop", "path_features",
-           "propose_verify", "record", "step", "verify", "warm_up"]
+           "propose_verify", "record", "step", "verify", "verify_proposal", "warm_up"]

@@ -5,7 +5,8 @@ speed.
 SmolLM2's 49,152 x 576 LM head, 8 rows cost 21 ms against 4.9 ms for 1 row; 8 ms against a weight reordered
 once), and in bfloat16 even a one-row product streams its weight at a fraction of the memory's speed (the LM
 head: 5.9 ms stock against 2.5 ms packed; 16 rows cost 2.9 ms packed: AMX makes a tree of 16 nodes cost what
-one token does). ``docs/results/cpu-linear.md`` has the tables.
+one token does). ``docs/results/cpu-linear.md`` and ``docs/results/bf16-step.md`` have the tables (in a
+whole forward, where the weights stream from memory, packing saves 8-18% in bfloat16).
 
 :func:`pack_linears` swaps every float32 or bfloat16 CPU ``nn.Linear`` inside a module for a
 :class:`PackedLinear` (as torch's quantization swaps modules): the same ``weight`` / ``bias`` Parameters
@@ -53,11 +54,16 @@ def bf16_matmul_unit() -> bool:
 BF16_NATIVE = bf16_matmul_unit()  # asked once per process
 
 
+def _packable_tensors(w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """The weight (and bias) are float32, or bfloat16 on a CPU that multiplies it natively, on the CPU:
+    what the packed path computes in."""
+    return (w.dtype in PACKED_DTYPES and w.device.type == "cpu" and (b is None or b.dtype == w.dtype)
+            and (w.dtype == torch.float32 or BF16_NATIVE))
+
+
 def _packable(layer: nn.Module) -> bool:
     w = getattr(layer, "weight", None)
-    return (type(layer) is nn.Linear and isinstance(w, torch.Tensor) and w.dtype in PACKED_DTYPES
-            and w.device.type == "cpu" and (layer.bias is None or layer.bias.dtype == w.dtype)
-            and (w.dtype == torch.float32 or BF16_NATIVE))
+    return type(layer) is nn.Linear and isinstance(w, torch.Tensor) and _packable_tensors(w, layer.bias)
 
 
 def rows_pay(rows: int, dtype: torch.dtype) -> bool:
@@ -87,9 +93,8 @@ class PackedLinear(nn.Module):
         self.repack()
 
     def packable(self) -> bool:
-        """The weight (and bias) are float32 or bfloat16 on the CPU: what the packed path computes in."""
-        w, b = self.weight, self.bias
-        return w.dtype in PACKED_DTYPES and w.device.type == "cpu" and (b is None or b.dtype == w.dtype)
+        """The weight (and bias) are in a dtype the packed path computes in, on the CPU."""
+        return _packable_tensors(self.weight, self.bias)
 
     def repack(self) -> None:
         """Reorder the current weight (it changed since it was packed: loaded, trained, moved)."""
