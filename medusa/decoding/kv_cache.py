@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import torch
 
 from medusa.decoding.attention import window_layout
+from medusa.decoding.growing_cache import growing_cache
 from medusa.decoding.hf import text_config, unwrap
 from medusa.errors import MedusaError
 
@@ -21,10 +22,10 @@ def cache_bucket(length: int) -> int:
 
 
 def new_cache() -> Any:
-    """An empty ``DynamicCache`` whose layers all keep every position (tree verification needs them all)."""
-    from transformers import DynamicCache
-
-    return DynamicCache()
+    """An empty transformers ``Cache`` whose layers all keep every position (tree verification needs them
+    all), written in place (:mod:`medusa.decoding.growing_cache`: no ``torch.cat`` of the whole cache per
+    forward)."""
+    return growing_cache()
 
 
 def prompt_position_ids(mask2d: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.modeling import amx_kernel
+
 MIN_ROWS, MAX_ROWS = 3, 64  # float32: rows (tokens) per call that use the packed weight (2 rows: no gain)
 PACKED_DTYPES = (torch.float32, torch.bfloat16)  # bfloat16: every row count (1 row: 2.3x stock on AMX)
 PACK_HINT = 8  # the row count oneDNN lays the blocked weight out for (best over 4..64 rows on this CPU)
@@ -88,8 +90,9 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameters: state-dict keys and tied weights unchanged
         self.bias = linear.bias
-        self.packed: torch.Tensor | None = None  # the reordered weight (not a buffer: never saved)
-        self.packed_key: tuple[int, int] = (0, -1)  # (weight data_ptr, weight _version) when packed
+        self.packed: torch.Tensor | None = None  # oneDNN's reordered weight (not a buffer: never saved)
+        self.amx: amx_kernel.PackedBf16 | None = None  # or the AMX kernel's packed weight (bfloat16)
+        self.packed_key: tuple[int, ...] = (0, -1)  # (weight data_ptr, _version, bias _version) when packed
         self.repack()
 
     def packable(self) -> bool:
@@ -99,19 +102,39 @@ class PackedLinear(nn.Module):
     def repack(self) -> None:
         """Reorder the current weight (it changed since it was packed: loaded, trained, moved)."""
         w = self.weight
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
-        self.packed_key = (w.data_ptr(), w._version)
+        if amx_kernel.fits(w):
+            self.packed, self.amx = None, amx_kernel.pack(w, self.bias)
+        else:
+            self.packed, self.amx = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT), None
+        self.packed_key = self._key()
+
+    def _key(self) -> tuple[int, ...]:
+        w, b = self.weight, self.bias
+        return (w.data_ptr(), w._version, -1 if b is None else b._version)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed weight where it pays."""
+        amx = self.amx
+        if (amx is not None and x.dtype == torch.bfloat16 and x.is_cpu and not torch.is_grad_enabled()
+                and x.numel() <= amx.max_elements and not torch.compiler.is_compiling()
+                and self._key() == self.packed_key):
+            # the decoder's bfloat16 path, kept short (it runs ~200 times per token): the AMX kernel
+            return amx_kernel.rows_matmul(x, amx)  # [..., out]
+        return self._general(x)
+
+    def _general(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         rows = x.numel() // max(x.shape[-1], 1)
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
         if (torch.compiler.is_compiling() or x.dtype != w.dtype or not rows_pay(rows, x.dtype)
                 or x.device.type != "cpu" or needs_grad or not self.packable()):
             return F.linear(x, w, self.bias)
-        if (w.data_ptr(), w._version) != self.packed_key:
+        if self._key() != self.packed_key:
             self.repack()
+        if self.amx is not None:  # bfloat16 through the AMX kernel; more rows than it takes: stock
+            if rows > amx_kernel.MAX_ROWS:
+                return F.linear(x, w, self.bias)
+            return amx_kernel.rows_matmul(x, self.amx)  # [..., out]
         bias = None if self.bias is None else self.bias.detach()
         y = packed_matmul(x.reshape(rows, x.shape[-1]), self.packed, bias)  # [rows, out]
         return y.reshape(*x.shape[:-1], y.shape[-1])

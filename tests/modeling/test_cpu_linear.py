@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medusa import MedusaModel
-from medusa.modeling import cpu_linear
+from medusa.modeling import amx_kernel, cpu_linear
 from medusa.modeling.cpu_linear import (
     MAX_ROWS,
     MIN_ROWS,
@@ -95,23 +95,42 @@ def test_only_float32_and_native_bfloat16_cpu_linears_are_packed_and_shared_weig
     assert pack_linears(nn.Sequential(nn.Linear(8, 8).bfloat16())) == int(cpu_linear.BF16_NATIVE)
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """How many times the AMX kernel ran (rows per call)."""
+    seen = []
+    real = amx_kernel.rows_matmul
+
+    def counting(x, packed):
+        seen.append(x.shape[0])
+        return real(x, packed)
+
+    monkeypatch.setattr(amx_kernel, "rows_matmul", counting)
+    return seen
+
+
 @pytest.mark.skipif(not cpu_linear.BF16_NATIVE, reason="no bfloat16 matrix unit (AMX / AVX-512-BF16)")
 @pytest.mark.parametrize("bias", [True, False])
-def test_bfloat16_packs_every_row_count_one_included(calls, bias):
+@pytest.mark.parametrize("width", [64, 48])  # 64: the AMX kernel's (a multiple of 32); 48: oneDNN's
+def test_bfloat16_packs_every_row_count_one_included(calls, kernel_calls, bias, width):
     torch.manual_seed(2)
-    layer = nn.Sequential(nn.Linear(64, 300, bias=bias)).bfloat16()
-    ref = nn.Sequential(nn.Linear(64, 300, bias=bias)).bfloat16()
+    layer = nn.Sequential(nn.Linear(width, 300, bias=bias)).bfloat16()
+    ref = nn.Sequential(nn.Linear(width, 300, bias=bias)).bfloat16()
     ref.load_state_dict(layer.state_dict())
     assert pack_linears(layer) == 1
+    row_counts = (1, 2, 8, 16, 32, 33, MAX_ROWS + 1, 200)
     with torch.no_grad():
-        for rows in (1, 2, 8, 16, MAX_ROWS + 1, 200):
-            x = torch.randn(rows, 64).bfloat16()
+        for rows in row_counts:
+            x = torch.randn(rows, width).bfloat16()
             b = None if ref[0].bias is None else ref[0].bias.float()
             exact = F.linear(x.float(), ref[0].weight.float(), b)
             y = layer(x)
             assert y.dtype == torch.bfloat16
             torch.testing.assert_close(y.float(), exact, rtol=2e-2, atol=2e-2)  # bf16 output rounding
-    assert calls == [1, 2, 8, 16, MAX_ROWS + 1, 200]
+    if amx_kernel.available() and width % amx_kernel.K_MULTIPLE == 0:  # the kernel up to its rows, then stock
+        assert kernel_calls == [r for r in row_counts if r <= amx_kernel.MAX_ROWS] and calls == []
+    else:
+        assert calls == list(row_counts) and kernel_calls == []
 
 
 def test_greedy_equals_hf_generate_on_a_packed_model(calls, stories_medusa):
