@@ -35,6 +35,7 @@ from medusa.eval.bench_config import bench_config, lookup_config
 from medusa.eval.fidelity import fidelity_fields, fidelity_summary
 from medusa.eval.report import summarize
 from medusa.eval.timing import plain_step_time, timed
+from medusa.modeling.cpu_linear import stock_linears
 from medusa.modeling.draft_vocab import draft_vocab_summary
 from medusa.modeling.loading import encode_prompt
 
@@ -123,9 +124,12 @@ def make_setup(model: Any, tokenizer: Any, max_new_tokens: int, acceptance: str,
 
 
 def run_baseline(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
-    """HF ``generate``; ``ids``: ``[1, P]``; returns ``[1, P + new]``."""
+    """HF ``generate`` as HF runs it (stock linear layers, :func:`stock_linears`); ``ids``: ``[1, P]``;
+    returns ``[1, P + new]``."""
     torch.manual_seed(s.seed + i)
-    return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=s.gen_cfg)
+    with stock_linears(s.model):
+        return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                           generation_config=s.gen_cfg)
 
 
 def _medusa_call(s: BenchSetup, ids: torch.Tensor, i: int, tree: Any, lookup_tokens: int | None,
@@ -159,20 +163,24 @@ def run_hybrid(s: BenchSetup, ids: torch.Tensor, i: int) -> Any:
 
 
 def run_assisted(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
-    """HF assisted generation with the draft model (a different tokenizer: universal assisted decoding)."""
+    """HF assisted generation with the draft model (a different tokenizer: universal assisted decoding);
+    stock linear layers."""
     torch.manual_seed(s.seed + i)
     extra = {}
     if s.assistant_tokenizer is not None:
         extra = {"tokenizer": s.tokenizer, "assistant_tokenizer": s.assistant_tokenizer}
-    return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=s.gen_cfg,
-                                       assistant_model=s.assistant_model, **extra)
+    with stock_linears(s.model):
+        return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                           generation_config=s.gen_cfg, assistant_model=s.assistant_model,
+                                           **extra)
 
 
 def run_prompt_lookup(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:
-    """HF prompt-lookup decoding."""
+    """HF prompt-lookup decoding (stock linear layers)."""
     torch.manual_seed(s.seed + i)
-    return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids),
-                                       generation_config=s.lookup_cfg)
+    with stock_linears(s.model):
+        return s.model.base_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                           generation_config=s.lookup_cfg)
 
 
 def run_baseline_compiled(s: BenchSetup, ids: torch.Tensor, i: int) -> torch.Tensor:

@@ -24,6 +24,8 @@ back (the same Parameters).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -93,6 +95,7 @@ class PackedLinear(nn.Module):
         self.packed: torch.Tensor | None = None  # oneDNN's reordered weight (not a buffer: never saved)
         self.amx: amx_kernel.PackedBf16 | None = None  # or the AMX kernel's packed weight (bfloat16)
         self.packed_key: tuple[int, ...] = (0, -1)  # (weight data_ptr, _version, bias _version) when packed
+        self.stock = False  # True inside stock_linears(): F.linear always
         self.repack()
 
     def packable(self) -> bool:
@@ -114,6 +117,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``F.linear(x, weight, bias)``, through the packed weight where it pays."""
+        if self.stock:
+            return F.linear(x, self.weight, self.bias)
         amx = self.amx
         if (amx is not None and x.dtype == torch.bfloat16 and x.is_cpu and not torch.is_grad_enabled()
                 and x.numel() <= amx.max_elements and not torch.compiler.is_compiling()
@@ -182,6 +187,20 @@ def unpack_linears(module: nn.Module) -> int:
     return _swap(module, lambda m: isinstance(m, PackedLinear), _stock)
 
 
+@contextmanager
+def stock_linears(module: nn.Module) -> Iterator[None]:
+    """Within the block every :class:`PackedLinear` inside ``module`` computes the stock ``F.linear`` (what HF
+    ``generate`` costs without packing, timed beside ours on the same weights); packed again after."""
+    layers = [m for m in module.modules() if isinstance(m, PackedLinear)]
+    for layer in layers:
+        layer.stock = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.stock = False
+
+
 def packed_count(module: nn.Module) -> int:
     return sum(isinstance(layer, PackedLinear) for layer in module.modules())
 
@@ -221,4 +240,4 @@ def auto_pack(model: Any, share: float = 0.25) -> int:
 
 __all__ = ["BF16_NATIVE", "ENV", "MAX_ROWS", "MIN_ROWS", "PACKED_DTYPES", "PackedLinear", "auto_pack",
            "bf16_matmul_unit", "linear_bytes", "pack_linears", "packed_count", "packed_matmul",
-           "packing_supported", "rows_pay", "unpack_linears"]
+           "packing_supported", "rows_pay", "stock_linears", "unpack_linears"]

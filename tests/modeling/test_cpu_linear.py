@@ -155,3 +155,18 @@ def test_load_for_generation_packs_unless_told_not_to(tmp_path, monkeypatch):
     assert packed_count(load_for_generation(tmp_path / "ck", base=str(STORIES), cpu_pack=False)[0]) == 0
     monkeypatch.setenv("MEDUSA_CPU_PACK", "0")
     assert packed_count(load_for_generation(tmp_path / "ck", base=str(STORIES))[0]) == 0
+
+
+def test_stock_linears_computes_f_linear_inside_the_block_only(calls, kernel_calls):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 40), nn.Linear(40, 8))
+    pack_linears(model)
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        with cpu_linear.stock_linears(model):
+            inside = model(x)
+        assert calls == [] and kernel_calls == []  # HF's own path: nothing packed ran
+        outside = model(x)
+    assert calls == [8, 8]
+    torch.testing.assert_close(inside, outside, rtol=1e-5, atol=1e-5)
+    assert not any(layer.stock for layer in model)
