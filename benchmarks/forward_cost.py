@@ -57,14 +57,17 @@ def format_floor(floor: dict[str, float], packed_one: float | None) -> str:
 
 def stock_vs_packed(base: Any, sizes: Sequence[int] = SIZES, rounds: int = 3, repeats: int = 5,
                     cache_len: int = 200) -> dict[str, dict[int, float]]:
-    """``{"stock": {n: seconds}, "packed": {n: seconds}}`` (packed empty where oneDNN's reorder is missing);
-    ``base`` is left with its linears as it came (packed or not)."""
+    """``{"stock": {n: seconds}, "packed": {n: seconds}}`` (packed empty where oneDNN's reorder is missing),
+    plus ``"onednn"`` where the packed layers use the AMX kernel (:mod:`medusa.modeling.amx_kernel`): oneDNN's
+    reorder for the same weights, to compare. ``base`` is left with its linears as it came."""
     was_packed = unpack_linears(base) > 0
-    curves: dict[str, dict[int, float]] = {"stock": {}, "packed": {}}
+    kernel = any(getattr(m, "amx", None) is not None for m in _packed_probe(base))
+    names = ("stock", "packed", "onednn") if kernel else ("stock", "packed")
+    curves: dict[str, dict[int, float]] = {name: {} for name in names}
     try:
         for _ in range(rounds):
-            for name in ("stock", "packed"):
-                if name == "packed" and not pack_linears(base):
+            for name in names:
+                if name != "stock" and not pack_linears(base, kernel=name == "packed"):
                     continue
                 curve = forward_cost_curve(base, tuple(sizes), cache_len=cache_len, repeats=repeats)
                 unpack_linears(base)
@@ -76,13 +79,27 @@ def stock_vs_packed(base: Any, sizes: Sequence[int] = SIZES, rounds: int = 3, re
     return curves
 
 
+def _packed_probe(base: Any) -> list[Any]:
+    """The packed layers of ``base`` once packed (then unpacked again): whether the AMX kernel takes them."""
+    pack_linears(base)
+    layers = [m for m in base.modules() if type(m).__name__ == "PackedLinear"]
+    unpack_linears(base)
+    return layers
+
+
 def format_curves(curves: dict[str, dict[int, float]]) -> str:
-    stock, packed = curves["stock"], curves["packed"]
-    lines = ["| tokens in the forward | stock ms | relative | packed ms | relative | packed / stock |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    stock, packed, onednn = curves["stock"], curves["packed"], curves.get("onednn")
+    head = "| tokens in the forward | stock ms | relative | packed ms | relative | packed / stock |"
+    rule = "|---:|---:|---:|---:|---:|---:|"
+    if onednn:
+        head, rule = head + " oneDNN-packed ms | kernel / oneDNN |", rule + "---:|---:|"
+    lines = [head, rule]
     for n, s in stock.items():
         p = packed.get(n)
         cells = [f"{p * 1e3:.1f}", f"{p / packed[min(packed)]:.2f}", f"{p / s:.2f}"] if p else ["-"] * 3
+        if onednn:
+            o = onednn.get(n)
+            cells += [f"{o * 1e3:.1f}", f"{p / o:.2f}"] if o and p else ["-"] * 2
         lines.append(f"| {n} | {s * 1e3:.1f} | {s / stock[min(stock)]:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

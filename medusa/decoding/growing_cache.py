@@ -4,7 +4,9 @@ with this layer instead of ``DynamicLayer``, for eager tree decoding.
 ``DynamicLayer.update`` concatenates the whole cache with the new entries at every forward (``torch.cat``,
 two per layer: ~3 ms of SmolLM2's one-token step over a 200-token context, growing with the context). Here
 the keys and values live in a buffer ``[B, H, capacity, hd]`` that doubles when full; ``keys`` / ``values``
-are views of its first ``length`` columns, as transformers' layers expose them. Anything that cuts a layer
+are views of its first ``length`` columns, as transformers' layers expose them (``update`` returns views
+padded to a multiple of ``pad`` columns, zeros where never written, for a caller whose mask covers them:
+:class:`medusa.decoding.kv_cache.DynamicKV`). Anything that cuts a layer
 the way transformers and :func:`medusa.decoding.kv_cache.compact_cache` do -- assigning a prefix view
 ``keys[:, :, :n]`` (after writing kept entries into it in place) or ``crop`` -- keeps the buffer; a tensor
 that is not a prefix view of the buffer is copied into a new buffer at the next ``update``.
@@ -36,8 +38,9 @@ class GrowingLayer(CacheLayerMixin):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        self._key_buffer: torch.Tensor | None = None  # [B, H, capacity, hd]
+        self._key_buffer: torch.Tensor | None = None  # [B, H, capacity, hd], zeros where never written
         self._value_buffer: torch.Tensor | None = None
+        self.pad = 1  # update returns views of a multiple of pad columns (the caller masks the extra ones)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -52,9 +55,9 @@ class GrowingLayer(CacheLayerMixin):
         if (_is_prefix_view(k, self._key_buffer) and _is_prefix_view(v, self._value_buffer)
                 and length + extra <= self._key_buffer.shape[2]):
             return
-        capacity = max(MIN_CAPACITY, 2 * (length + extra))
-        kb = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])  # [B, H, capacity, hd]
-        vb = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
+        capacity = max(MIN_CAPACITY, 2 * (length + extra + self.pad))
+        kb = k.new_zeros(k.shape[0], k.shape[1], capacity, k.shape[3])  # [B, H, capacity, hd]
+        vb = v.new_zeros(v.shape[0], v.shape[1], capacity, v.shape[3])  # zeros: padding columns stay finite
         kb[:, :, :length].copy_(k)
         vb[:, :, :length].copy_(v)
         self._key_buffer, self._value_buffer = kb, vb
@@ -67,13 +70,16 @@ class GrowingLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
-        self._room(n)
+        self._room(n + self.pad - 1)
         start = self.keys.shape[2]
         self._key_buffer[:, :, start:start + n].copy_(key_states)
         self._value_buffer[:, :, start:start + n].copy_(value_states)
         self.keys = self._key_buffer[:, :, :start + n]
         self.values = self._value_buffer[:, :, :start + n]
-        return self.keys, self.values
+        if self.pad == 1:
+            return self.keys, self.values
+        cols = -(-(start + n) // self.pad) * self.pad
+        return self._key_buffer[:, :, :cols], self._value_buffer[:, :, :cols]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0

@@ -8,17 +8,23 @@ from typing import Any, Protocol
 import torch
 
 from medusa.decoding.attention import window_layout
-from medusa.decoding.growing_cache import growing_cache
+from medusa.decoding.growing_cache import GrowingLayer, growing_cache
 from medusa.decoding.hf import text_config, unwrap
 from medusa.errors import MedusaError
 
 MIN_BUCKET = 64  # the smallest cache / context bucket (columns)
+KV_PAD = 16  # a tree step's keys / values span a multiple of this many columns (see DynamicKV)
 
 
 def cache_bucket(length: int) -> int:
     """The cache length for ``length`` needed columns: the next power of two (at least :data:`MIN_BUCKET`), so
     prompts of similar length share one compiled step."""
     return max(MIN_BUCKET, 1 << (max(length, 1) - 1).bit_length())
+
+
+def padded(columns: int, pad: int = KV_PAD) -> int:
+    """``columns`` rounded up to a multiple of ``pad``."""
+    return -(-columns // pad) * pad
 
 
 def new_cache() -> Any:
@@ -110,12 +116,18 @@ class TreeCache(Protocol):
 
 @dataclass
 class DynamicKV:
-    """Tree decoding on transformers' ``DynamicCache``: the cache grows by each step's largest keep
-    (``past_len`` columns, equal for all rows); columns a row did not keep are holes, masked out."""
+    """Tree decoding on a transformers cache of :class:`medusa.decoding.growing_cache.GrowingLayer`s: the
+    cache grows by each step's largest keep (``past_len`` columns, equal for all rows); columns a row did not
+    keep are holes, masked out. Each step attends over a multiple of :data:`KV_PAD` columns (the extra ones
+    masked): attention sums its scores in 16-lane vectors plus a scalar tail, so a one-token step and a
+    tree whose key lengths end in different 16-column chunks would round a row's sums differently; padded,
+    a chain of drafts computes bit for bit what one-token steps do (with row-independent linears:
+    :mod:`medusa.modeling.amx_kernel`)."""
 
-    hf: Any  # DynamicCache: [B, H, past_len, hd] per layer
+    hf: Any  # transformers Cache (GrowingLayers): [B, H, past_len, hd] per layer
     mask: torch.Tensor  # [B, 1, N, capacity] float; columns < past_len: 0 real token / dtype-min pad or hole
     past_len: int  # cache length (columns), equal for all rows
+    pad: int = 1  # attend over a multiple of pad columns (KV_PAD where all layers are GrowingLayers)
 
     @property
     def valid(self) -> torch.Tensor:
@@ -124,19 +136,21 @@ class DynamicKV:
 
     def reserve(self, n: int) -> None:
         b, _, rows, capacity = self.mask.shape
-        if self.past_len + n <= capacity:
+        if padded(self.past_len + n, self.pad) <= capacity:
             return
         # grow the preallocated mask (rows accepting unevenly)
         neg = torch.finfo(self.mask.dtype).min
-        grown = torch.full((b, 1, rows, 2 * capacity), neg, dtype=self.mask.dtype,
+        grown = torch.full((b, 1, rows, 2 * padded(self.past_len + n)), neg, dtype=self.mask.dtype,
                            device=self.mask.device)
         grown[..., :self.past_len] = self.mask[..., :self.past_len]
         self.mask = grown
 
     def write_tree(self, float_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         n = float_mask.shape[-1]  # <= the buffer's rows (a trimmed lookup chain verifies fewer nodes)
-        self.mask[:, 0, :n, self.past_len:self.past_len + n] = float_mask  # [N, N] or [B, N, N]
-        return self.mask[:, :, :n, :self.past_len + n], self.hf  # [B, 1, N, past_len + N]
+        end, cols = self.past_len + n, padded(self.past_len + n, self.pad)
+        self.mask[:, 0, :n, self.past_len:end] = float_mask  # [N, N] or [B, N, N]
+        self.mask[:, 0, :n, end:cols] = torch.finfo(self.mask.dtype).min  # padding (stale tree columns)
+        return self.mask[:, :, :n, :cols], self.hf  # [B, 1, N, cols]
 
     def compact(self, path: torch.Tensor, keep: torch.Tensor, result: Any) -> None:
         b = path.shape[0]
@@ -162,5 +176,8 @@ def dynamic_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, n
     last_position = torch.tensor([p - 1], device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=prompt_position_ids(mask2d),
                 past_key_values=hf, use_cache=True, positions=last_position, compute_heads=False)
-    mask = tree_mask_buffer(mask2d, num_nodes, max(capacity, p + 2 * num_nodes), dtype)  # [B, 1, N, capacity]
-    return DynamicKV(hf, mask, p), out.logits[:, -1], out.hidden_states, out.hidden_states[:, -1]
+    pad = KV_PAD if all(isinstance(layer, GrowingLayer) for layer in hf.layers) else 1
+    for layer in hf.layers:
+        layer.pad = pad  # every later forward is a tree step with a mask of padded(..., pad) columns
+    mask = tree_mask_buffer(mask2d, num_nodes, max(capacity, padded(p + 2 * num_nodes, pad)), dtype)
+    return DynamicKV(hf, mask, p, pad), out.logits[:, -1], out.hidden_states, out.hidden_states[:, -1]

@@ -61,13 +61,13 @@ def forward_cost_curve(base: Any, sizes: tuple[int, ...] = (1, 4, 8, 16, 32, 64)
     """Seconds of one forward of ``n`` new tokens over a ``cache_len``-token KV cache, for each ``n``
     (the fastest of ``repeats``): what a tree of ``n`` nodes costs per verification step, which
     ``--nodes auto`` trades against the tokens it gains. The cache is cropped back after each call."""
-    from transformers import DynamicCache
+    from medusa.decoding.kv_cache import new_cache
 
     device = next(base.parameters()).device
     vocab = base.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, cache_len), generator=g).to(device)  # [1, cache_len]
-    cache = DynamicCache()
+    cache = new_cache()  # the cache tree decoding verifies against (written in place)
     base(input_ids=prompt, use_cache=True, **cache_kwargs(cache))
     curve: dict[int, float] = {}
     for n in sizes:

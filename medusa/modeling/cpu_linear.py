@@ -87,7 +87,7 @@ class PackedLinear(nn.Module):
     """An ``nn.Linear``'s own ``weight`` / ``bias`` Parameters plus their oneDNN-packed copy, used for the
     few-row float32 CPU calls where it pays (see the module docstring); ``F.linear`` otherwise."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, kernel: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameters: state-dict keys and tied weights unchanged
@@ -96,6 +96,7 @@ class PackedLinear(nn.Module):
         self.amx: amx_kernel.PackedBf16 | None = None  # or the AMX kernel's packed weight (bfloat16)
         self.packed_key: tuple[int, ...] = (0, -1)  # (weight data_ptr, _version, bias _version) when packed
         self.stock = False  # True inside stock_linears(): F.linear always
+        self.kernel = kernel  # bfloat16 through the AMX kernel where it fits (False: oneDNN's reorder)
         self.repack()
 
     def packable(self) -> bool:
@@ -105,7 +106,7 @@ class PackedLinear(nn.Module):
     def repack(self) -> None:
         """Reorder the current weight (it changed since it was packed: loaded, trained, moved)."""
         w = self.weight
-        if amx_kernel.fits(w):
+        if self.kernel and amx_kernel.fits(w):
             self.packed, self.amx = None, amx_kernel.pack(w, self.bias)
         else:
             self.packed, self.amx = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT), None
@@ -168,18 +169,20 @@ def _swap(module: nn.Module, pick: Any, make: Any) -> int:
     return count
 
 
-def pack_linears(module: nn.Module) -> int:
+def pack_linears(module: nn.Module, kernel: bool = True) -> int:
     """Swap every float32 / bfloat16 CPU ``nn.Linear`` inside ``module`` for a :class:`PackedLinear` (in
     place; a layer packed before is re-packed); returns how many. No-op (0) where :func:`packing_supported`
-    is False."""
+    is False. ``kernel``: bfloat16 weights through the AMX kernel where it fits (:mod:`amx_kernel`); False:
+    oneDNN's reorder for every dtype (to compare)."""
     if not packing_supported():
         return 0
     repacked = 0
     for layer in module.modules():
         if isinstance(layer, PackedLinear) and layer.packable():
+            layer.kernel = kernel
             layer.repack()
             repacked += 1
-    return repacked + _swap(module, _packable, PackedLinear)
+    return repacked + _swap(module, _packable, lambda linear: PackedLinear(linear, kernel))
 
 
 def unpack_linears(module: nn.Module) -> int:

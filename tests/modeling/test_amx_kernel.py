@@ -10,6 +10,8 @@ import sys
 import pytest
 import torch
 
+from medusa.decoding.growing_cache import growing_cache
+from medusa.decoding.kv_cache import KV_PAD, padded
 from medusa.modeling import amx_kernel
 from medusa.modeling.cpu_linear import pack_linears
 
@@ -69,10 +71,12 @@ def test_built_once_per_machine_and_switched_off_by_the_environment(tmp_path):
 
 def _forward(model, cache, ids: torch.Tensor, past: int, parents: list[int]) -> torch.Tensor:
     """Logits ``[n, V]`` of nodes ``ids [1, n]`` after ``past`` cached tokens; node i sees the cache, itself
-    and its ancestors (``parents[i]``: its parent's index, -1 for the root)."""
+    and its ancestors (``parents[i]``: its parent's index, -1 for the root). Keys span a multiple of 16
+    columns, the extra ones masked, as the decoder's cache gives them (``DynamicKV``)."""
     n = ids.shape[1]
+    cols = padded(past + n)
     neg = torch.finfo(torch.bfloat16).min
-    mask = torch.full((1, 1, n, past + n), neg, dtype=torch.bfloat16)
+    mask = torch.full((1, 1, n, cols), neg, dtype=torch.bfloat16)
     mask[..., :past] = 0
     depth = []
     for i, p in enumerate(parents):
@@ -86,26 +90,32 @@ def _forward(model, cache, ids: torch.Tensor, past: int, parents: list[int]) -> 
     return out.logits[0]
 
 
-def test_a_verified_tree_computes_each_row_as_one_token_steps_do():
-    """With every linear through the kernel, a tree forward's root row and a chain laid out in depth order
-    give bit for bit the logits of one-token forwards over the same context: only attention over columns at
-    other positions (a tree's side branches) can round differently (docs/results/bf16-step.md)."""
-    from medusa.decoding.growing_cache import growing_cache
+def _cache(model, prompt: torch.Tensor):
+    cache = growing_cache()
+    model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    for layer in cache.layers:
+        layer.pad = KV_PAD
+    return cache
 
+
+@pytest.mark.parametrize("past", [40, 46])  # 46: the chain's key lengths cross a 16-column boundary
+def test_a_verified_tree_computes_each_row_as_one_token_steps_do(past):
+    """With every linear through the kernel and keys padded to 16 columns, a tree forward's root row and a
+    chain laid out in depth order give bit for bit the logits of one-token forwards over the same context:
+    only attention over columns at other positions (a tree's side branches) can round differently
+    (docs/results/bf16-step.md)."""
     model = tiny_model("llama", hidden_size=64, layers=3).bfloat16()
     assert pack_linears(model) > 0
     assert all(m.amx is not None for m in model.modules() if type(m).__name__ == "PackedLinear")
-    prompt = torch.randint(3, 96, (1, 40), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(3, 96, (1, past), generator=torch.Generator().manual_seed(1))
     chain = torch.tensor([[5, 17, 40, 3]])
     with torch.no_grad():
-        steps = growing_cache()
-        model(input_ids=prompt, past_key_values=steps, use_cache=True)
-        one_by_one = torch.stack([_forward(model, steps, chain[:, i:i + 1], 40 + i, [-1])[0]
+        steps = _cache(model, prompt)
+        one_by_one = torch.stack([_forward(model, steps, chain[:, i:i + 1], past + i, [-1])[0]
                                   for i in range(4)])  # [4, V]
-        tree = growing_cache()
-        model(input_ids=prompt, past_key_values=tree, use_cache=True)
-        as_chain = _forward(model, tree, chain, 40, [-1, 0, 1, 2])  # [4, V]
+        tree = _cache(model, prompt)
+        as_chain = _forward(model, tree, chain, past, [-1, 0, 1, 2])  # [4, V]
         tree.crop(-4)
-        branched = _forward(model, tree, torch.tensor([[5, 17, 22, 40, 9, 3]]), 40, [-1, 0, 0, 1, 2, 3])
+        branched = _forward(model, tree, torch.tensor([[5, 17, 22, 40, 9, 3]]), past, [-1, 0, 0, 1, 2, 3])
     assert torch.equal(as_chain, one_by_one)
     assert torch.equal(branched[0], one_by_one[0]) and torch.equal(branched[1], one_by_one[1])
