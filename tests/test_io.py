@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,7 @@ from medusa.io import (
     MANIFEST_NAME,
     atomic_directory,
     atomic_write_text,
+    build_lock,
     check_output_dir,
     check_output_file,
     output_lock,
@@ -264,3 +268,31 @@ def test_a_run_killed_in_the_middle_of_a_merge_is_finished_by_the_next(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert {p.name: p.read_text() for p in out.iterdir() if p.name != MANIFEST_NAME} == {
         "a.json": "newer", "b.json": "newer", "c.json": "newer", "mine.txt": "the user's"}
+
+
+_HOLD_AND_BUILD = """
+import sys, time
+from pathlib import Path
+from medusa.io import build_lock
+with build_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(1.0)
+    Path(sys.argv[1]).mkdir()
+"""
+
+
+def test_a_build_lock_makes_the_second_process_wait_for_the_first_ones_build(tmp_path):
+    """Two processes (two pytest-xdist workers) ask for one cached thing: the second waits for the first
+    to let go, then finds it built; an atomic write of the same path inside the body is not refused."""
+    target = tmp_path / "model"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_AND_BUILD, str(target)], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with build_lock(target):
+            assert target.is_dir()  # only after the holder built it
+            with atomic_directory(target / "inner") as tmp:
+                (tmp / "a").write_text("x")
+    finally:
+        assert holder.wait(timeout=60) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # both lock files removed

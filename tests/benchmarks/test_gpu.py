@@ -8,6 +8,9 @@ from benchmarks import gpu
 
 from tiny_models import require_shared
 
+# inductor compiles on a fresh machine: run first (tests/conftest.py)
+pytestmark = pytest.mark.heavy(350)
+
 
 @pytest.mark.slow  # compiles the verify step for two tree sizes, runs a compiled bench
 def test_gpu_harness_small_cpu(tmp_path, capsys):

@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.pinned_venv import ensure_pinned, run_step, venv_python
 from medusa.errors import MedusaError
+from medusa.io import _lock_path
 
 
 class _Unavailable(MedusaError):
@@ -18,8 +19,15 @@ def test_a_stamped_venv_with_the_same_pins_is_reused(tmp_path):
     venv_python(venv).parent.mkdir(parents=True)
     venv_python(venv).write_text("")
     (venv / ".stamp").write_text("a==1 b==2\n")
-    python = ensure_pinned(venv, ".stamp", ("a==1", "b==2"), [["a==1"]], _Unavailable)
+    completed = []
+
+    def complete(path):  # runs while the venv's build lock is held: a second process would wait
+        assert _lock_path(path, "build-lock").is_file()
+        completed.append(path)
+
+    python = ensure_pinned(venv, ".stamp", ("a==1", "b==2"), [["a==1"]], _Unavailable, complete=complete)
     assert python == venv / "bin" / "python"  # no pip run: it would fail on this fake venv
+    assert completed == [venv] and sorted(p.name for p in tmp_path.iterdir()) == ["v"]
 
 
 def test_a_failed_step_raises_the_callers_error():

@@ -21,6 +21,9 @@ from medusa.modeling.eagle3 import base_features
 
 from tiny_models import STORIES, require_shared
 
+# the speculators package in its own venv: run first (tests/conftest.py)
+pytestmark = pytest.mark.heavy(120)
+
 STEPS = 3
 TOL = 2e-4
 # a draft vocabulary in frequency order as training writes it, not ascending: the export must sort it

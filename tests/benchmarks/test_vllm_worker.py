@@ -21,6 +21,9 @@ from benchmarks.serve_check import (
 )
 from benchmarks.vllm_env import VllmUnavailable, ensure_venv
 
+# vLLM's engine, three configs in one worker process, then our chains: run first (tests/conftest.py)
+pytestmark = pytest.mark.heavy(800)
+
 PROMPTS = ["Name three primary colors.", "Write one sentence about the sea."]
 EAGLE3 = Path(HEADS).parent / "eagle3"
 MAX_TOKENS = 24

@@ -2,7 +2,8 @@
 
 Fitting reads the frozen base's last hidden states once, then trains only the heads on them with the
 plain (unchunked) MEDUSA loss — a test fixture, independent of the training package it may test.
-Cached in-process and on disk (``$MEDUSA_TEST_CACHE``, default a temp dir), so later calls are free. The
+Cached in-process and on disk (``$MEDUSA_TEST_CACHE``, default a temp dir), so later calls are free; the
+fit runs under a lock on its cache file, so two pytest-xdist workers asking at once fit it once. The
 disk cache is keyed on everything that makes the heads (:func:`cache_key`): this file's source and the
 ``medusa/modeling`` sources, the model directory's files, the training prompts, the fitting arguments and
 the torch version, so a change to any of them refits instead of loading stale heads.
@@ -131,20 +132,30 @@ def _head_options(hydra_projection: str, draft_vocab: int) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _fitted_state(num_heads: int, num_layers: int, head_type: str = "linear", hydra_projection: str = "own",
                   draft_vocab: int = 0) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
-    from medusa import MedusaModel
-    from medusa.modeling.draft_vocab import build_token_map
-
-    from tiny_models import stories_model, stories_tokenizer
+    from medusa.io import build_lock
 
     prompts = _train_prompts()
     args = {**FIT_ARGS, "num_heads": num_heads, "num_layers": num_layers, "head_type": head_type,
             **_head_options(hydra_projection, draft_vocab)}
     key = cache_key(STORIES, prompts, args, code_files())
     path = _cache_dir() / f"stories-heads-{key}.safetensors"
-    if path.is_file():
-        return load_file(str(path))
+    with build_lock(path):  # pytest-xdist workers asking at once: one fits, the other waits and loads
+        if path.is_file():
+            return load_file(str(path))
+        return _fit_and_save(path, num_heads, num_layers, head_type, hydra_projection, draft_vocab, prompts)
+
+
+def _fit_and_save(path: Path, num_heads: int, num_layers: int, head_type: str, hydra_projection: str,
+                  draft_vocab: int, prompts: list[str]) -> dict[str, torch.Tensor]:
+    from safetensors.torch import save_file
+
+    from medusa import MedusaModel
+    from medusa.modeling.draft_vocab import build_token_map
+
+    from tiny_models import stories_model, stories_tokenizer
+
     base = stories_model()
     sequences = _self_outputs(base, stories_tokenizer(), prompts, new_tokens=FIT_ARGS["new_tokens"])
     token_map = None  # a draft vocabulary: the ids most frequent in the fitting sequences

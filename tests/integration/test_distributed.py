@@ -43,7 +43,8 @@ HEADS = ["head1_loss", "head2_loss", "head3_loss"]
 ENGINE = re.compile(r"engine: (.+?), (\d+) process\(es\); rank (\d+) holds ([\d,]+) of ([\d,]+) parameter "
                     r"elements; its optimizer updates ([\d,]+) of ([\d,]+)")
 
-pytestmark = pytest.mark.usefixtures("tiny_recipe_env")  # stories260K present, run from the repository root
+# stories260K present, run from the repository root; six 2-process launches: run first (tests/conftest.py)
+pytestmark = [pytest.mark.heavy(300), pytest.mark.usefixtures("tiny_recipe_env")]
 
 
 def _launch(config: str, recipe: str, out: Path, *extra: str) -> subprocess.CompletedProcess:

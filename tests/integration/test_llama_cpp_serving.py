@@ -21,6 +21,9 @@ from benchmarks.llama_cpp_server import LlamaServer, ServerConfig
 from benchmarks.serve_check import chat_ids
 from medusa.export import export_checkpoint
 
+# llama.cpp's server and converter: run first (tests/conftest.py)
+pytestmark = pytest.mark.heavy(200)
+
 HEADS = Path(__file__).resolve().parents[2] / "data" / "heads" / "smollm2-135m-instruct" / "eagle3"
 PROMPTS = ["What is the capital of France? Answer in one sentence.",
            "Write a Python function that reverses a string.",
