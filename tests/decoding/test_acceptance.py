@@ -182,3 +182,32 @@ def test_sample_accept_with_draft_probs_keeps_the_law():
     ones = torch.ones(n, dtype=torch.float64)
     counts = torch.zeros(v * v, dtype=torch.float64).index_add_(0, t1 * v + t2, ones)
     assert chi2_pvalue(counts, (p_root.view(v, 1) * p_next).reshape(-1).double() * n) > 1e-3
+
+
+def test_draw_refuses_probabilities_that_are_not_finite():
+    """NaN / inf weights give NaN probabilities: one MedusaError, not torch's 'probability tensor contains
+    either inf, nan or element < 0'; finite rows are sampled as torch.multinomial samples them."""
+    from medusa.decoding.acceptance import draw
+    from medusa.errors import MedusaError
+
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    assert draw(probs, torch.Generator().manual_seed(0)).view(-1).tolist() == [1, 2]
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(MedusaError, match="not finite"):
+            draw(torch.tensor([[0.5, bad, 0.5]]), None)
+
+
+def test_sampling_with_an_infinite_base_weight_is_one_error():
+    """A base whose LM head holds inf: sample and typical acceptance refuse in one MedusaError (they read
+    NaN probabilities); greedy decodes (argmax is defined), as HF's greedy does."""
+    from medusa.errors import MedusaError
+
+    _, model = sampler_model()
+    with torch.no_grad():
+        model.base_model.get_output_embeddings().weight[3].fill_(float("inf"))
+    ids = torch.tensor([[1, 2, 3]])
+    for acceptance in ("sample", "typical"):
+        with pytest.raises(MedusaError, match="not finite"):
+            model.generate(ids, max_new_tokens=4, acceptance=acceptance, temperature=1.0,
+                           generator=torch.Generator().manual_seed(0))
+    assert model.generate(ids, max_new_tokens=4).shape[1] > 3
