@@ -171,4 +171,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from medusa.cli import run_script
+
+    raise SystemExit(run_script(main))

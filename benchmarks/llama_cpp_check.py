@@ -166,4 +166,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from medusa.cli import run_script
+
+    raise SystemExit(run_script(main))

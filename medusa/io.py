@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -319,6 +320,27 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_safetensors(tensors: dict[str, Any], path: str | Path,
+                     metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file``, its I/O failures as the :class:`OSError` they are (a full disk, a
+    file-size limit, a read-only folder: errno and ``path`` kept, so the CLI says so in one line) instead of
+    safetensors' own error type."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as exc:
+        found = _RUST_OS_ERROR.search(str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 # ------------------------------------------------------------------------------------------ readers

@@ -296,3 +296,27 @@ def test_a_build_lock_makes_the_second_process_wait_for_the_first_ones_build(tmp
     finally:
         assert holder.wait(timeout=60) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # both lock files removed
+
+
+def test_save_safetensors_reports_a_write_past_the_file_size_limit_as_the_os_error(tmp_path):
+    """A file-size limit (RLIMIT_FSIZE, in a child process) makes the weights' write fail with EFBIG, as a
+    full disk fails with ENOSPC: safetensors' own error type becomes the OSError it is, errno and file
+    kept (the CLI prints it as one line); a write that works is the file safetensors writes."""
+    import errno
+
+    import torch
+    from safetensors.torch import load_file
+
+    from medusa.io import save_safetensors
+
+    ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # noqa: N806  (this checkout's medusa)
+    code = ("import resource, torch, medusa.io as m\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (10000, 10000))\n"
+            "try:\n    m.save_safetensors({'w': torch.zeros(100000)}, 'big.safetensors')\n"
+            "except OSError as e:\n    print(e.errno, e.filename)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.stdout.split() == [str(errno.EFBIG), "big.safetensors"], proc.stderr[-1000:]
+    tensors = {"w": torch.arange(4096, dtype=torch.float32)}
+    save_safetensors(tensors, tmp_path / "ok.safetensors", metadata={"format": "pt"})
+    assert torch.equal(load_file(str(tmp_path / "ok.safetensors"))["w"], tensors["w"])

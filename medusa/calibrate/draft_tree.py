@@ -37,7 +37,8 @@ def candidate_shapes(candidates: Sequence[tuple[int, int, int, int]] = CANDIDATE
         if nodes < 2:
             raise MedusaError(f"--nodes {nodes}: an eagle3 draft tree verifies the root and at least one "
                               "drafted node (--nodes >= 2)")
-        grid = sorted({(nodes, d, b, e) for _, d, b, e in candidates if b + (d - 1) * e * b >= nodes - 1})
+        grid = sorted({(nodes, d, b, e) for _, d, b, e in candidates
+                       if DraftTreeShape(2, d, b, e).pool_size >= nodes - 1})
         width = 1
         while not grid:  # wider than the grid: depth 6, branch = expand, the narrowest that holds them
             width += 1
@@ -65,6 +66,12 @@ def measure_shape(model: Any, prompts: Sequence[torch.Tensor], shape: DraftTreeS
             "tokens_per_s": tokens / max(seconds, 1e-9)}
 
 
+def fastest(rows: Sequence[dict[str, float]]) -> int:
+    """The index of the row of most ``tokens_per_s`` (the first of equals): what decoding speed ranks by,
+    not tokens per step (a bigger tree accepts more per step but may cost more per step than it gains)."""
+    return max(range(len(rows)), key=lambda i: (rows[i]["tokens_per_s"], -i))
+
+
 def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int = 96,
                          shapes: Sequence[DraftTreeShape] | None = None,
                          log: Callable[[str], None] = print) -> DraftTreeShape:
@@ -83,7 +90,7 @@ def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_to
         log(f"  nodes {shape.num_nodes:3d} depth {shape.depth} branch {shape.branch} expand {shape.expand} "
             f"lookup {shape.lookup_tokens:2d}: {figures['tokens_per_step']:.2f} tokens/step, "
             f"{figures['step_ms']:.1f} ms/step, {figures['tokens_per_s']:.1f} tokens/s")
-    best = max(range(len(shapes)), key=lambda i: rows[i]["tokens_per_s"])
+    best = fastest(rows)
     record = {"method": "greedy decoding of the calibration prompts, each candidate timed",
               "prompts": len(prompts), "max_new_tokens": max_new_tokens,
               "torch_threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - t0, 1),
@@ -92,4 +99,5 @@ def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_to
     return replace(shapes[best], calibration=record)
 
 
-__all__ = ["CANDIDATES", "LOOKUP_CHOICES", "calibrate_draft_tree", "candidate_shapes", "measure_shape"]
+__all__ = ["CANDIDATES", "LOOKUP_CHOICES", "calibrate_draft_tree", "candidate_shapes", "fastest",
+           "measure_shape"]

@@ -183,12 +183,15 @@ def _fail(message: str, debug: bool) -> int:
     return 2
 
 
-def run_command(fn: Callable[[], int], debug: bool) -> int:
+def run_command(fn: Callable[[], int], debug: bool, echo_user_errors: bool = True) -> int:
     """Run ``fn``; a user error becomes one ``error:`` line on stderr and exit status 2 (``debug``: the
-    traceback first, still status 2)."""
+    traceback first, still status 2). ``echo_user_errors=False``: a :class:`MedusaError` exits 2 silently
+    (the other processes of a launch, whose first process prints the same line)."""
     try:
         return int(fn() or 0)
     except MedusaError as exc:
+        if not echo_user_errors and not debug:
+            return 2
         return _fail(str(exc), debug)
     except FileNotFoundError as exc:
         return _fail(f"{exc.filename or exc}: file not found", debug)

@@ -67,4 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args.recipe, args.overrides, args.overwrite, args.resume_changed)
 
     with quiet_libraries():
-        return run_command(call, debug)
+        return run_command(call, debug, echo_user_errors=launch_rank() == 0)
+
+
+def launch_rank() -> int:
+    """This process's rank in an ``accelerate launch`` / ``torchrun`` launch (0 outside one): every process
+    meets the same user error (same recipe, files and checks), and only the first reports it."""
+    import os
+
+    rank = os.environ.get("RANK", "0")
+    return int(rank) if rank.isdigit() else 0

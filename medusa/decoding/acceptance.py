@@ -20,6 +20,7 @@ import torch
 
 from medusa.decoding.processors import Generation, Warp, apply_processors, process_nodes, warp_scores
 from medusa.decoding.trees import VerifyTree
+from medusa.errors import MedusaError
 
 # (logits [B, N, V], tokens [B, N], tree) -> (path [B, D+1], n_accepted [B], next_token [B])
 Rule = Callable[[torch.Tensor, torch.Tensor, VerifyTree], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -74,6 +75,15 @@ def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree
     return path, n, nxt
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs [B, V]`` -> ``[B, 1]`` (``torch.multinomial``); scores that are not finite
+    (NaN / inf weights in the model or its heads) are one :class:`MedusaError`, not torch's error."""
+    if not bool(torch.isfinite(probs).all()):
+        raise MedusaError("sampling: the next-token probabilities are not finite (NaN / inf): the model's "
+                          "weights or the heads' hold NaN / inf values, or its logits overflow")
+    return torch.multinomial(probs, 1, generator=generator)
+
+
 def _identity(scores: torch.Tensor) -> torch.Tensor:
     return scores
 
@@ -103,7 +113,7 @@ def typical_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree,
     path, n, last = _best_path(ok, dt, score=cand_logp)
     b = logits.shape[0]
     last_logits = logits[torch.arange(b, device=logits.device), last]  # [B, V]
-    nxt = torch.multinomial(torch.softmax(warp(last_logits), dim=-1), 1, generator=generator).view(b)
+    nxt = draw(torch.softmax(warp(last_logits), dim=-1), generator).view(b)
     return path, n, nxt
 
 
@@ -160,7 +170,7 @@ def sample_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree,
         path[:, d + 1] = torch.where(moved, chosen, path[:, d + 1])
         active = moved
     residual = torch.where(active.view(b, 1), probs[rows, cur], residual)  # reached a depth-D leaf
-    nxt = torch.multinomial(residual, 1, generator=generator).view(b)
+    nxt = draw(residual, generator).view(b)
     return path, n, nxt
 
 
@@ -203,7 +213,7 @@ class Scorer:
         if self.acceptance == "greedy":
             return scores.argmax(dim=-1)
         probs = torch.softmax(warp_scores(self.gen, scores), dim=-1)
-        return torch.multinomial(probs, 1, generator=self.generator).view(-1)
+        return draw(probs, self.generator).view(-1)
 
     def __call__(self, logits: torch.Tensor, tokens: torch.Tensor, tree: VerifyTree,
                  draft_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

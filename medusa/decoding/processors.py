@@ -183,6 +183,10 @@ def build_warpers(cfg: Any, device: torch.device | str = "cpu") -> list:
     return w
 
 
+# sampling temperatures (the CLI's --temperature bounds too): below 1e-4, logits / T overflow in float32
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 100.0
+
+
 def resolve_generation(base: Any, sampling: bool, input_ids: torch.Tensor, mask2d: torch.Tensor,
                        eos_token_id: int | Sequence[int] | None = None, generation_config: Any = None,
                        **overrides: Any) -> Generation:
@@ -196,8 +200,9 @@ def resolve_generation(base: Any, sampling: bool, input_ids: torch.Tensor, mask2
     eos = _eos_list(cfg, eos_token_id)
     device = input_ids.device
     temperature = float(cfg.temperature) if cfg.temperature is not None else 1.0
-    if sampling and not temperature > 0:
-        raise MedusaError(f"temperature must be > 0 when sampling, got {temperature}")
+    if sampling and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        raise MedusaError(f"temperature {temperature} is out of range when sampling (must be in "
+                          f"[{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]: below, logits / temperature overflow)")
     cfg.temperature = temperature
     gen = Generation(cfg, eos, _pad_id(cfg, eos), temperature,
                      _build_processors(cfg, eos, input_ids.shape[1], device),

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from medusa.config.enums import EXPORT_FORMATS, EXPORTABLE_HEAD_TYPES, IMPORT_FORMATS
 from medusa.errors import CheckpointError, MedusaError, first_line
@@ -59,7 +58,7 @@ from medusa.export.serving import (
 )
 from medusa.export.speculators import write_speculators
 from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
-from medusa.io import atomic_directory
+from medusa.io import atomic_directory, save_safetensors
 from medusa.modeling.base import dtype_name
 from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.tree import MedusaTree, default_tree
@@ -135,7 +134,11 @@ def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | 
     from transformers import AutoConfig
 
     backbone = resolve_backbone(src, config, out, base=base)
-    base_cfg = AutoConfig.from_pretrained(backbone.path)
+    try:
+        base_cfg = AutoConfig.from_pretrained(backbone.path)
+    except (OSError, ValueError) as exc:  # missing, not a model folder, a corrupt config.json
+        raise CheckpointError(f"cannot read the base model's config {backbone.path!r}: "
+                              f"{first_line(exc)}") from None
     text = base_cfg.get_text_config() if hasattr(base_cfg, "get_text_config") else base_cfg
     with atomic_directory(out, overwrite=overwrite, inputs=[src, base, backbone.path], kind="export") as tmp:
         info = write_speculators(src, config, text.to_dict(), backbone.path, tmp, embed_tokens)
@@ -275,7 +278,7 @@ def import_checkpoint(src: str | Path, out: str | Path, base: str | None = None,
     with atomic_directory(out, overwrite=overwrite, inputs=[src, base, base_name], kind="heads",
                           owns=(CONFIG_NAME, WEIGHTS_NAME, TREE_NAME)) as tmp:
         config.save(tmp)
-        save_file(our_tensors(heads), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_safetensors(our_tensors(heads), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         if tree is not None:
             tree.to_json(tmp / TREE_NAME)
     return {"format": fmt, "out": str(out), "num_heads": heads.num_heads, "num_layers": heads.num_layers,

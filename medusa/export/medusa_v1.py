@@ -42,10 +42,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from medusa.errors import CheckpointError, first_line
 from medusa.export.common import HeadsState, named_tensors, read_json, write_json
+from medusa.io import save_safetensors
 
 WEIGHTS = "medusa_lm_head.safetensors"
 LEGACY_WEIGHTS = "medusa_lm_head.pt"
@@ -82,7 +83,7 @@ def write_v1(heads: HeadsState, out: Path, choices: list[list[int]] | None = Non
     ``medusa_lm_head.pt`` (the same tensors): the official loaders read only that file. ``tensorrt-llm`` also
     gets ``num_medusa_heads`` (what ``MedusaConfig.from_hugging_face`` reads) and ``max_draft_len``."""
     tensors = v1_tensors(heads)
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    save_safetensors(tensors, out / WEIGHTS, metadata={"format": "pt"})
     if target == "medusa-v1":
         torch.save({k: v.clone() for k, v in tensors.items()}, out / LEGACY_WEIGHTS)
     config = v1_config(heads)

@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from medusa.errors import CheckpointError, MedusaError
 from medusa.export.common import write_json
+from medusa.io import save_safetensors
 from medusa.modeling.base import dtype_name, load_base_model
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.draft_vocab import check_token_map
@@ -129,8 +129,13 @@ def verifier_embeddings(verifier: str, vocab_size: int, dtype: torch.dtype) -> t
     tokens with, read from the base at decode time): from its safetensors where they name it, else from the
     loaded base."""
     weight = embeddings_from_files(verifier)
-    if weight is None:
-        weight = load_base_model(verifier).get_input_embeddings().weight
+    if weight is None:  # safetensors only: a base's pickled weights (pytorch_model.bin) are never unpickled
+        directory = Path(verifier).expanduser()
+        pickles = sorted(directory.glob("*.bin")) if directory.is_dir() else []
+        if pickles and not any(directory.glob("*.safetensors")):
+            raise CheckpointError(f"{pickles[0]}: the base's weights are a pickle (code could run when it "
+                                  "loads); medusa reads safetensors only: save the base as model.safetensors")
+        weight = load_base_model(verifier, use_safetensors=True).get_input_embeddings().weight
     if weight.shape[0] != vocab_size:
         raise CheckpointError(f"{verifier}: its input embeddings have {weight.shape[0]} rows, the heads were "
                               f"trained on a vocabulary of {vocab_size}")
@@ -190,7 +195,7 @@ def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any],
     if embed_tokens:
         tensors["embed_tokens.weight"] = verifier_embeddings(verifier, cfg.vocab_size,
                                                              tensors["lm_head.weight"].dtype)  # [V, d]
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(tensors, out / "model.safetensors", metadata={"format": "pt"})
     write_json(out / "config.json", eagle3_config(cfg, base_config, verifier, n))
     return {"draft_vocab_size": n, "dtype": dtype_name(tensors["lm_head.weight"].dtype),
             "embed_tokens": embed_tokens}

@@ -32,10 +32,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from medusa.errors import CheckpointError
 from medusa.export.common import HeadsState, named_tensors, read_json, write_json
+from medusa.io import save_safetensors
 from medusa.modeling.base import dtype_name
 
 WEIGHTS = "model.safetensors"
@@ -85,7 +86,7 @@ def vllm_config(heads: HeadsState) -> dict[str, Any]:
 
 
 def write_vllm(heads: HeadsState, out: Path) -> None:
-    save_file(vllm_tensors(heads), str(out / WEIGHTS), metadata={"format": "pt"})
+    save_safetensors(vllm_tensors(heads), out / WEIGHTS, metadata={"format": "pt"})
     write_json(out / CONFIG, vllm_config(heads))
 
 

@@ -48,6 +48,7 @@ def load_base_model(
     **kwargs: Any,
 ) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained`` with a one-line error when the model cannot be loaded."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     load_kwargs = dict(kwargs)
@@ -60,7 +61,7 @@ def load_base_model(
     name_or_path = expand_home(name_or_path)
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path, **load_kwargs)
-    except (OSError, ValueError, EnvironmentError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # SafetensorError: a truncated / corrupt file
         first = first_line(exc)
         raise CheckpointError(f"cannot load base model {name_or_path!r}: {first}") from exc
 

@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from medusa.decoding.attention import body_mask
 from medusa.decoding.generate import medusa_generate
 from medusa.decoding.hf import cache_kwargs, output_cache
 from medusa.errors import CheckpointError
-from medusa.io import atomic_directory
+from medusa.io import atomic_directory, save_safetensors
 from medusa.modeling.base import (
     base_logits,
     decoder_of,
@@ -233,7 +233,7 @@ class MedusaModel(nn.Module):
                     tokenizer.save_pretrained(tmp / BASE_SUBDIR)
                 config.base_model_subdir = BASE_SUBDIR
             config.save(tmp)
-            save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+            save_safetensors(state, tmp / WEIGHTS_NAME, metadata={"format": "pt"})
             if self.tree is not None:
                 self.tree.to_json(tmp / TREE_NAME)
         self.config = config

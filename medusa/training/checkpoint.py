@@ -37,8 +37,8 @@ import torch
 
 from medusa.config import Recipe
 from medusa.errors import CheckpointError, ConfigError
-from medusa.io import OVERWRITE_HINT, atomic_write_text, give_umask_mode
-from medusa.training.engine_state import check_supported, load_engine_state, save_engine_state
+from medusa.io import OVERWRITE_HINT, atomic_write_text, give_umask_mode, save_safetensors
+from medusa.training.engine_state import GROUP_BOUNDS, check_supported, load_engine_state, save_engine_state
 
 STATE_NAME = "trainer_state.json"
 METRICS_NAME = "metrics.jsonl"
@@ -237,7 +237,6 @@ def truncate_metrics(path: Path, step: int) -> None:
 def _save_rng(folder: Path, index: int) -> None:
     """This process's RNG states: Python's and numpy's as JSON, torch's (CPU, CUDA) as safetensors."""
     import numpy as np
-    from safetensors.torch import save_file
 
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -247,7 +246,7 @@ def _save_rng(folder: Path, index: int) -> None:
     tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors.update({f"cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    save_file(tensors, str(folder / f"rng_state_{index}.safetensors"))
+    save_safetensors(tensors, folder / f"rng_state_{index}.safetensors")
 
 
 def _load_rng(folder: Path, index: int) -> None:
@@ -289,6 +288,16 @@ def _fits(want: Any, got: Any) -> bool:
     return want is None and got is None
 
 
+def _in_bounds(key: str, got: Any) -> bool:
+    """A scheduler counter in [-1, 10**9]; a scheduler's learning rates within the optimizer's lr bounds."""
+    if key in ("last_epoch", "_step_count"):
+        return -1 <= got <= 10**9
+    if key in ("base_lrs", "_last_lr"):
+        low, high = GROUP_BOUNDS["lr"]
+        return all(low <= x <= high for x in got)
+    return True
+
+
 def _scheduler_state(path: Path, scheduler: Any) -> dict[str, Any]:
     """``scheduler.json``, checked against the running scheduler's own state: same keys, same kinds."""
     file = path / SCHEDULER_NAME
@@ -302,7 +311,7 @@ def _scheduler_state(path: Path, scheduler: Any) -> dict[str, Any]:
         raise CheckpointError(f"train.resume: {file}: keys {have!r}, expected {sorted(expected)}")
     for key, want in expected.items():
         got = state[key]
-        if not _fits(want, got) or (key in ("last_epoch", "_step_count") and not -1 <= got <= 10**9):
+        if not _fits(want, got) or not _in_bounds(key, got):
             raise CheckpointError(f"train.resume: {file}: {key} = {got!r:.60} does not fit this run's "
                                   "scheduler")
     return state

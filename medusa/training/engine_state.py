@@ -184,7 +184,7 @@ def _gathered_state(accelerator: Any, module: nn.Module, optimizer: Any,
 def save_engine_state(accelerator: Any, module: nn.Module, optimizer: Any, folder: Path) -> None:
     """Write the module, optimizer and fp16 scaler state into ``folder`` (every process calls this; the main
     process writes)."""
-    from safetensors.torch import save_file
+    from medusa.io import save_safetensors
 
     zero = _zero_optimizer(optimizer) is not None
     weights, moments = _gathered_state(accelerator, module, optimizer, zero)
@@ -194,8 +194,8 @@ def save_engine_state(accelerator: Any, module: nn.Module, optimizer: Any, folde
         return
     groups = [{k: v for k, v in g.items() if k not in _GROUP_KEYS_SKIPPED and _plain(v)}
               for g in torch_opt.param_groups]
-    save_file(weights, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-    save_file(moments, str(folder / OPTIMIZER_TENSORS), metadata={"format": "pt"})
+    save_safetensors(weights, folder / WEIGHTS_NAME, metadata={"format": "pt"})
+    save_safetensors(moments, folder / OPTIMIZER_TENSORS, metadata={"format": "pt"})
     meta = {"format": FORMAT, "version": 1, "engine": engine_name(accelerator),
             "world_size": accelerator.num_processes, "param_groups": groups, "step": steps}
     (folder / OPTIMIZER_JSON).write_text(json.dumps(meta, indent=2) + "\n")
@@ -205,13 +205,15 @@ def save_engine_state(accelerator: Any, module: nn.Module, optimizer: Any, folde
 
 # ----------------------------------------------------------------------------------------- load
 def _read(folder: Path) -> tuple[Tensors, Tensors, dict[str, Any]]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         meta = json.loads((folder / OPTIMIZER_JSON).read_text())
         weights = load_file(str(folder / WEIGHTS_NAME))
         moments = load_file(str(folder / OPTIMIZER_TENSORS))
-    except (OSError, ValueError, RecursionError) as exc:  # a missing file, bad / deep JSON, safetensors
+    except (OSError, ValueError, RecursionError, SafetensorError) as exc:  # missing, bad / deep JSON, not
+        # safetensors (a pickle under the name is never unpickled: safetensors reads its header only)
         raise CheckpointError(f"train.resume: {folder}: unreadable trained state ({exc}); medusa resumes "
                               f"from the {WEIGHTS_NAME} + {OPTIMIZER_TENSORS} + {OPTIMIZER_JSON} it "
                               "writes") from None
@@ -239,8 +241,8 @@ def _check_names(folder: Path, weights: Tensors, moments: Tensors,
                 raise CheckpointError(f"train.resume: {folder}: {key} has shape {shape}, this run's "
                                       f"{name} {tuple(expected[name])}")
         step = steps.get(name)
-        if not stateless and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-            raise CheckpointError(f"train.resume: {folder / OPTIMIZER_JSON}: step of {name} is {step!r}")
+        if not stateless and (not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 10**9):
+            raise CheckpointError(f"train.resume: {folder / OPTIMIZER_JSON}: step of {name} is {step!r:.60}")
 
 
 def _load_groups(folder: Path, torch_opt: torch.optim.Optimizer, saved: Any) -> None:

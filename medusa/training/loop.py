@@ -96,6 +96,7 @@ def train(recipe: Recipe, stop_at_step: int | None = None, progress: bool = True
     step = (int(load_checkpoint(run.accelerator, resume_from, run.scheduler, run.trainable, run.optimizer,
                                 (plan.world, plan.micro_batch, plan.grad_accum))["global_step"])
             if resume_from is not None else 0)  # any engine; any number of processes, the same global batch
+    print(S.engine_report(run.accelerator, run.trainable, run.optimizer), flush=True)  # every process
     open_output(run, step, resume_from, stale, changes)
     params = [p for p in run.trainable.parameters() if p.requires_grad]
     end = plan.total_steps if stop_at_step is None else min(plan.total_steps, stop_at_step)

@@ -19,6 +19,7 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
+from medusa.modeling.config import MedusaConfig
 from medusa.modeling.eagle3 import base_states
 from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
@@ -70,15 +71,33 @@ def draft_teacher_logits(lm_head: nn.Module, heads: nn.Module) -> TeacherFn:
     return logits
 
 
+def check_init_from(recipe: Recipe) -> None:
+    """``heads.init_from``'s heads must be the recipe's: same count, layers and family (a drafter is not
+    MEDUSA heads), the same hydra projection, and the recipe's ``feature_layers`` where it gives them (an
+    explicit choice is never silently replaced by the checkpoint's)."""
+    h = recipe.heads
+    theirs = MedusaConfig.load(h.init_from)
+    wanted: dict[str, Any] = {"num_heads": h.num_heads, "num_layers": h.num_layers, "head_type": h.head_type}
+    if h.head_type == "hydra":
+        wanted["hydra_projection"] = h.hydra_projection
+    if h.feature_layers is not None:
+        wanted["feature_layers"] = list(h.feature_layers)
+    for key, ours in wanted.items():
+        got = getattr(theirs, key)
+        got = list(got) if isinstance(got, (list, tuple)) else got
+        if got != ours:
+            raise ConfigError(f"heads.init_from: {h.init_from} has {key} {got!r}, the recipe's heads.{key} "
+                              f"is {ours!r}: set heads.{key}: {got!r}, or init from other heads")
+
+
 def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, HeadsLoss]:
     """Frozen backbone (eval mode, no grads) + fp32 heads initialised from the LM head (or ``init_from``)."""
-    base = load_backbone(recipe, device)
     h = recipe.heads
     if h.init_from:
+        check_init_from(recipe)  # before the base loads
+    base = load_backbone(recipe, device)
+    if h.init_from:
         model = MedusaModel.from_pretrained(h.init_from, base_model=base, heads_dtype=torch.float32)
-        if model.num_heads != h.num_heads:
-            raise ConfigError(f"heads.init_from: {h.init_from} has {model.num_heads} heads, "
-                              f"heads.num_heads is {h.num_heads}")
     else:
         model = MedusaModel.from_base(base, num_heads=h.num_heads, num_layers=h.num_layers,
                                       head_type=h.head_type, heads_dtype=torch.float32,

@@ -119,11 +119,10 @@ def fill_deepspeed_auto(accelerator: Any, hidden_size: int) -> None:
 
 
 def prepare(accelerator: Any, hidden_size: int, module: nn.Module, optimizer: Any) -> tuple[Any, Any]:
-    """``accelerator.prepare(module, optimizer)``, then every process prints :func:`engine_report`."""
+    """``accelerator.prepare(module, optimizer)`` (the training loop prints :func:`engine_report` once a
+    resumed state has loaded: a refused checkpoint is the command's one line)."""
     fill_deepspeed_auto(accelerator, hidden_size)
-    module, optimizer = accelerator.prepare(module, optimizer)
-    print(engine_report(accelerator, module, optimizer), flush=True)
-    return module, optimizer
+    return accelerator.prepare(module, optimizer)
 
 
 def _updated_tensors(optimizer: Any) -> list[torch.Tensor]:

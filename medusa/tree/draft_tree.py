@@ -47,11 +47,22 @@ class DraftTreeShape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise TreeError(f"draft tree: {name} must be an integer in [{lo}, {hi}], got {value!r}")
-        pool = self.branch + (self.depth - 1) * self.expand * self.branch
+        pool = self.pool_size
         if pool < self.num_nodes - 1:
             raise TreeError(f"draft tree: {self.num_nodes} nodes need {self.num_nodes - 1} drafted "
                             f"candidates; depth {self.depth}, branch {self.branch}, expand {self.expand} "
                             f"give {pool}")
+
+    @property
+    def pool_size(self) -> int:
+        """The candidates drafted per step: ``branch`` under the root, then ``branch`` under each of the
+        ``expand`` best frontier nodes per further level (fewer where the frontier is smaller: level 2's is
+        ``branch``)."""
+        frontier = pool = self.branch
+        for _ in range(self.depth - 1):
+            frontier = min(self.expand, frontier) * self.branch
+            pool += frontier
+        return pool
 
     def __len__(self) -> int:
         """The drafted nodes verified per step, root included (a lookup chain's come on top)."""

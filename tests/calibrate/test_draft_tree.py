@@ -46,3 +46,16 @@ def test_nodes_and_lookup_tokens_are_honoured():
     assert len(candidate_shapes(nodes=12)) < len(candidate_shapes())  # shapes that cannot hold 12 dropped
     with pytest.raises(MedusaError, match="--nodes 1: an eagle3 draft tree"):
         candidate_shapes(nodes=1)
+
+
+def test_the_fastest_shape_wins_not_the_one_of_most_tokens_per_step():
+    """Rows that rank one way by tokens/step and the other by tokens/s: the choice follows tokens/s (a
+    bigger tree that accepts more per step but costs more per step loses)."""
+    from medusa.calibrate.draft_tree import fastest
+
+    rows = [{"tokens_per_step": 3.1, "step_ms": 30.0, "tokens_per_s": 103.3},
+            {"tokens_per_step": 2.4, "step_ms": 15.0, "tokens_per_s": 160.0},
+            {"tokens_per_step": 2.9, "step_ms": 22.0, "tokens_per_s": 131.8}]
+    assert fastest(rows) == 1
+    assert fastest(list(reversed(rows))) == 1
+    assert fastest([rows[1], dict(rows[1])]) == 0  # equals: the first (the smaller shape in the grid's order)

@@ -150,3 +150,19 @@ def test_quiet_libraries_reaches_the_loggers_of_bitsandbytes_modules(caplog):
         child.error("a real error still shows")
     assert [r.getMessage() for r in caplog.records] == ["a real error still shows"]
     assert logging.getLogger("bitsandbytes").level == logging.NOTSET
+
+
+def test_every_benchmark_script_runs_under_the_package_error_handling():
+    """``python -m benchmarks.X``: a user error is one ``error:`` line and exit 2, as for ``medusa``
+    (run_script); the engine workers run inside the engines' own venvs, without medusa's CLI."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    workers = {"speculators_worker.py", "vllm_worker.py"}
+    scripts = [p for p in sorted(root.glob("*.py"))
+               if p.name not in workers and re.search(r'^if __name__ == "__main__":', p.read_text(), re.M)]
+    assert scripts
+    tail = '__name__ == "__main__"'
+    bare = [p.name for p in scripts if "run_script(main)" not in p.read_text().split(tail)[-1]]
+    assert bare == []

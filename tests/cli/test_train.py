@@ -64,3 +64,20 @@ def test_module_entry_point_exits_2(capsys):
     assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does-not-exist.yaml: not found" in err and err.count("\n") == 1
+
+
+@pytest.mark.usefixtures("_at_root")
+@pytest.mark.parametrize("argv", [["train.lr=-5"], ["train.lr_rate=1"]])
+def test_only_the_first_process_of_a_launch_reports_a_user_error(argv, monkeypatch, capsys):
+    """Under ``accelerate launch`` every process meets the same error: each exits 2, only RANK 0 prints."""
+    from medusa.train import main
+
+    require_shared(SHARED)
+    for rank, lines in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        assert main([str(TINY), *argv]) == 2
+        captured = capsys.readouterr()
+        assert len(captured.err.splitlines()) == lines and captured.out == "", captured
+    monkeypatch.setenv("RANK", "1")
+    assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
+    assert capsys.readouterr().err == ""

@@ -182,3 +182,56 @@ def test_sample_accept_with_draft_probs_keeps_the_law():
     ones = torch.ones(n, dtype=torch.float64)
     counts = torch.zeros(v * v, dtype=torch.float64).index_add_(0, t1 * v + t2, ones)
     assert chi2_pvalue(counts, (p_root.view(v, 1) * p_next).reshape(-1).double() * n) > 1e-3
+
+
+def test_draw_refuses_probabilities_that_are_not_finite():
+    """NaN / inf weights give NaN probabilities: one MedusaError, not torch's 'probability tensor contains
+    either inf, nan or element < 0'; finite rows are sampled as torch.multinomial samples them."""
+    from medusa.decoding.acceptance import draw
+    from medusa.errors import MedusaError
+
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    assert draw(probs, torch.Generator().manual_seed(0)).view(-1).tolist() == [1, 2]
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(MedusaError, match="not finite"):
+            draw(torch.tensor([[0.5, bad, 0.5]]), None)
+
+
+def test_sampling_with_an_infinite_base_weight_is_one_error():
+    """A base whose LM head holds inf: sample and typical acceptance refuse in one MedusaError (they read
+    NaN probabilities); greedy decodes (argmax is defined), as HF's greedy does."""
+    from medusa.errors import MedusaError
+
+    _, model = sampler_model()
+    with torch.no_grad():
+        model.base_model.get_output_embeddings().weight[3].fill_(float("inf"))
+    ids = torch.tensor([[1, 2, 3]])
+    for acceptance in ("sample", "typical"):
+        with pytest.raises(MedusaError, match="not finite"):
+            model.generate(ids, max_new_tokens=4, acceptance=acceptance, temperature=1.0,
+                           generator=torch.Generator().manual_seed(0))
+    assert model.generate(ids, max_new_tokens=4).shape[1] > 3
+
+
+def test_sampled_siblings_rejected_leave_a_residual_of_several_tokens_in_law():
+    """Two sampled siblings under the root (drawn from q without replacement), both often rejected: the
+    residual then holds several tokens, and the first emitted token must still follow p (chi-square, 200,000
+    rows). Catches a residual left unnormalised before the second subtraction (max(p_res - q2, 0) instead
+    of max(p_res / sum(p_res) - q2, 0)), which a residual of one token cannot show."""
+    from medusa.decoding.trees import tree_structure
+
+    v, n = 5, 200_000
+    p, q = torch.tensor([0.3, 0.25, 0.2, 0.15, 0.1]), torch.tensor([0.05, 0.1, 0.15, 0.3, 0.4])
+    g = torch.Generator().manual_seed(1)
+    drafts = torch.multinomial(q.expand(n, v), 2, replacement=False, generator=g)  # [n, 2] in draw order
+    tokens = torch.cat([torch.zeros(n, 1, dtype=torch.long), drafts], dim=1)  # [n, 3]: root, x1, x2
+    tree = tree_structure(tokens, torch.tensor([0, 0, 0]).expand(n, 3), torch.tensor([0, 1, 1]).expand(n, 3),
+                          1, 2, torch.float32)
+    q2 = q.expand(n, v).scatter(1, drafts[:, :1], 0.0)
+    draft_probs = torch.stack([torch.zeros(n, v), q.expand(n, v), q2 / q2.sum(1, keepdim=True)], dim=1)
+    logits = torch.cat([p.log().expand(n, 1, v), torch.zeros(n, 2, v)], dim=1)  # [n, 3, V]
+    path, k, nxt = sample_accept(logits, tokens, tree, generator=g, draft_probs=draft_probs)
+    assert 0.2 < (k == 0).float().mean() < 0.7  # both rejected often: the several-token residual is sampled
+    first = torch.where(k >= 1, tokens.gather(1, path[:, 1:2]).view(n), nxt)
+    counts = torch.zeros(v, dtype=torch.float64).index_add_(0, first, torch.ones(n, dtype=torch.float64))
+    assert chi2_pvalue(counts, p.double() * n) > 1e-3

@@ -224,3 +224,16 @@ def test_very_sure_drafter_greedy_equals_hf():
             for shape in SURE_SHAPES[:3]:
                 got = model.generate(prompts[row:row + 1], max_new_tokens=10, tree=shape, eos_token_id=[])
                 assert torch.equal(got, want[row:row + 1]), (row, a, shape)
+
+
+@pytest.mark.parametrize("depth, branch, expand", [(2, 2, 2), (3, 3, 2), (3, 2, 3)])
+def test_greedy_at_the_largest_tree_the_pool_allows(fitted, depth, branch, expand):
+    """num_nodes = every drafted candidate + the root (the shape's exact bound): decodes, equal to HF."""
+    model, prompts = fitted
+    ids = prompts[:1]
+    pool = DraftTreeShape(2, depth, branch, expand).pool_size  # (3, 2, 3): 12, not 2 + 2*3*2
+    want = model.base_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                     do_sample=False, eos_token_id=None, pad_token_id=0)
+    got = model.generate(ids, max_new_tokens=12, tree=DraftTreeShape(pool + 1, depth, branch, expand),
+                         eos_token_id=[])
+    assert torch.equal(got, want)

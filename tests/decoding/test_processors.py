@@ -223,3 +223,20 @@ def test_dynamic_sample_with_repetition_penalty_chi_square(path):
     assert chi2_pvalue(counts, exact_joint3(base, prompt).reshape(-1) * n) > 1e-3
     base.generation_config.repetition_penalty = 1.0  # control: the test rejects the unpenalised law
     assert chi2_pvalue(counts, exact_joint3(base, prompt).reshape(-1) * n, strict=False) < 1e-6
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-5, float("nan"), float("inf"), 0.0, -1.0, 1e10])
+def test_sampling_temperature_out_of_bounds_is_refused_in_the_python_api(temperature):
+    """The CLI's --temperature bounds hold for the library too: below 1e-4, logits / T overflow and torch's
+    sampler would fail on inf / NaN probabilities; greedy ignores the temperature (as HF does)."""
+    from medusa.cli import TEMPERATURE
+    from medusa.decoding.processors import MAX_TEMPERATURE, MIN_TEMPERATURE
+
+    assert (TEMPERATURE.lo, TEMPERATURE.hi) == (MIN_TEMPERATURE, MAX_TEMPERATURE)
+    base = tiny_model("llama", vocab_size=16)
+    ids, mask = left_padded_batch(16, lengths=(3,), seed=0)
+    with pytest.raises(MedusaError, match="out of range when sampling"):
+        resolve_generation(base, True, ids, mask, temperature=temperature)
+    assert resolve_generation(base, False, ids, mask, temperature=temperature) is not None
+    low = resolve_generation(base, True, ids, mask, temperature=MIN_TEMPERATURE)
+    assert low.temperature == MIN_TEMPERATURE

@@ -188,3 +188,13 @@ def test_check_engine_refuses_a_cpu_launch_that_runs_one_of_several_processes():
     check_engine({"ACCELERATE_USE_CPU": "True"}, has_device=False)  # --cpu, one process: fine
     check_engine({**one_of_two, "PMI_SIZE": "2", "PMI_RANK": "0"}, has_device=False)  # under mpirun
     check_engine({**one_of_two, "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, has_device=False)  # torchrun
+
+
+def test_a_user_error_under_the_launcher_is_printed_once(tmp_path):
+    """A bad recipe value, 2 processes through the real launcher: every process exits 2, only the first prints
+    its ``error:`` line (the launcher then reports the failed processes in its own words)."""
+    proc = _launch("cpu.yaml", "medusa1", tmp_path / "bad", "train.lr=-5")
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [errors[0]] and "train.lr: -5.0 is out of range" in errors[0], proc.stderr[-3000:]
+    assert "exitcode: 2" in proc.stderr and not (tmp_path / "bad").exists()

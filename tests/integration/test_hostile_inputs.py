@@ -557,6 +557,78 @@ def _distill_with(content: str, *extra: str) -> Callable[[Path], list[str]]:
     return build
 
 
+def _ok(argv: list[str]) -> None:
+    code, _, err = _call(argv, as_other_user=False)
+    assert code == 0, (argv, err)
+
+
+def _resume_with(change: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A real checkpoint-2 of the workspace's recipe, ``change``d, then resumed."""
+    def build(ws: Path) -> list[str]:
+        steps = ["train.max_steps=4", "train.save_steps=2"]
+        _ok(["train", str(ws / "recipe.yaml"), *steps, f"output_dir={ws / 'first'}"])
+        ckpt = ws / "first" / "checkpoint-2"
+        change(ckpt)
+        return ["train", str(ws / "recipe.yaml"), *steps, f"train.resume={ckpt}",
+                f"output_dir={ws / 'second'}"]
+    return build
+
+
+def _pickle_as_weights(ckpt: Path) -> None:
+    import pickle
+
+    (ckpt / "model.safetensors").write_bytes(pickle.dumps(_Payload(ckpt.parent.parent / "PWNED")))
+
+
+def _json_edit(name: str, edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def change(ckpt: Path) -> None:
+        data = json.loads((ckpt / name).read_text())
+        edit(data)
+        (ckpt / name).write_text(json.dumps(data))
+    return change
+
+
+def _drafter(ws: Path) -> Path:
+    _ok(["heads", "init", "--base", str(ws / "model"), "--out", str(ws / "e3"), "--head-type", "eagle3",
+         "--num-heads", "2"])
+    return ws / "e3"
+
+
+def _truncated_base(ws: Path) -> list[str]:
+    base = _copy(ws / "model", ws / "cut_model")
+    data = (base / "model.safetensors").read_bytes()
+    (base / "model.safetensors").unlink()
+    (base / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return ["heads", "init", "--base", str(base), "--out", str(ws / "new_heads")]
+
+
+def _speculators_on_a_pickled_base(ws: Path) -> list[str]:
+    """The base's weights a pickle that would run a command when loaded (its marker would show)."""
+    import pickle
+
+    base = ws / "pickled_model"
+    base.mkdir()
+    for item in (ws / "model").iterdir():
+        if item.is_file() and item.suffix != ".safetensors":
+            shutil.copy(item, base / item.name)
+    (base / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(ws / "PWNED")))
+    return ["export", "--format", "speculators", str(_drafter(ws)), str(ws / "spec"), "--base", str(base)]
+
+
+def _speculators_on_a_missing_base(ws: Path) -> list[str]:
+    heads = _drafter(ws)
+    data = json.loads((heads / "medusa_config.json").read_text())
+    data["base_model_name_or_path"] = str(ws / "gone")
+    (heads / "medusa_config.json").write_text(json.dumps(data))
+    return ["export", "--format", "speculators", str(heads), str(ws / "spec")]
+
+
+def _init_from(extra: list[str]) -> Callable[[Path], list[str]]:
+    def build(ws: Path) -> list[str]:
+        return ["train", str(ws / "recipe.yaml"), f"heads.init_from={_drafter(ws)}", *extra]
+    return build
+
+
 ISSUE_CASES = {
     "prompt_past_positions": (lambda ws: ["generate", "--heads", str(ws / "heads"), "--prompt", "Once upon a",
                                           "--max-new-tokens", "600"],
@@ -635,6 +707,21 @@ ISSUE_CASES = {
                                      lambda ws: ["train", str(ws / "recipe.yaml"),
                                                  f"data.train={ws / 'deep.json'}"]),
                                "deep.json: JSON nested too deeply"),
+    # issue 47, the rest: truncated / pickled / missing bases, resumed state out of bounds, init_from's kind
+    "heads_init_truncated_base": (_truncated_base, "cannot load base model"),
+    "speculators_pickled_base": (_speculators_on_a_pickled_base,
+                                 "pytorch_model.bin: the base's weights are a pickle"),
+    "speculators_missing_base": (_speculators_on_a_missing_base, "cannot read the base model's config"),
+    "resume_pickle_as_model_safetensors": (_resume_with(_pickle_as_weights), "unreadable trained state"),
+    "resume_optimizer_step_10e400": (_resume_with(_json_edit("optimizer.json", lambda d: d["step"].update(
+        {k: 10**400 for k in d["step"]}))), "optimizer.json: step of heads."),
+    "resume_scheduler_negative_base_lrs": (_resume_with(_json_edit("scheduler.json", lambda d: d.update(
+        base_lrs=[-5.0 for _ in d["base_lrs"]]))), "scheduler.json: base_lrs = [-5.0"),
+    "init_from_the_other_head_family": (_init_from([]),
+                                        "has head_type 'eagle3', the recipe's heads.head_type is 'linear'"),
+    "init_from_overriding_feature_layers": (
+        _init_from(["heads.head_type=eagle3", "heads.feature_layers=[0,1,2]"]),
+        "has feature_layers [1, 2, 4], the recipe's heads.feature_layers is [0, 1, 2]"),
 }
 
 
@@ -672,4 +759,35 @@ def test_issue_case(name: str, pristine: Path):
     finally:
         while _HELD:
             os.close(_HELD.pop())
+        shutil.rmtree(ws.parent)
+
+
+@pytest.mark.parametrize("command", [["export", "--format", "vllm", "@heads", "@out"],
+                                     ["export", "--format", "medusa-v1", "@heads", "@out"],
+                                     ["heads", "init", "--base", "@model", "--out", "@out"]])
+def test_a_full_disk_while_writing_is_one_line_and_leaves_nothing(command: list[str], pristine: Path):
+    """The file-size limit (RLIMIT_FSIZE: writes past it fail with EFBIG, as a full disk fails with ENOSPC)
+    set below the weights' size, in a real process: one error line naming the file, exit 2, no output and no
+    temp folder left behind."""
+    import resource
+    import subprocess
+    import sys
+
+    ws = _workspace(pristine)
+    try:
+        argv = [str(ws / a[1:]) if a.startswith("@") else a for a in command]
+        limit = 20_000  # bytes: the configs fit, the weights do not
+
+        def small_files() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        before = sorted(p.name for p in ws.iterdir())
+        proc = subprocess.run([sys.executable, "-m", "medusa", *argv], capture_output=True, text=True,
+                              preexec_fn=small_files, cwd=Path(__file__).resolve().parents[2],
+                              env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        lines = proc.stderr.splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+        assert lines[0].startswith(f"error: {ws / 'out'}/") and lines[0].endswith(": file too large")
+        assert sorted(p.name for p in ws.iterdir()) == before  # no out, no .out.tmp-*
+    finally:
         shutil.rmtree(ws.parent)

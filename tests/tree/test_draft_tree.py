@@ -49,3 +49,14 @@ def test_bad_files_name_the_file(tmp_path, data, words):
 
 def test_len_is_the_drafted_nodes():
     assert len(DraftTreeShape(12, 5, 3, 2, lookup_tokens=4)) == 12
+
+
+@pytest.mark.parametrize("depth, branch, expand, pool", [(2, 2, 2, 6), (3, 3, 2, 15), (1, 5, 1, 5),
+                                                        (3, 2, 3, 12), (4, 2, 3, 18)])
+def test_the_pool_bound_is_exact(depth, branch, expand, pool):
+    """The drafted candidates: ``branch`` under the root, then ``expand * branch`` per further level; a tree
+    of exactly pool + 1 nodes is accepted, one node more is refused (decoding at the bound:
+    tests/decoding/test_eagle3_proposer.py). Level 2 of (3, 2, 3) has 2 frontier nodes: 2 + 2*2 + 3*2 = 12."""
+    assert len(DraftTreeShape(pool + 1, depth, branch, expand)) == pool + 1
+    with pytest.raises(TreeError, match=f"need {pool + 1} drafted candidates.* give {pool}"):
+        DraftTreeShape(pool + 2, depth, branch, expand)

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.acceptance import draw
 from medusa.decoding.hf import cache_kwargs
 from medusa.decoding.processors import Warp, sampling_only_blocker, warp_logits
 
@@ -109,7 +110,7 @@ def pick_tokens(logits: torch.Tensor, warp: Warp | None, generator: torch.Genera
     (HF's temperature, top-k and top-p warpers: :func:`medusa.decoding.processors.warp_logits`)."""
     if warp is None:
         return logits.float().argmax(-1)  # bf16 argmax is ~10x slower on CPU
-    return torch.multinomial(warp(logits).softmax(-1), 1, generator=generator).squeeze(-1)
+    return draw(warp(logits).softmax(-1), generator).squeeze(-1)
 
 
 class RefillLoop:
