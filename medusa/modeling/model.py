@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from medusa.decoding.attention import body_mask
+from medusa.decoding.drafter import Drafter
 from medusa.decoding.generate import medusa_generate
 from medusa.decoding.hf import cache_kwargs, output_cache
 from medusa.errors import CheckpointError
@@ -193,8 +194,10 @@ class MedusaModel(nn.Module):
         # the features the heads read: the last hidden state, or the chosen layers' concatenated [B, T, n * d]
         hidden = last if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         logits = base_logits(self.base_model, picked)  # [B, P, V]
-        # None from heads that also read draft tokens (Hydra): decoding and training build their inputs.
-        head_logits = self.heads.hidden_logits(picked) if compute_heads else None  # [K, B, P, V]
+        # None from heads that also read draft tokens (Hydra) and from a sequential drafter (EAGLE-3):
+        # decoding and training build their inputs.
+        parallel = compute_heads and not isinstance(self.heads, Drafter)
+        head_logits = self.heads.hidden_logits(picked) if parallel else None  # [K, B, P, V]
         return MedusaOutput(logits, head_logits, hidden, output_cache(out))
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
