@@ -58,8 +58,9 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
     level's ``q_r`` (None for deterministic children). ``by_parent``: rank nodes by their parent's score."""
     b, c = root.shape[0], shape.branch
     device = root.device
-    s0 = context.cache.length
-    score, token, q = children(drafter.logits(context.g_root.unsqueeze(1)).float(), torch.zeros(b, 1, device=device))
+    s0 = context.cache.get_seq_length()
+    root_logits = drafter.logits(context.g_root.unsqueeze(1)).float()  # [B, 1, N]
+    score, token, q = children(root_logits, torch.zeros(b, 1, device=device))
     pool_score, pool_token, pool_q = [score], [token], [q]  # each [B, c_l] (q: [B, c_l, N])
     pool_parent = [torch.full((b, c), -1, dtype=torch.long, device=device)]  # pool index, -1 = root
     level_g = context.g_root.unsqueeze(1).expand(b, c, -1)  # [B, c, d] hidden input of each new node
@@ -76,7 +77,8 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
                                float_mask(allowed, drafter.dtype), context.cache)  # [B, e, d]
         score, token, q = children(drafter.logits(g).float(), pool_score[-1].gather(1, sel))
         pool_parent.append((level_start + sel).repeat_interleave(c, dim=1))  # [B, e * c]
-        entry_of_parent = (anc.shape[1] - e + torch.arange(e, device=device)).repeat_interleave(c).expand(b, -1)
+        entries = anc.shape[1] - e + torch.arange(e, device=device)  # [e] the new draft entries
+        entry_of_parent = entries.repeat_interleave(c).expand(b, -1)
         level_g = g.repeat_interleave(c, dim=1)  # [B, e * c, d]
         level_start += pool_score[-1].shape[1]
         pool_score.append(score)

@@ -22,20 +22,15 @@ import torch
 
 from medusa.decoding.draft_growth import float_mask, grow, top_children
 from medusa.decoding.draft_sampling import DraftSampling, node_q, sampled_children
+from medusa.decoding.hf import AttentionCache
 from medusa.decoding.trees import Proposal
 from medusa.errors import MedusaError
 
 
-class DraftCache(Protocol):
-    """The drafter's own KV cache: what a Hugging Face attention module calls ``update`` on (append, return
-    everything held), plus the two operations decoding needs (see docs/design.md, "Caches")."""
-
-    @property
-    def length(self) -> int:
-        """Entries held (equal for every row; a row's invalid ones are masked)."""
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+class DraftCache(AttentionCache, Protocol):
+    """The drafter's own KV cache: the attention-facing cache interface the target's caches have
+    (``update``, ``get_seq_length``: entries held, equal for every row, a row's invalid ones masked) plus
+    dropping a step's draft entries (see docs/design.md, "Caches")."""
 
     def truncate(self, length: int) -> None:
         """Drop every entry past ``length`` (a step's draft entries)."""
@@ -65,8 +60,8 @@ class Drafter(Protocol):
 
     def draft_pass(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                    mask: torch.Tensor, cache: DraftCache) -> torch.Tensor:
-        """One tree level: parents' outputs ``[B, E, d]`` and the nodes' target ids ``[B, E]`` -> ``[B, E, d]``
-        (E entries appended)."""
+        """One tree level: parents' outputs ``[B, E, d]`` and the nodes' target ids ``[B, E]`` ->
+        ``[B, E, d]`` (E entries appended)."""
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """Outputs ``[..., d]`` -> logits over the draft vocabulary ``[..., N]``."""
@@ -112,7 +107,8 @@ class DrafterContext:
         next_tokens = torch.cat([kept[:, 1:m], kept.new_zeros(b, 1)], dim=1)  # [B, m]
         next_tokens.scatter_(1, (keep - 1).view(b, 1), next_root.view(b, 1))
         offsets = torch.arange(m, device=kept.device).view(1, m)
-        self._append(features[:, :m], next_tokens, offsets < keep.view(b, 1), self.pos.view(b, 1) + offsets + 1)
+        positions = self.pos.view(b, 1) + offsets + 1  # [B, m]
+        self._append(features[:, :m], next_tokens, offsets < keep.view(b, 1), positions)
         self.pos = self.pos + keep
 
     def _append(self, features: torch.Tensor, next_tokens: torch.Tensor, new_valid: torch.Tensor,
@@ -120,14 +116,14 @@ class DrafterContext:
         """Entries ``(features [B, M, F], next_tokens [B, M])`` at ``positions [B, M]`` (the ``new_valid
         [B, M]`` ones real); keeps the output at each row's last real entry."""
         b, m = next_tokens.shape
-        s = self.cache.length
+        s = self.cache.get_seq_length()
         old = (self.valid if self.valid is not None
                else torch.zeros(b, 0, dtype=torch.bool, device=next_tokens.device))
         causal = torch.ones(m, m, dtype=torch.bool, device=next_tokens.device).tril()
         allowed = torch.cat([old.view(b, 1, s).expand(b, m, s),
                              causal.view(1, m, m) & new_valid.view(b, 1, m)], dim=-1)  # [B, M, S + M]
-        g = self.drafter.context_pass(features, next_tokens, positions, float_mask(allowed, self.drafter.dtype),
-                                      self.cache)  # [B, M, d]
+        mask = float_mask(allowed, self.drafter.dtype)  # [B, 1, M, S + M]
+        g = self.drafter.context_pass(features, next_tokens, positions, mask, self.cache)  # [B, M, d]
         self.valid = torch.cat([old, new_valid], dim=1)
         last = (torch.arange(m, device=g.device).view(1, m) * new_valid).max(dim=1).values  # [B]
         self.g_root = g[torch.arange(b, device=g.device), last]  # [B, d]

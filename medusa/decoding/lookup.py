@@ -178,7 +178,8 @@ class LookupProposer:
             raise MedusaError("LookupProposer.propose before prefill: the lookup context is not recorded")
         proposal = self.inner.propose(root, hidden)
         heads = proposal.nodes if proposal.nodes is not None else proposal.tree
-        chain, valid = lookup_chain(self.context, heads.depth + self.lookup_tokens, self.max_ngram)  # [B, D+L]
+        length = heads.depth + self.lookup_tokens  # D + L
+        chain, valid = lookup_chain(self.context, length, self.max_ngram)  # [B, D+L]
         trees = hybrid_tree(proposal.tokens, heads, chain, valid, self.lookup_tokens, self.trim)
         if trees is None:  # trimmed: no row has a chain to verify this step
             return proposal
@@ -194,5 +195,5 @@ class LookupProposer:
         self.inner.observe(kept, keep, next_root, features)
 
 
-__all__ = ["MAX_NGRAM", "LookupContext", "LookupProposer", "TreeLike", "hybrid_tree", "lookup_chain", "merge_point", "new_context",
-           "observe"]
+__all__ = ["MAX_NGRAM", "LookupContext", "LookupProposer", "TreeLike", "hybrid_tree", "lookup_chain",
+           "merge_point", "new_context", "observe"]

@@ -56,19 +56,19 @@ def check_feature_layers(layers: Any, num_layers: int,
 
 
 class DraftKV:
-    """The draft layer's own keys and values ``[B, H_kv, S, hd]``: what a Hugging Face attention module
-    calls ``cache.update`` on (it appends and attends to everything held)."""
+    """The draft layer's own keys and values ``[B, H_kv, S, hd]``: the attention-facing cache interface
+    (:class:`medusa.decoding.hf.AttentionCache`: it appends and attends to everything held) plus
+    ``truncate`` (a step's draft entries dropped); one layer, so no per-layer lists."""
 
     def __init__(self) -> None:
         self.key: torch.Tensor | None = None
         self.value: torch.Tensor | None = None
 
-    @property
-    def length(self) -> int:
+    def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.key is None else int(self.key.shape[2])
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if self.key is None:
             self.key, self.value = key, value
         else:

@@ -1,7 +1,8 @@
-"""The sequential drafter's proposer (EAGLE-3 heads) through ``model.generate``: greedy output equals HF greedy ``generate`` (batch 1 and a
-left-padded batch, with and without the lookup chain) while a fitted drafter gets several tokens per step;
-the per-row trees are the best-scored, ancestor-closed node sets; "sample" acceptance keeps the model's own
-law with drafts sampled from the drafter (chi-square on tokens 1-3, which span the first step's tree)."""
+"""The sequential drafter's proposer (EAGLE-3 heads) through ``model.generate``: greedy output equals HF
+greedy ``generate`` (batch 1 and a left-padded batch, with and without the lookup chain) while a fitted
+drafter gets several tokens per step; the per-row trees are the best-scored, ancestor-closed node sets;
+"sample" acceptance keeps the model's own law with drafts sampled from the drafter (chi-square on tokens 1-3,
+which span the first step's tree)."""
 
 import pytest
 import torch
@@ -79,9 +80,9 @@ def test_drafted_tree_is_the_best_closed_set(fitted):
     feats = base_features(model.base_model, ids, None, model.heads.feature_layers)
     root = torch.tensor([7, 9])
     proposer.prefill(ids, torch.ones_like(ids), feats, root)
-    length = proposer.context.cache.length
+    length = proposer.context.cache.get_seq_length()
     proposal = proposer.propose(root, feats[:, -1])
-    assert proposer.context.cache.length == length  # the drafted entries are dropped after the step's draft
+    assert proposer.context.cache.get_seq_length() == length  # the drafted entries are dropped again
     tree = proposal.tree
     for b in range(2):
         assert int(proposal.tokens[b, 0]) == int(root[b])
