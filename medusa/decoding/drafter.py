@@ -54,9 +54,10 @@ class Drafter(Protocol):
         """An empty KV cache."""
 
     def context_pass(self, features: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
-                     mask: torch.Tensor, cache: DraftCache) -> torch.Tensor:
+                     mask: torch.Tensor, cache: DraftCache, last: torch.Tensor) -> torch.Tensor:
         """Entries from the base's features ``[B, M, F]`` and the tokens after them ``[B, M]`` at
-        ``positions [B, M]`` under ``mask [B, 1, M, S + M]`` -> outputs ``[B, M, d]`` (M entries appended)."""
+        ``positions [B, M]`` under ``mask [B, 1, M, S + M]`` (M entries appended) -> the output at each
+        row's entry ``last [B]`` ``[B, d]`` (its last real one: the next root's expansion)."""
 
     def draft_pass(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                    mask: torch.Tensor, cache: DraftCache) -> torch.Tensor:
@@ -101,7 +102,8 @@ class DrafterContext:
         the node's token with its parent's *draft output* g (the base had not seen the node yet), while
         the context entry at the same position joins it with the base's own features there, which only
         the verify forward computed; EAGLE-3 trains its first step on the latter (the drafts read them),
-        so these entries are new work, and the only pass over them."""
+        so these entries are new work, and the only pass over them. Of its outputs only the last real
+        entry's is read (the next root's expansion): the layer's MLP runs there alone."""
         m = int(keep.max())
         b = kept.shape[0]
         next_tokens = torch.cat([kept[:, 1:m], kept.new_zeros(b, 1)], dim=1)  # [B, m]
@@ -123,10 +125,9 @@ class DrafterContext:
         allowed = torch.cat([old.view(b, 1, s).expand(b, m, s),
                              causal.view(1, m, m) & new_valid.view(b, 1, m)], dim=-1)  # [B, M, S + M]
         mask = float_mask(allowed, self.drafter.dtype)  # [B, 1, M, S + M]
-        g = self.drafter.context_pass(features, next_tokens, positions, mask, self.cache)  # [B, M, d]
+        last = (torch.arange(m, device=new_valid.device).view(1, m) * new_valid).max(dim=1).values  # [B]
+        self.g_root = self.drafter.context_pass(features, next_tokens, positions, mask, self.cache, last)
         self.valid = torch.cat([old, new_valid], dim=1)
-        last = (torch.arange(m, device=g.device).view(1, m) * new_valid).max(dim=1).values  # [B]
-        self.g_root = g[torch.arange(b, device=g.device), last]  # [B, d]
 
 
 class DrafterProposer:

@@ -187,16 +187,20 @@ class Eagle3Heads(nn.Module):
         return self.fc(features.to(self.fc.weight.dtype))
 
     def layer(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-              mask: torch.Tensor, cache: DraftKV) -> torch.Tensor:
+              mask: torch.Tensor, cache: DraftKV, at: torch.Tensor | None = None) -> torch.Tensor:
         """One pass of the draft layer: ``embeds, hidden [B, T, d]`` at ``positions [B, T]``, attending to
         what ``cache`` holds plus these T entries as ``mask [B, 1, T, S + T]`` allows (float: 0 / -inf) ->
-        ``g [B, T, d]`` (before the final norm). Appends the T keys / values to ``cache``."""
+        ``g [B, T, d]`` (before the final norm). Appends the T keys / values to ``cache``. ``at [B]``: only
+        each row's entry ``at`` is read, ``[B, d]``: the MLP runs there alone (the other entries are
+        needed for their keys and values only)."""
         layer = self.layers[0]
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
         cos_sin = self._rotary.module(x, positions)
         attn, _ = layer.self_attn(hidden_states=x, position_embeddings=cos_sin, attention_mask=mask,
                                   cache=cache)
-        h = hidden + attn
+        h = hidden + attn  # [B, T, d]
+        if at is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), at]  # [B, d]
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
@@ -205,10 +209,11 @@ class Eagle3Heads(nn.Module):
 
     # ------------------------------------------------------------------ the decoder's passes
     def context_pass(self, features: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
-                     mask: torch.Tensor, cache: DraftKV) -> torch.Tensor:
+                     mask: torch.Tensor, cache: DraftKV, last: torch.Tensor) -> torch.Tensor:
         """Context entries: the base's features ``[B, M, F]`` with the tokens after them ``[B, M]`` at
-        ``positions [B, M]`` (``mask [B, 1, M, S + M]``) -> ``g [B, M, d]``; appends M entries."""
-        return self.layer(self.embed(next_tokens), self.fuse(features), positions, mask, cache)
+        ``positions [B, M]`` (``mask [B, 1, M, S + M]``); appends M entries and returns the output at each
+        row's entry ``last [B]`` ``[B, d]`` (the only one read: the MLP runs there alone)."""
+        return self.layer(self.embed(next_tokens), self.fuse(features), positions, mask, cache, at=last)
 
     def draft_pass(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                    mask: torch.Tensor, cache: DraftKV) -> torch.Tensor:
