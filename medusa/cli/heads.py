@@ -29,7 +29,7 @@ def _cmd_heads_init(args: argparse.Namespace) -> int:
     from medusa.modeling import MedusaModel
 
     projection = _projection(args)
-    check_head_fields(args.num_heads, args.num_layers, args.head_type, 0, args.hydra_projection,
+    check_head_fields(args.num_heads, args.num_layers, args.head_type, 0, projection,
                       prefix="--")  # each family's rules, before the base model loads
     check_output_dir(args.out, args.overwrite, inputs=[args.base])  # before the base model loads
     model = MedusaModel.from_base(args.base, num_heads=args.num_heads, num_layers=args.num_layers,

@@ -164,7 +164,7 @@ def resolve_tree(model: Any, tree: object, lookup_tokens: int | None = None) -> 
         return TreeChoice(lookup_tokens=lookup, draft=dataclasses.replace(draft_shape(model, tree),
                                                                           lookup_tokens=lookup))
     if isinstance(tree, DraftTreeShape):
-        raise MedusaError("a DraftTreeShape is the tree of a sequential drafter (EAGLE-3); these "
+        raise MedusaError("a DraftTreeShape is the tree of a sequential drafter (eagle3 heads); these "
                           f"heads are {getattr(model.heads, 'head_type', 'linear')}")
     dynamic = resolve_dynamic(tree, model.num_heads, model.tree)
     static = None
