@@ -49,7 +49,7 @@ def chain_logits(heads: Any, feats: torch.Tensor, ids: torch.Tensor, i: int, ste
     out = [heads.logits(g[:, 0])[0]]
     for s in range(1, steps):
         g = heads.layer(heads.embed(ids[:, i + 1 + s:i + 2 + s]), g, torch.tensor([[i + 1 + s]]),
-                        torch.zeros(1, 1, 1, cache.length + 1), cache)
+                        torch.zeros(1, 1, 1, cache.get_seq_length() + 1), cache)
         out.append(heads.logits(g[:, 0])[0])
     return torch.stack(out)  # [steps, N]
 

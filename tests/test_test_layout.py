@@ -49,6 +49,7 @@ NOT_A_MIRROR: dict[str, str] = {
     "tests/test_shared_assets.py": "checks the shared assets in ../shared, not a module",
     "tests/test_test_layout.py": "this check: the layout of tests/ itself",
     "tests/test_layout.py": "checks the package as a whole: import graph, package order, module sizes",
+    "tests/test_design_doc.py": "checks docs/design.md's one-token path against a traced decode step",
 }
 NOT_MIRRORED_FOLDERS = ("tests/integration/", "tests/helpers/")
 

@@ -57,6 +57,7 @@ def _fit_max_length(args: argparse.Namespace) -> None:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from medusa.calibrate.calibrate import calibrate, write_tree
     from medusa.data import load_tokenized
+    from medusa.decoding.drafter import Drafter
     from medusa.modeling import MedusaModel
     from medusa.modeling.base import load_tokenizer
     from medusa.modeling.config import base_location
@@ -75,7 +76,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     data = load_tokenized(args.data, tokenizer, max_length=args.max_length, format=args.format,
                           chat_template=args.chat_template, skip_invalid=args.skip_invalid)
     examples = data.examples[: args.max_examples] if args.max_examples else data.examples
-    if model.config.head_type == "eagle3":  # an autoregressive drafter: its tree is timed, not predicted
+    if isinstance(model.heads, Drafter):  # a sequential drafter: its tree is timed, not predicted
         return _calibrate_drafter(args, model, examples)
     tree = calibrate(model, examples, nodes=args.nodes or 64, topk=args.topk, max_depth=args.max_depth,
                      method=args.method, data_name=str(args.data), batch_size=args.batch_size,

@@ -23,13 +23,14 @@ def _projection(args: argparse.Namespace) -> str:
 
 
 def _cmd_heads_init(args: argparse.Namespace) -> int:
-    from medusa.errors import MedusaError
+    from medusa.config.validate import check_head_fields
+    from medusa.decoding.drafter import Drafter
     from medusa.io import check_output_dir
     from medusa.modeling import MedusaModel
 
     projection = _projection(args)
-    if args.head_type == "eagle3" and args.num_layers != 1:
-        raise MedusaError(f"--num-layers {args.num_layers}: eagle3 heads have exactly 1 draft decoder layer")
+    check_head_fields(args.num_heads, args.num_layers, args.head_type, 0, projection,
+                      prefix="--")  # each family's rules, before the base model loads
     check_output_dir(args.out, args.overwrite, inputs=[args.base])  # before the base model loads
     model = MedusaModel.from_base(args.base, num_heads=args.num_heads, num_layers=args.num_layers,
                                   head_type=args.head_type, heads_dtype=args.dtype, dtype=args.dtype,
@@ -37,8 +38,8 @@ def _cmd_heads_init(args: argparse.Namespace) -> int:
     model.save_pretrained(args.out, overwrite=args.overwrite, inputs=[args.base])
     n = sum(p.numel() for p in model.heads.parameters())
     kind = f" (hydra, projection: {projection})" if args.head_type == "hydra" else ""
-    if args.head_type == "eagle3":
-        kind = f" (eagle3 drafter over base layers {list(model.heads.feature_layers)})"
+    if isinstance(model.heads, Drafter):
+        kind = f" ({args.head_type} drafter over base layers {list(model.heads.feature_layers)})"
     print(f"wrote {args.out}: {args.num_heads} heads x {args.num_layers} layer(s){kind}, {n:,} parameters")
     return 0
 

@@ -16,7 +16,10 @@ LAMBDA0_SCHEDULES = ("constant", "linear", "sine", "sine_<fraction>")
 
 # ------------------------------------------------------------------------------ heads
 MEDUSA_HEAD_TYPES = ("linear", "shared_lm_head")  # MEDUSA heads (medusa.modeling.heads)
-HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra", "eagle3")  # hydra: HydraHeads; eagle3: medusa.modeling.eagle3
+# sequential drafters (medusa.decoding.drafter.Drafter; "eagle3": medusa.modeling.eagle3); the only place that
+# names them besides the loader (medusa.modeling.model.build_heads): the rest asks ``in DRAFTER_HEAD_TYPES``
+DRAFTER_HEAD_TYPES = ("eagle3",)
+HEAD_TYPES = MEDUSA_HEAD_TYPES + ("hydra",) + DRAFTER_HEAD_TYPES  # hydra: medusa.modeling.hydra
 HYDRA_PROJECTIONS = ("own", "shared_lm_head")  # hydra heads' W2: their own, or the (frozen) base LM head
 
 # ------------------------------------------------------------------------------ data

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.config.enums import (
+    DRAFTER_HEAD_TYPES,
     DTYPES,
     FORMATS,
     HEAD_TYPES,
@@ -25,7 +26,7 @@ from medusa.errors import ConfigError
 STEPS_MAX = 10**9
 # The fields a recipe's ``heads`` section and a checkpoint's medusa_config.json share (checked by
 # check_head_fields for both).
-HEAD_FIELDS = ("num_heads", "num_layers", "head_type", "draft_vocab", "hydra_projection")
+HEAD_FIELDS = ("num_heads", "num_layers", "head_type", "draft_vocab", "hydra_projection", "feature_layers")
 
 
 def parse_schedule(schedule: str, key: str = "medusa2.schedule") -> tuple[str, float]:
@@ -93,9 +94,10 @@ def _validate_top(recipe: Recipe) -> None:
 
 def check_head_fields(num_heads: int, num_layers: int, head_type: str, draft_vocab: int,
                       hydra_projection: str | None, prefix: str = "heads.",
-                      unset: str | None = "own") -> None:
-    """The heads' shape (:data:`HEAD_FIELDS`), checked once for a recipe's ``heads`` section and a
-    checkpoint's ``medusa_config.json``. Raises :class:`ConfigError` naming ``prefix + key``.
+                      unset: str | None = "own", feature_layers: Any = None) -> None:
+    """The heads' shape (:data:`HEAD_FIELDS`) and each family's rules, the one check for a recipe's
+    ``heads`` section, a checkpoint's ``medusa_config.json``, ``MedusaModel.from_base`` and ``medusa heads
+    init``. Raises :class:`ConfigError` naming ``prefix + key``.
 
     ``unset``: the projection non-hydra heads carry ("own" in a recipe; None in a checkpoint, whose hydra
     config without the key reads "own")."""
@@ -106,9 +108,13 @@ def check_head_fields(num_heads: int, num_layers: int, head_type: str, draft_voc
     _range(f"{prefix}num_layers", num_layers, 0, 16)
     _choice(f"{prefix}head_type", head_type, HEAD_TYPES)
     _range(f"{prefix}draft_vocab", draft_vocab, 0, 10_000_000)
-    if head_type == "eagle3" and num_layers != 1:
-        raise ConfigError(f"{prefix}num_layers: eagle3 heads have exactly 1 draft decoder layer, "
+    drafter = head_type in DRAFTER_HEAD_TYPES
+    if drafter and num_layers != 1:
+        raise ConfigError(f"{prefix}num_layers: {head_type} heads have exactly 1 draft decoder layer, "
                           f"got {num_layers}")
+    if feature_layers is not None and not drafter:
+        raise ConfigError(f"{prefix}feature_layers: only for {prefix}head_type: "
+                          f"{' | '.join(DRAFTER_HEAD_TYPES)} (got {str(head_type)[:40]})")
     if head_type == "hydra" and num_layers < 1:
         raise ConfigError(f"{prefix}num_layers: hydra heads need at least 1 layer, got {num_layers}")
     if hydra_projection is not None and hydra_projection not in HYDRA_PROJECTIONS:
@@ -121,7 +127,8 @@ def check_head_fields(num_heads: int, num_layers: int, head_type: str, draft_voc
 
 def _validate_heads(recipe: Recipe) -> None:
     h = recipe.heads
-    check_head_fields(h.num_heads, h.num_layers, h.head_type, h.draft_vocab, h.hydra_projection)
+    check_head_fields(h.num_heads, h.num_layers, h.head_type, h.draft_vocab, h.hydra_projection,
+                      feature_layers=h.feature_layers)
     _range("heads.decay", h.decay, 0.0, 1.0, lo_open=True)
     _range("heads.teacher_loss", h.teacher_loss, 0.0, 1.0)
     _validate_eagle3(recipe)
@@ -133,9 +140,7 @@ def _validate_eagle3(recipe: Recipe) -> None:
     """``heads.head_type: eagle3``: one draft layer, trained with a frozen base (MEDUSA-1); the teacher's KL
     reads the base online."""
     h = recipe.heads
-    if h.head_type != "eagle3":
-        if h.feature_layers is not None:
-            raise ConfigError(f"heads.feature_layers: only for heads.head_type: eagle3 (got {h.head_type})")
+    if h.head_type not in DRAFTER_HEAD_TYPES:
         return
     if recipe.method != "medusa1":
         raise ConfigError(f"method: eagle3 heads train on a frozen base (method: medusa1), "

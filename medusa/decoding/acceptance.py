@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -198,16 +198,20 @@ class Scorer:
     typical: tuple[float, float] = (0.09, 0.3)  # posterior_threshold, posterior_alpha
     generator: torch.Generator | None = None
     greedy_rule: Rule = greedy_accept
+    needs_ids: bool = field(init=False)  # logits processors read each node's prefix (resolved once)
+
+    def __post_init__(self) -> None:
+        self.needs_ids = self.gen.needs_ids
 
     @property
     def pure(self) -> bool:
         """Greedy without logits processors: a function of the logits alone (safe to run twice)."""
-        return self.acceptance == "greedy" and not self.gen.needs_ids
+        return self.acceptance == "greedy" and not self.needs_ids
 
     def first_token(self, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The first new token ``[B]`` from the prompt's last logits ``[B, V]`` (as HF's first step)."""
         scores = logits.float()
-        if self.gen.needs_ids:
+        if self.needs_ids:
             scores = apply_processors(self.gen, input_ids, scores,
                                       torch.arange(logits.shape[0], device=logits.device))
         if self.acceptance == "greedy":
@@ -219,7 +223,7 @@ class Scorer:
                  draft_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         gen, run = self.gen, self.progress
         scores = logits
-        if gen.needs_ids:
+        if self.needs_ids:
             lengths = [run.prompt_len + len(g) for g in run.generated]
             active = [not d for d in run.done]
             scores = process_nodes(gen, run.history, lengths, active, tokens, logits, tree)

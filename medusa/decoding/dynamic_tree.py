@@ -11,7 +11,7 @@ The tree is grown level by level as EAGLE-2 grows it: level d's candidates are t
 ``branch`` children of each of the ``width`` best level-(d-1) candidates; all candidates of all levels
 are pooled and the best ``N - 1`` are kept with the root. A child's log-probability is its parent's plus a
 log-probability <= 0 (and a ``1e-6`` per-depth tie-break), and the kept set is closed under ancestors by
-construction (:func:`medusa.decoding.draft_pool.closed_keys`: a node ranks strictly below its parent); with
+construction (:func:`medusa.decoding.draft_growth.closed_keys`: a node ranks strictly below its parent); with
 ``width = branch = N - 1`` (the default) it is exactly the N best nodes of the whole tree of depth D.
 
 Everything is built on the device with static shapes (N fixed): tokens, parents, depths, the ancestor
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from medusa.decoding.draft_pool import closed_keys, pick_tree
+from medusa.decoding.draft_growth import closed_keys, pick_tree
 from medusa.decoding.trees import RowTrees
 from medusa.errors import MedusaError
 from medusa.tree.path_score import score_log_probs

@@ -17,7 +17,7 @@ import torch
 from medusa.config.enums import ACCEPTANCE
 from medusa.decoding.acceptance import Progress, Scorer
 from medusa.decoding.compiled import compact_function, compiled_scorer, step_functions
-from medusa.decoding.eagle3_proposer import DraftSampling
+from medusa.decoding.draft_sampling import DraftSampling
 from medusa.decoding.hf import unwrap
 from medusa.decoding.kv_cache import TreeCache, check_supported, dynamic_prefill
 from medusa.decoding.processors import merged_config, resolve_generation

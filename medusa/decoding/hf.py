@@ -4,8 +4,9 @@ keyword the installed transformers' model forwards take the KV cache by."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaModel
 
@@ -18,6 +19,21 @@ def _cache_keyword() -> str:
 
 
 CACHE_KWARG = _cache_keyword()  # the keyword a transformers model's forward takes its KV cache by
+
+
+@runtime_checkable
+class AttentionCache(Protocol):
+    """What a transformers attention module asks of the KV cache it is handed (``Cache``'s attention-facing
+    part): ``update`` stores a layer's new keys / values ``[B, H_kv, q, hd]`` and returns everything the
+    layer attends to; ``get_seq_length`` says how many entries it holds. transformers' own caches (the
+    target's, :mod:`medusa.decoding.kv_cache`), the drafter's :class:`medusa.modeling.eagle3.DraftKV` and the
+    refill backend's :class:`medusa.selfdistill.backends.refill.SlotCache` each provide it; what else each
+    does differs (docs/design.md, "Caches")."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def get_seq_length(self, layer_idx: int = 0) -> int: ...
 
 
 def cache_kwargs(cache: Any) -> dict[str, Any]:
@@ -44,4 +60,4 @@ def text_config(model: nn.Module) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-__all__ = ["CACHE_KWARG", "cache_kwargs", "output_cache", "text_config", "unwrap"]
+__all__ = ["CACHE_KWARG", "AttentionCache", "cache_kwargs", "output_cache", "text_config", "unwrap"]

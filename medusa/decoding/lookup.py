@@ -6,8 +6,8 @@ in the row's prompt + generated tokens, and the tokens that followed it are prop
 the device over a fixed-width token buffer (:class:`LookupContext`) with no host read: a row without a
 match gets a chain whose nodes are marked invalid (they are verified, never accepted).
 
-**The hybrid tree** (:func:`hybrid_tree`, proposed by :class:`medusa.decoding.proposals.HybridProposer`):
-the heads' static tree (N nodes, depth D) plus L chain nodes
+**The hybrid tree** (:func:`hybrid_tree`, proposed by :class:`LookupProposer`, which wraps any proposer):
+the proposer's tree (N nodes, depth D: a static tree, a dynamic one, a drafter's) plus L chain nodes
 hanging from the root. Where the chain's first m tokens coincide with a path of the heads' tree the chain is
 merged into it: its L nodes hang from that path's node and carry the chain's tokens m .. m+L-1, so no
 prefix is verified twice and the merge lengthens the chain instead of wasting nodes. Every row has its own
@@ -16,19 +16,22 @@ and the logits processors take it as they take a dynamic tree's. Lookup tokens a
 (point masses) like the heads' top-k, so "sample" acceptance stays lossless: the chain's node is one more
 sibling, tried after the heads' children with recursive rejection sampling.
 
-Lookup alone (``tree="lookup"``) is the same tree with the heads' part reduced to the root.
+Lookup alone (``tree="lookup"``) wraps the plain proposer: the heads' part is the root alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from medusa.decoding.kv_cache import cache_bucket
-from medusa.decoding.trees import RowTrees, StaticTree, tree_structure
+from medusa.decoding.trees import Proposal, RowTrees, StaticTree, TreeNodes, tree_structure
+from medusa.errors import MedusaError
 
 MAX_NGRAM = 3  # the longest context suffix looked up (then shorter ones)
+TreeLike = StaticTree | RowTrees | TreeNodes  # what a chain merges into: parents, depths, depth, kmax, dtype
 
 
 @dataclass
@@ -90,34 +93,34 @@ def lookup_chain(context: LookupContext, length: int, max_ngram: int = MAX_NGRAM
     return torch.where(valid, chain, 0), valid
 
 
-def merge_point(head_tokens: torch.Tensor, heads: StaticTree | RowTrees, chain: torch.Tensor,
-                valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_point(head_tokens: torch.Tensor, heads: TreeLike, chain: torch.Tensor, valid: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """How far the chain runs along a path of the heads' tree: ``(node [B], m [B])``, the deepest heads
     node whose path tokens equal the chain's first m tokens (the root and 0 when its first token is no
     child of the root). Siblings hold distinct tokens, so the path is unique."""
-    b = head_tokens.shape[0]
+    b, n = head_tokens.shape
+    parents, depths = heads.parents.expand(b, n), heads.depths.expand(b, n)  # [B, N]
     node = torch.zeros(b, dtype=torch.long, device=head_tokens.device)  # [B]
     m = torch.zeros_like(node)
     going = torch.ones(b, dtype=torch.bool, device=head_tokens.device)
-    rows = torch.arange(b, device=head_tokens.device) if heads.per_row else None  # per-row heads' trees only
     for j in range(heads.depth):
-        kids = heads.children[rows, node] if heads.per_row else heads.children[node]  # [B, kmax]
-        kid_tokens = head_tokens.gather(1, kids.clamp(min=0))  # [B, kmax]
-        hit = (kids >= 0) & (kid_tokens == chain[:, j:j + 1]) & valid[:, j:j + 1]  # [B, kmax]
+        hit = ((depths == j + 1) & (parents == node.view(b, 1)) & (head_tokens == chain[:, j:j + 1])
+               & valid[:, j:j + 1])  # [B, N]: the child of ``node`` holding the chain's next token
         moved = going & hit.any(dim=1)
-        node = torch.where(moved, kids.gather(1, hit.long().argmax(dim=1, keepdim=True)).view(b), node)
+        node = torch.where(moved, hit.long().argmax(dim=1), node)
         m = m + moved.long()
         going = moved
     return node, m
 
 
-def hybrid_tree(head_tokens: torch.Tensor, heads: StaticTree | RowTrees, chain: torch.Tensor,
-                valid: torch.Tensor, lookup_tokens: int, trim: bool = False) -> RowTrees | None:
-    """Each row's tree: the heads' ``head_tokens [B, N]`` on ``heads`` (one tree, or one per row) plus
-    ``lookup_tokens`` (L) chain nodes merged where the chain (``chain [B, D+L]``, ``valid [B, D+L]``)
-    follows a heads path. Nodes N .. N+L-1 are the chain; invalid ones are in no candidate path and no
-    node's child. ``trim``: L cut to the rows' longest valid chain (a host read); None when no row has one
-    (the heads' tree alone)."""
+def hybrid_tree(head_tokens: torch.Tensor, heads: TreeLike, chain: torch.Tensor, valid: torch.Tensor,
+                lookup_tokens: int, trim: bool = False) -> RowTrees | None:
+    """Each row's tree: the heads' ``head_tokens [B, N]`` on ``heads`` (a static tree, or a grower's
+    :class:`TreeNodes` / per-row trees: their parents and depths) plus ``lookup_tokens`` (L) chain nodes
+    merged where the chain (``chain [B, D+L]``, ``valid [B, D+L]``) follows a heads path; the tables are
+    built once, here. Nodes N .. N+L-1 are the chain; invalid ones are in no candidate path and no node's
+    child. ``trim``: L cut to the rows' longest valid chain (a host read); None when no row has one (the
+    heads' tree alone)."""
     b, n = head_tokens.shape
     device = head_tokens.device
     node, m = merge_point(head_tokens, heads, chain, valid)  # [B]
@@ -132,8 +135,7 @@ def hybrid_tree(head_tokens: torch.Tensor, heads: StaticTree | RowTrees, chain: 
     tokens = torch.cat([head_tokens, torch.where(chain_ok, chain.gather(1, at), 0)], dim=1)  # [B, N+L]
     parents = torch.cat([heads.parents.expand(b, n), node.view(b, 1), (n + ar[:-1]).expand(b, -1)], dim=1)
     depths = torch.cat([heads.depths.expand(b, n), m.view(b, 1) + 1 + ar], dim=1)  # [B, N+L]
-    tree = tree_structure(tokens, parents, depths, heads.depth + lookup_tokens, heads.kmax + 1,
-                          heads.float_mask.dtype)
+    tree = tree_structure(tokens, parents, depths, heads.depth + lookup_tokens, heads.kmax + 1, heads.dtype)
     ok = torch.cat([torch.ones(b, n, dtype=torch.bool, device=device), chain_ok], dim=1)  # [B, N+L]
     on_path = ok.gather(1, tree.retrieve[..., 1:].reshape(b, -1)).view(tree.retrieve_valid.shape)
     tree.retrieve_valid = tree.retrieve_valid & on_path  # [B, N+L, D+L]
@@ -143,5 +145,55 @@ def hybrid_tree(head_tokens: torch.Tensor, heads: StaticTree | RowTrees, chain: 
     return tree
 
 
-__all__ = ["MAX_NGRAM", "LookupContext", "hybrid_tree", "lookup_chain", "merge_point", "new_context",
-           "observe"]
+class LookupProposer:
+    """Any proposer (``inner``) plus ``lookup_tokens`` chain nodes from each row's context, merged into its
+    tree (:func:`hybrid_tree`); the chain alone is ``inner`` = the plain proposer (the root). ``room``: how
+    far each row's context can grow (the run's new tokens and one step's overshoot); ``trim``: cut each
+    step's chain to the rows' longest acceptable one (a host read: the eager CPU path; fixed shapes
+    elsewhere). Where ``inner`` samples its drafts (``draft_probs``), a chain node's row is a point mass on
+    its token: one more deterministic sibling for recursive rejection."""
+
+    def __init__(self, inner: Any, lookup_tokens: int, room: int, trim: bool = False,
+                 max_ngram: int = MAX_NGRAM) -> None:
+        self.inner, self.lookup_tokens, self.room = inner, lookup_tokens, room
+        self.trim, self.max_ngram = trim, max_ngram
+        self.context: LookupContext | None = None  # set by prefill
+
+    @property
+    def num_nodes(self) -> int:
+        return self.inner.num_nodes + self.lookup_tokens
+
+    @property
+    def depth(self) -> int:
+        return self.inner.depth + self.lookup_tokens
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor,
+                root: torch.Tensor) -> None:
+        """Record each row's prompt (its real tokens) and first root as its lookup context."""
+        self.context = new_context(input_ids, attention_mask, root, self.room)
+        self.inner.prefill(input_ids, attention_mask, features, root)
+
+    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
+        if self.context is None:
+            raise MedusaError("LookupProposer.propose before prefill: the lookup context is not recorded")
+        proposal = self.inner.propose(root, hidden)
+        heads = proposal.nodes if proposal.nodes is not None else proposal.tree
+        length = heads.depth + self.lookup_tokens  # D + L
+        chain, valid = lookup_chain(self.context, length, self.max_ngram)  # [B, D+L]
+        trees = hybrid_tree(proposal.tokens, heads, chain, valid, self.lookup_tokens, self.trim)
+        if trees is None:  # trimmed: no row has a chain to verify this step
+            return proposal
+        q = proposal.draft_probs
+        if q is not None:  # the chain's nodes are point masses on their tokens
+            chain_q = torch.zeros(q.shape[0], trees.num_nodes - q.shape[1], q.shape[2], device=q.device)
+            q = torch.cat([q, chain_q.scatter_(2, trees.tokens[:, q.shape[1]:, None], 1.0)], dim=1)
+        return Proposal(trees.tokens, trees, q)
+
+    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor,
+                features: torch.Tensor) -> None:
+        observe(self.context, kept, keep, next_root)
+        self.inner.observe(kept, keep, next_root, features)
+
+
+__all__ = ["MAX_NGRAM", "LookupContext", "LookupProposer", "TreeLike", "hybrid_tree", "lookup_chain",
+           "merge_point", "new_context", "observe"]

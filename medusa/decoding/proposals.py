@@ -6,8 +6,9 @@ last kept position into a :class:`Proposal` (the tree's tokens and the tree they
 - :class:`StaticProposer` with ``hydra_propose``: Hydra heads on a static tree, grown depth by depth
   (:mod:`medusa.decoding.hydra_candidates`).
 - :class:`DynamicProposer`: any heads, each row's N most probable paths (:mod:`medusa.decoding.dynamic_tree`).
-- :class:`HybridProposer`: a static proposer's tree (or the root alone) plus a context lookup chain, one
-  per-row tree (:mod:`medusa.decoding.lookup`).
+- :class:`medusa.decoding.drafter.DrafterProposer`: a sequential drafter (EAGLE-3) grows each row's tree.
+- :class:`medusa.decoding.lookup.LookupProposer`: wraps any of them (or the plain proposer: the chain alone)
+  and adds a context lookup chain, one per-row tree built once.
 
 The head type and the tree kind are asked once, in :func:`choose_proposer`; the step
 (:mod:`medusa.decoding.step`) only calls the :class:`Proposer` hooks: ``prefill`` once after the prompt,
@@ -23,14 +24,14 @@ from typing import Any, Protocol
 
 import torch
 
+from medusa.decoding.draft_sampling import DraftSampling
+from medusa.decoding.drafter import Drafter, DrafterProposer
 from medusa.decoding.dynamic_tree import ChildrenFn, build_step_tree, hydra_children, medusa_children
-from medusa.decoding.eagle3_proposer import DraftSampling, Eagle3Proposer
 from medusa.decoding.hydra_candidates import hydra_levels, hydra_propose
-from medusa.decoding.lookup import MAX_NGRAM, LookupContext, hybrid_tree, lookup_chain, new_context, observe
+from medusa.decoding.lookup import LookupProposer
 from medusa.decoding.plain import PlainProposer
 from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice
 from medusa.decoding.trees import Proposal, StaticTree, root_only_tree, static_tree
-from medusa.errors import MedusaError
 
 
 class Proposer(Protocol):
@@ -158,51 +159,6 @@ class DynamicProposer(_ReadsHiddenOnly):
         return Proposal(trees.tokens, trees)
 
 
-@dataclass
-class HybridProposer:
-    """The heads' static tree (``heads``: a :class:`StaticProposer`; None for lookup alone, whose ``tree``
-    is the root alone) plus ``lookup_tokens`` chain nodes from each row's context, merged into one per-row
-    tree (:func:`medusa.decoding.lookup.hybrid_tree`). ``room``: how far each row's context can grow (the
-    run's new tokens and one step's overshoot); ``trim``: cut each step's chain to the rows' longest
-    acceptable one (a host read: the eager CPU path, where it costs nothing; fixed shapes elsewhere)."""
-
-    heads: StaticProposer | None
-    tree: StaticTree
-    lookup_tokens: int
-    room: int
-    max_ngram: int = MAX_NGRAM
-    trim: bool = False
-    context: LookupContext | None = None  # set by prefill
-
-    @property
-    def num_nodes(self) -> int:
-        return self.tree.num_nodes + self.lookup_tokens
-
-    @property
-    def depth(self) -> int:
-        return self.tree.depth + self.lookup_tokens
-
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, features: torch.Tensor,
-                root: torch.Tensor) -> None:
-        """Record each row's prompt (its real tokens) and first root as its lookup context."""
-        self.context = new_context(input_ids, attention_mask, root, self.room)
-
-    def propose(self, root: torch.Tensor, hidden: torch.Tensor) -> Proposal:
-        if self.context is None:
-            raise MedusaError("HybridProposer.propose before prefill: the lookup context is not recorded")
-        ht = self.tree
-        head_tokens = root.view(-1, 1) if self.heads is None else self.heads.propose(root, hidden).tokens
-        chain, valid = lookup_chain(self.context, ht.depth + self.lookup_tokens, self.max_ngram)  # [B, D+L]
-        trees = hybrid_tree(head_tokens, ht, chain, valid, self.lookup_tokens, self.trim)
-        if trees is None:  # trimmed: no row has a chain to verify this step
-            return Proposal(head_tokens, ht)
-        return Proposal(trees.tokens, trees)
-
-    def observe(self, kept: torch.Tensor, keep: torch.Tensor, next_root: torch.Tensor,
-                features: torch.Tensor) -> None:
-        observe(self.context, kept, keep, next_root)
-
-
 def _medusa_children(heads: Any, hidden: torch.Tensor, branch: int, depth: int) -> ChildrenFn:
     logits = stacked_heads(heads, hidden.unsqueeze(1))[:depth, :, 0]  # [D, B, V]
     return medusa_children(torch.log_softmax(logits.float(), dim=-1), branch)
@@ -216,22 +172,25 @@ def choose_proposer(heads: Any, choice: TreeChoice, device: torch.device, dtype:
                     room: int = 0, trim_lookup: bool = False,
                     sampling: DraftSampling | None = None) -> Proposer:
     """The proposer for ``heads`` on the run's tree ``choice`` (masks in ``dtype`` on ``device``): the one
-    place that asks which head family (``heads.head_type``) and which tree kind decoding has. ``room`` and
-    ``trim_lookup``: a lookup chain's context room and trimming (:class:`HybridProposer`); ``sampling``:
-    "sample" acceptance's temperature and generator (the eagle3 drafter then samples its drafts)."""
-    head_type = getattr(heads, "head_type", "linear")
-    if choice.plain:  # tree="plain": no drafts, whatever the heads
+    place that asks which kind of drafter (a sequential :class:`~medusa.decoding.drafter.Drafter` or
+    parallel heads), which head family (``heads.head_type``) and which tree kind decoding has. A lookup
+    chain (``choice.lookup_tokens``) wraps whichever it is (:class:`LookupProposer`: ``room`` its context's
+    room, ``trim_lookup`` its trimming); ``sampling``: "sample" acceptance's temperature and generator (a
+    sequential drafter then samples its drafts)."""
+    inner = _drafts(heads, choice, device, dtype, sampling)
+    if choice.lookup_tokens and not choice.plain:
+        return LookupProposer(inner, choice.lookup_tokens, room, trim=trim_lookup)
+    return inner
+
+
+def _drafts(heads: Any, choice: TreeChoice, device: torch.device, dtype: torch.dtype,
+            sampling: DraftSampling | None) -> Proposer:
+    """The proposer of the drafts themselves (no lookup chain)."""
+    if choice.plain or choice.lookup_only:  # no drafts ("plain"), or the lookup chain alone ("lookup")
         return PlainProposer(root_only_tree(device, dtype))
-    if head_type == "eagle3":  # the EAGLE-3 drafter grows its own per-row tree each step
-        if choice.draft is None:  # tree="lookup": the chain alone, no drafter
-            return HybridProposer(None, root_only_tree(device, dtype), choice.lookup_tokens, room,
-                                  trim=trim_lookup)
-        return Eagle3Proposer(heads, choice.draft, dtype, room, trim=trim_lookup, sampling=sampling)
-    if choice.lookup_tokens:
-        tree = (root_only_tree(device, dtype) if choice.lookup_only
-                else static_tree(choice.static, device, dtype))
-        inner = None if choice.lookup_only else _static_proposer(heads, head_type, tree)
-        return HybridProposer(inner, tree, choice.lookup_tokens, room, trim=trim_lookup)
+    if isinstance(heads, Drafter):  # a sequential drafter grows its own per-row tree each step
+        return DrafterProposer(heads, choice.draft, dtype, sampling)
+    head_type = getattr(heads, "head_type", "linear")
     if choice.dynamic is not None:
         option = choice.dynamic
         branch = min(option.branch or option.num_nodes - 1, heads.vocab_size)
@@ -247,5 +206,5 @@ def _static_proposer(heads: Any, head_type: str, tree: StaticTree) -> StaticProp
     return StaticProposer(heads, tree, medusa_tokens)
 
 
-__all__ = ["DynamicProposer", "GrowFn", "HybridProposer", "Proposal", "Proposer", "StaticProposer",
+__all__ = ["DynamicProposer", "GrowFn", "LookupProposer", "Proposal", "Proposer", "StaticProposer",
            "choose_proposer", "medusa_tokens", "place_topk", "stacked_heads"]

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from medusa.decoding.drafter import Drafter
 from medusa.errors import MedusaError
 from medusa.tree import DraftTreeShape, MedusaTree, is_draft_tree_file
 
@@ -159,11 +160,11 @@ def resolve_tree(model: Any, tree: object, lookup_tokens: int | None = None) -> 
     lookup = resolve_lookup_tokens(model, tree, lookup_tokens)
     if is_lookup_tree(tree):
         return TreeChoice(lookup_tokens=lookup)
-    if getattr(model.heads, "head_type", None) == "eagle3":
+    if isinstance(model.heads, Drafter):
         return TreeChoice(lookup_tokens=lookup, draft=dataclasses.replace(draft_shape(model, tree),
                                                                           lookup_tokens=lookup))
     if isinstance(tree, DraftTreeShape):
-        raise MedusaError("a DraftTreeShape is the tree of an autoregressive drafter (eagle3 heads); these "
+        raise MedusaError("a DraftTreeShape is the tree of a sequential drafter (eagle3 heads); these "
                           f"heads are {getattr(model.heads, 'head_type', 'linear')}")
     dynamic = resolve_dynamic(tree, model.num_heads, model.tree)
     static = None

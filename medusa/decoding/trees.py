@@ -65,6 +65,28 @@ class RowTrees:
     ancestors: torch.Tensor  # [B, N, D+1] long: same as retrieve (the node itself at its own depth)
     float_mask: torch.Tensor  # [B, N, N] 0 where node j is i or an ancestor of i, dtype-min elsewhere
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The attention mask's dtype (the decoding compute dtype)."""
+        return self.float_mask.dtype
+
+
+@dataclass(eq=False)
+class TreeNodes:
+    """A per-row tree before its tables: what a grower decides (the nodes, each one's parent and depth).
+    :meth:`build` makes the :class:`RowTrees` the step verifies; a wrapper that adds nodes (the lookup
+    chain) adds them here first, so each step's tree is built once."""
+
+    tokens: torch.Tensor  # [B, N] long: node 0 is the root
+    parents: torch.Tensor  # [B, N] long (parents first), root's parent 0
+    depths: torch.Tensor  # [B, N] long
+    depth: int  # D
+    kmax: int  # the most children a node can have
+    dtype: torch.dtype  # the float mask's
+
+    def build(self) -> RowTrees:
+        return tree_structure(self.tokens, self.parents, self.depths, self.depth, self.kmax, self.dtype)
+
 
 VerifyTree = StaticTree | RowTrees  # what a step verifies and the acceptance rules read
 
@@ -142,19 +164,30 @@ def tree_structure(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Te
                     valid[..., 1:], anc * valid, float_mask)
 
 
-@dataclass
 class Proposal:
     """One step's draft: ``tokens [B, N]`` (node 0 the root) in ``tree`` (a static tree shared by every row,
-    or :class:`RowTrees`: the same fields with a leading ``B``). ``draft_probs``: the distribution each
-    node was drawn from, where drafts are sampled (the eagle3 drafter under "sample" acceptance); None for
-    deterministic drafts (top-k, lookup: point masses, so "sample" acceptance reads the target logits
-    only)."""
+    or :class:`RowTrees`: the same fields with a leading ``B``), or in ``nodes`` (a :class:`TreeNodes`
+    whose tables are built on the first read of ``tree``, so a wrapper adding nodes builds the tree once).
+    ``draft_probs``: the distribution each node was drawn from, where drafts are sampled (the eagle3
+    drafter under "sample" acceptance); None for deterministic drafts (top-k, lookup: point masses, so
+    "sample" acceptance reads the target logits only)."""
 
-    tokens: torch.Tensor  # [B, N] long
-    tree: StaticTree | RowTrees
-    draft_probs: torch.Tensor | None = None  # [B, N, V] or None
+    def __init__(self, tokens: torch.Tensor, tree: StaticTree | RowTrees | None = None,
+                 draft_probs: torch.Tensor | None = None, nodes: TreeNodes | None = None) -> None:
+        if tree is None and nodes is None:
+            raise ValueError("a Proposal needs its tree or its nodes")
+        self.tokens = tokens  # [B, N] long
+        self.draft_probs = draft_probs  # [B, N, V] or None
+        self.nodes = nodes
+        self._tree = tree
+
+    @property
+    def tree(self) -> StaticTree | RowTrees:
+        if self._tree is None:
+            self._tree = self.nodes.build()
+        return self._tree
 
 
 
-__all__ = ["Proposal", "RowTrees", "StaticTree", "VerifyTree", "root_only_tree", "static_tree",
+__all__ = ["Proposal", "RowTrees", "StaticTree", "TreeNodes", "VerifyTree", "root_only_tree", "static_tree",
            "tree_structure"]

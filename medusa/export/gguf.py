@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from medusa.config.enums import DRAFTER_HEAD_TYPES
 from medusa.errors import CheckpointError, MedusaError
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.model import read_heads_file
@@ -62,7 +63,7 @@ LAYER_NAMES = {
 
 
 def refuse_non_eagle3(src: Path, cfg: MedusaConfig) -> None:
-    if cfg.head_type != "eagle3":
+    if cfg.head_type not in DRAFTER_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: --format gguf exports head_type eagle3 drafters only "
                               f"(this checkpoint's is {cfg.head_type!r}): {LLAMA_CPP_OFFERS}")
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from medusa.config.enums import DRAFTER_HEAD_TYPES
 from medusa.errors import CheckpointError, MedusaError
 from medusa.export.common import write_json
 from medusa.io import save_safetensors
@@ -171,7 +172,7 @@ def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any],
                       out: Path, embed_tokens: bool = True) -> dict[str, Any]:
     """Write ``out/config.json`` + ``out/model.safetensors`` (with the verifier's input embeddings as
     ``embed_tokens.weight`` unless ``embed_tokens`` is False); returns what the summary reports."""
-    if cfg.head_type != "eagle3":
+    if cfg.head_type not in DRAFTER_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: --format speculators exports head_type eagle3 heads "
                               f"(this checkpoint's is {cfg.head_type!r}); MEDUSA heads export with --format "
                               "vllm")

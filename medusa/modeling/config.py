@@ -119,9 +119,6 @@ def _check_types(data: dict[str, Any], source: str) -> None:
     if layers is not None and not (isinstance(layers, list) and all(
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= 4096 for i in layers)):
         raise bad("feature_layers", "a list of layer indices")
-    if layers is not None and data.get("head_type") != "eagle3":
-        raise CheckpointError(f"{source}: feature_layers: only for head_type eagle3 (got "
-                              f"{data.get('head_type')!r:.40})")
     if layers is not None and len(layers) != 3:  # low / middle / high (a 2-layer base repeats one)
         raise bad("feature_layers", "three layer indices")
     draft = data.get("draft_vocab", 0)

@@ -56,19 +56,19 @@ def check_feature_layers(layers: Any, num_layers: int,
 
 
 class DraftKV:
-    """The draft layer's own keys and values ``[B, H_kv, S, hd]``: what a Hugging Face attention module
-    calls ``cache.update`` on (it appends and attends to everything held)."""
+    """The draft layer's own keys and values ``[B, H_kv, S, hd]``: the attention-facing cache interface
+    (:class:`medusa.decoding.hf.AttentionCache`: it appends and attends to everything held) plus
+    ``truncate`` (a step's draft entries dropped); one layer, so no per-layer lists."""
 
     def __init__(self) -> None:
         self.key: torch.Tensor | None = None
         self.value: torch.Tensor | None = None
 
-    @property
-    def length(self) -> int:
+    def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.key is None else int(self.key.shape[2])
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
-               kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if self.key is None:
             self.key, self.value = key, value
         else:
@@ -103,7 +103,9 @@ def draft_layer(base: nn.Module) -> nn.Module:
 
 
 class Eagle3Heads(nn.Module):
-    """The EAGLE-3 drafter as a head family (the :class:`~medusa.modeling.protocol.Heads` protocol).
+    """The EAGLE-3 drafter: a sequential drafter (the :class:`~medusa.decoding.drafter.Drafter` protocol:
+    its cache, :meth:`context_pass` / :meth:`draft_pass`, :meth:`logits` over the draft vocabulary,
+    :meth:`to_target`, :attr:`dtype`), not a set of parallel heads.
 
     ``feature_layers``: the base hidden-state indices fused (``MedusaModel.forward`` returns their
     concatenation ``[B, T, 3d]`` as ``hidden_states`` for these heads). ``draft_vocab=N > 0``: the LM head
@@ -135,12 +137,19 @@ class Eagle3Heads(nn.Module):
             self.token_map = None
         self._embedding = BaseRef(None)
         self._rotary = BaseRef(None)
-        self._shared = BaseRef(None)  # no shared LM head (head_methods.SHARED reads it)
         self.bind_base(base)
 
-    (draft_vocab, shared_lm_head, set_token_map, target_to_draft, to_target,
-     to_target_logits) = head_methods.SHARED[:6]
-    lm_heads = None  # the protocol's "own W2 per head": one draft LM head (``lm_head``) instead
+    draft_vocab = property(head_methods.draft_vocab_size)
+    set_token_map, target_to_draft = head_methods.set_token_map, head_methods.target_to_draft
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The drafter's compute dtype (its weights')."""
+        return self.fc.weight.dtype
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (any shape) -> target ids (``token_map``; the identity with the full vocabulary)."""
+        return draft_ids if self.token_map is None else self.token_map[draft_ids]
 
     # ------------------------------------------------------------------ the base it reads
     def bind_base(self, base_model: nn.Module) -> None:
@@ -149,10 +158,6 @@ class Eagle3Heads(nn.Module):
         self._rotary.module = getattr(decoder_of(base_model), "rotary_emb", None)
         if self._rotary.module is None:
             raise ValueError("eagle3 heads: the base model has no rotary embedding module (rotary_emb)")
-
-    def set_shared_lm_head(self, lm_head: nn.Module | None) -> None:
-        if lm_head is not None:
-            raise ValueError("eagle3 heads have their own LM head")
 
     def init_from_lm_head(self, weight: torch.Tensor) -> None:
         """The draft LM head starts as the base LM head's rows (``token_map``'s with a draft vocabulary)."""
@@ -182,34 +187,39 @@ class Eagle3Heads(nn.Module):
         return self.fc(features.to(self.fc.weight.dtype))
 
     def layer(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-              mask: torch.Tensor, cache: DraftKV) -> torch.Tensor:
+              mask: torch.Tensor, cache: DraftKV, at: torch.Tensor | None = None) -> torch.Tensor:
         """One pass of the draft layer: ``embeds, hidden [B, T, d]`` at ``positions [B, T]``, attending to
         what ``cache`` holds plus these T entries as ``mask [B, 1, T, S + T]`` allows (float: 0 / -inf) ->
-        ``g [B, T, d]`` (before the final norm). Appends the T keys / values to ``cache``."""
+        ``g [B, T, d]`` (before the final norm). Appends the T keys / values to ``cache``. ``at [B]``: only
+        each row's entry ``at`` is read, ``[B, d]``: the MLP runs there alone (the other entries are
+        needed for their keys and values only)."""
         layer = self.layers[0]
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
         cos_sin = self._rotary.module(x, positions)
         attn, _ = layer.self_attn(hidden_states=x, position_embeddings=cos_sin, attention_mask=mask,
                                   cache=cache)
-        h = hidden + attn
+        h = hidden + attn  # [B, T, d]
+        if at is not None:
+            h = h[torch.arange(h.shape[0], device=h.device), at]  # [B, d]
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """``g [..., d]`` -> draft logits ``[..., N]`` over the draft vocabulary."""
         return self.lm_head(self.norm(g))
 
-    def project(self, k: int, x: torch.Tensor) -> torch.Tensor:
-        """The draft LM head after the final norm (the same for every step ``k``): ``[..., d] -> [..., N]``.
-        """
-        return self.logits(x.to(self.fc.weight.dtype))
+    # ------------------------------------------------------------------ the decoder's passes
+    def context_pass(self, features: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+                     mask: torch.Tensor, cache: DraftKV, last: torch.Tensor) -> torch.Tensor:
+        """Context entries: the base's features ``[B, M, F]`` with the tokens after them ``[B, M]`` at
+        ``positions [B, M]`` (``mask [B, 1, M, S + M]``); appends M entries and returns the output at each
+        row's entry ``last [B]`` ``[B, d]`` (the only one read: the MLP runs there alone)."""
+        return self.layer(self.embed(next_tokens), self.fuse(features), positions, mask, cache, at=last)
 
-    # ------------------------------------------------------------------ protocol parts MEDUSA heads use
-    def hidden_logits(self, hidden: torch.Tensor) -> None:
-        """None: the drafter also reads the tokens it drafts (decoding and training build its inputs)."""
-        return None
-
-    def teacher_inputs(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
-        return hidden
+    def draft_pass(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                   mask: torch.Tensor, cache: DraftKV) -> torch.Tensor:
+        """One tree level: each node's parent output ``hidden [B, E, d]`` with its token ``[B, E]`` (target
+        ids) -> ``g [B, E, d]``; appends E entries (the caller truncates them after the step)."""
+        return self.layer(self.embed(tokens), hidden, positions, mask, cache)
 
 
 def base_states(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

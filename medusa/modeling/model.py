@@ -11,10 +11,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from medusa.config.validate import check_head_fields
 from medusa.decoding.attention import body_mask
+from medusa.decoding.drafter import Drafter
 from medusa.decoding.generate import medusa_generate
 from medusa.decoding.hf import cache_kwargs, output_cache
-from medusa.errors import CheckpointError
+from medusa.errors import CheckpointError, ConfigError
 from medusa.io import atomic_directory, save_safetensors
 from medusa.modeling.base import (
     base_logits,
@@ -117,7 +119,8 @@ class MedusaModel(nn.Module):
             heads_dtype = weight.dtype if weight.is_floating_point() else torch.float32
         heads_dtype = resolve_dtype(heads_dtype)
         draft_vocab = 0 if token_map is None else int(token_map.shape[0])
-        projection = _check_head_args(head_type, num_layers, hydra_projection)
+        projection = _check_head_args(num_heads, num_layers, head_type, draft_vocab, hydra_projection,
+                                      feature_layers)
         heads = build_heads(base, cfg.hidden_size, cfg.vocab_size, num_heads, num_layers, head_type,
                             draft_vocab, hydra_projection=projection, feature_layers=feature_layers)
         if token_map is not None:
@@ -137,7 +140,7 @@ class MedusaModel(nn.Module):
             head_type=head_type,
             draft_vocab=draft_vocab,
             hydra_projection=projection,
-            feature_layers=list(heads.feature_layers) if head_type == "eagle3" else None,
+            feature_layers=list(heads.feature_layers) if isinstance(heads, Drafter) else None,
             dtype=dtype_name(heads_dtype),
         )
         return cls(base, heads, config)
@@ -193,8 +196,10 @@ class MedusaModel(nn.Module):
         # the features the heads read: the last hidden state, or the chosen layers' concatenated [B, T, n * d]
         hidden = last if layers is None else torch.cat([out.hidden_states[i] for i in layers], dim=-1)
         logits = base_logits(self.base_model, picked)  # [B, P, V]
-        # None from heads that also read draft tokens (Hydra): decoding and training build their inputs.
-        head_logits = self.heads.hidden_logits(picked) if compute_heads else None  # [K, B, P, V]
+        # None from heads that also read draft tokens (Hydra) and from a sequential drafter (EAGLE-3):
+        # decoding and training build their inputs.
+        parallel = compute_heads and not isinstance(self.heads, Drafter)
+        head_logits = self.heads.hidden_logits(picked) if parallel else None  # [K, B, P, V]
         return MedusaOutput(logits, head_logits, hidden, output_cache(out))
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -287,7 +292,7 @@ class MedusaModel(nn.Module):
                               strict=True)
         heads.to(device=lm_head_weight(base_model).device)
         tree = None
-        if (path / TREE_NAME).is_file() and config.head_type == "eagle3":
+        if (path / TREE_NAME).is_file() and isinstance(heads, Drafter):
             tree = DraftTreeShape.from_json(path / TREE_NAME)  # the drafter's per-step tree sizes
         elif (path / TREE_NAME).is_file():
             tree = MedusaTree.from_json(path / TREE_NAME)
@@ -299,13 +304,16 @@ class MedusaModel(nn.Module):
         return cls(base_model, heads, config, tree=tree)
 
 
-def _check_head_args(head_type: str, num_layers: int, hydra_projection: str) -> str | None:
-    """``from_base``'s head arguments that only some head types take; returns the hydra projection (None
+def _check_head_args(num_heads: int, num_layers: int, head_type: str, draft_vocab: int,
+                     hydra_projection: str, feature_layers: Any) -> str | None:
+    """``from_base``'s head arguments against each family's rules (the recipe's and the checkpoint's check,
+    :func:`medusa.config.validate.check_head_fields`; ValueError here); returns the hydra projection (None
     for other heads)."""
-    if head_type == "eagle3" and num_layers != 1:
-        raise ValueError(f"eagle3 heads have exactly 1 draft decoder layer, got num_layers={num_layers}")
-    if head_type != "hydra" and hydra_projection != "own":
-        raise ValueError(f"hydra_projection={hydra_projection!r} is for head_type='hydra', got {head_type!r}")
+    try:
+        check_head_fields(num_heads, num_layers, head_type, draft_vocab, hydra_projection, prefix="",
+                          feature_layers=feature_layers)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
     return hydra_projection if head_type == "hydra" else None
 
 
@@ -315,7 +323,8 @@ def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: i
     """Fresh heads of ``head_type`` for ``base`` (not yet initialised from its LM head): MedusaHeads for
     linear / shared_lm_head (the latter reading the base LM head), HydraHeads (reading the base input
     embeddings, and the base LM head when ``hydra_projection`` is ``"shared_lm_head"``; None: ``"own"``)
-    for hydra, Eagle3Heads (a draft decoder layer of the base's own class) for eagle3."""
+    for hydra, Eagle3Heads (a draft decoder layer of the base's own class) for eagle3: where the head-type
+    string becomes a family (the loader; elsewhere ``isinstance(heads, Drafter)`` or DRAFTER_HEAD_TYPES)."""
     if head_type == "eagle3":
         layers = None if feature_layers is None else tuple(feature_layers)
         return Eagle3Heads(base, num_heads, feature_layers=layers, draft_vocab=draft_vocab)

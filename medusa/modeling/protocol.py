@@ -1,5 +1,7 @@
-"""``Heads``: what every head family provides (MEDUSA heads: :class:`~medusa.modeling.heads.MedusaHeads`;
-Hydra heads: :class:`~medusa.modeling.hydra.HydraHeads`).
+"""``Heads``: what every family of parallel heads provides (MEDUSA heads:
+:class:`~medusa.modeling.heads.MedusaHeads`; Hydra heads: :class:`~medusa.modeling.hydra.HydraHeads`). The
+other kind of drafter, a sequential one (EAGLE-3: :class:`~medusa.modeling.eagle3.Eagle3Heads`), provides
+:class:`medusa.decoding.drafter.Drafter` instead and none of these members.
 
 The model, training and export speak to heads through this interface only. ``x`` below is the heads'
 input: the base hidden state ``[..., d]`` for MEDUSA heads, the wide ``[..., d * (K+1)]`` input for Hydra

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from medusa.config.enums import DRAFTER_HEAD_TYPES
 from medusa.errors import CheckpointError
 from medusa.modeling.config import TREE_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.model import read_heads_file
@@ -35,7 +36,8 @@ def summarize(path: str | Path) -> dict[str, Any]:
         "tree": None,
     }
     tree_path = path / TREE_NAME
-    if tree_path.is_file() and config.head_type != "eagle3":  # read as decoding reads it: values bounded
+    # read as decoding reads it: values bounded
+    if tree_path.is_file() and config.head_type not in DRAFTER_HEAD_TYPES:
         tree = MedusaTree.from_json(tree_path)
         calib = tree.calibration or {}
         summary["tree"] = {"nodes": len(tree), "depth": tree.depth,

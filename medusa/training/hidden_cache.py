@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from medusa.config.enums import DRAFTER_HEAD_TYPES
 from medusa.data import collate
 from medusa.errors import ConfigError, MedusaError
 from medusa.io import read_json
@@ -382,7 +383,7 @@ def cache_for_recipe(recipe: Any, dtype: str | None = None,
     base = S.load_backbone(recipe, device)
     base.eval()
     layers = None
-    if recipe.heads.head_type == "eagle3":
+    if recipe.heads.head_type in DRAFTER_HEAD_TYPES:
         n_layers = int(text_config(base).num_hidden_layers)
         layers = recipe.heads.feature_layers or default_feature_layers(n_layers)
     cache = prepare(recipe.train.hidden_cache, base, data.train.examples, data.pad_token_id,

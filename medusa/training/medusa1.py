@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medusa.config import Recipe
+from medusa.decoding.drafter import Drafter
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
 from medusa.modeling.config import MedusaConfig
@@ -105,7 +106,7 @@ def setup_model(recipe: Recipe, device: torch.device) -> tuple[MedusaModel, Head
     model.freeze_base()
     model.base_model.eval()
     model.heads.to(device=device, dtype=torch.float32).train()
-    if h.head_type == "eagle3":  # the drafter's training-time-test unroll (medusa.training.eagle3)
+    if isinstance(model.heads, Drafter):  # the drafter's training-time-test unroll (medusa.training.eagle3)
         teacher = (draft_teacher_logits(lm_head_of(model.base_model), model.heads) if h.teacher_loss > 0
                    else None)
         return model, Eagle3Loss(model.heads, h.decay, h.teacher_loss, teacher)

@@ -39,3 +39,21 @@ def test_the_cache_goes_by_the_keyword_the_installed_transformers_takes():
         warnings.simplefilter("error")
         out = model(input_ids=torch.tensor([[5, 6, 7]]), use_cache=True, **cache_kwargs(cache))
     assert output_cache(out) is cache and cache.get_seq_length() == 3
+
+
+def test_every_kv_cache_has_the_attention_facing_interface():
+    """transformers' DynamicCache (the target's), the drafter's DraftKV and the refill backend's SlotCache
+    all provide AttentionCache (update + get_seq_length); an object without it does not pass."""
+    import torch
+    from transformers import DynamicCache
+
+    from medusa.decoding.hf import AttentionCache
+    from medusa.modeling.eagle3 import DraftKV
+    from medusa.selfdistill.backends.refill import SlotCache
+
+    k = torch.randn(1, 2, 3, 4)
+    for cache in (DynamicCache(), DraftKV(), SlotCache(8)):
+        assert isinstance(cache, AttentionCache)
+        keys, _ = cache.update(k, k, 0)
+        assert tuple(keys.shape) == (1, 2, 3, 4)
+    assert not isinstance(object(), AttentionCache)

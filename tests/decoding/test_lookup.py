@@ -230,3 +230,50 @@ def test_compiled_once_per_tree_shape(fitted):
         assert _graphs() == 2 * per_shape and torch.equal(other.sequences, ref)  # new (nodes, L): once
     finally:
         torch._dynamo.reset()
+
+
+class _Unbuilt:
+    """A grower's nodes whose tables must not be built (the wrapper builds the merged tree once)."""
+
+    def __init__(self, nodes):
+        self.tokens, self.parents, self.depths = nodes.tokens, nodes.parents, nodes.depths
+        self.depth, self.kmax, self.dtype = nodes.depth, nodes.kmax, nodes.dtype
+
+    def build(self):
+        raise AssertionError("the inner proposal's tree was built: the step's tree is built twice")
+
+
+class _RowGrower:
+    """An inner proposer with a per-row tree (root -> 11 -> 12, root -> 13), as a drafter returns it."""
+
+    num_nodes, depth = 4, 2
+
+    def prefill(self, *args):
+        pass
+
+    def observe(self, *args):
+        pass
+
+    def propose(self, root, hidden):
+        from medusa.decoding.trees import Proposal, TreeNodes
+
+        b = root.shape[0]
+        tokens = torch.cat([root.view(b, 1), torch.tensor([[11, 13, 12]]).expand(b, 3)], dim=1)
+        nodes = TreeNodes(tokens, torch.tensor([[0, 0, 0, 1]]).expand(b, 4),
+                          torch.tensor([[0, 1, 1, 2]]).expand(b, 4), 2, 2, torch.float32)
+        return Proposal(tokens, None, None, nodes=_Unbuilt(nodes))
+
+
+def test_lookup_proposer_merges_into_a_growers_nodes_and_builds_once():
+    """LookupProposer around a per-row grower: the chain (11 12 7 8 after "5 11 12 7 8 ... 5") merges at the
+    grower's node 12 (path 11 -> 12) and hangs its rest from there; the inner tree is never built."""
+    from medusa.decoding.lookup import LookupProposer
+
+    proposer = LookupProposer(_RowGrower(), lookup_tokens=2, room=8)
+    ids = torch.tensor([[5, 11, 12, 7, 8, 9]])
+    proposer.prefill(ids, torch.ones_like(ids), torch.zeros(1, 6, 4), torch.tensor([5]))
+    proposal = proposer.propose(torch.tensor([5]), torch.zeros(1, 4))
+    tree = proposal.tree
+    assert proposal.tokens[0].tolist() == [5, 11, 13, 12, 7, 8]
+    assert tree.parents[0].tolist() == [0, 0, 0, 1, 3, 4] and tree.depths[0].tolist() == [0, 1, 1, 2, 3, 4]
+    assert (proposer.num_nodes, proposer.depth) == (6, 4)

@@ -287,3 +287,24 @@ def test_lookup_proposer_records_the_prompt_at_prefill():
     proposer.prefill(ids, mask, torch.zeros(2, ids.shape[1], 32), root)
     want = new_context(ids, mask, root, 20)
     assert torch.equal(proposer.context.tokens, want.tokens) and torch.equal(proposer.context.end, want.end)
+
+
+@pytest.mark.parametrize("head_type", ["linear", "hydra", "eagle3"])
+def test_lookup_wraps_every_family(head_type):
+    """A lookup chain is one wrapper (LookupProposer) around whichever proposer the family gets: MEDUSA and
+    Hydra heads' static proposer, the sequential drafter's; without a chain the inner proposer is returned."""
+    from medusa.decoding.drafter import Drafter, DrafterProposer
+    from medusa.decoding.lookup import LookupProposer
+    from medusa.tree import DraftTreeShape
+
+    heads = MedusaModel.from_base(tiny_model("llama", layers=4), num_heads=3, head_type=head_type).heads
+    drafter = head_type == "eagle3"
+    assert isinstance(heads, Drafter) is drafter
+    for lookup in (0, 3):
+        choice = (TreeChoice(draft=DraftTreeShape(8, 3, 2, 2, lookup_tokens=lookup), lookup_tokens=lookup)
+                  if drafter else TreeChoice(static=MedusaTree.from_choices(CHOICES), lookup_tokens=lookup))
+        proposer = choose_proposer(heads, choice, CPU, torch.float32, room=20)
+        inner = proposer.inner if lookup else proposer
+        assert type(proposer) is (LookupProposer if lookup else type(inner))
+        assert type(inner) is (DrafterProposer if drafter else StaticProposer)
+        assert proposer.num_nodes == inner.num_nodes + lookup and proposer.depth == inner.depth + lookup

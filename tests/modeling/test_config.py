@@ -55,7 +55,7 @@ def test_unknown_config_key(saved):
     ("recipe", "lr=1", "recipe: expected an object"),
     ("base_model_subdir", "../../elsewhere", "base_model_subdir: expected the name of a folder inside"),
     ("feature_layers", [1, "x"], "feature_layers: expected a list of layer indices"),
-    ("feature_layers", [0, 1, 2], "feature_layers: only for head_type eagle3 (got 'linear')"),
+    ("feature_layers", [0, 1, 2], "feature_layers: only for head_type: eagle3 (got linear)"),
     ("draft_vocab", 97, "draft_vocab: 97 exceeds vocab_size 96"),
 ])
 def test_config_field_of_the_wrong_type_is_one_error_naming_it(tmp_path, key, value, needle):

@@ -105,7 +105,7 @@ def test_cache_equals_one_pass(arch):
         whole = heads.layer(heads.embed(ids), heads.fuse(feats), pos, _causal(2, 9), DraftKV())
         cache, parts = DraftKV(), []
         for lo, hi in ((0, 4), (4, 5), (5, 9)):
-            s = cache.length
+            s = cache.get_seq_length()
             allowed = torch.ones(hi - lo, s + hi - lo, dtype=torch.bool)
             allowed[:, s:] = torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril()
             mask = torch.zeros(2, 1, hi - lo, s + hi - lo)
@@ -113,6 +113,6 @@ def test_cache_equals_one_pass(arch):
             parts.append(heads.layer(heads.embed(ids[:, lo:hi]), heads.fuse(feats[:, lo:hi]), pos[:, lo:hi],
                                      mask, cache))
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-5, rtol=1e-5)
-    assert cache.length == 9
+    assert cache.get_seq_length() == 9
     cache.truncate(4)
-    assert cache.length == 4
+    assert cache.get_seq_length() == 4

@@ -33,7 +33,7 @@ def _chain_logits(heads, feats, ids, i, j):
     pos = torch.arange(1, n + 1).view(1, n)
     g = heads.layer(heads.embed(ids[:, 1:n + 1]), heads.fuse(feats[:, :n]), pos, mask, cache)[:, -1:]
     for s in range(1, j + 1):
-        open_mask = torch.zeros(1, 1, 1, cache.length + 1)
+        open_mask = torch.zeros(1, 1, 1, cache.get_seq_length() + 1)
         g = heads.layer(heads.embed(ids[:, i + 1 + s:i + 2 + s]), g, torch.tensor([[i + 1 + s]]), open_mask,
                         cache)
     return heads.logits(g[:, 0])  # [1, N]

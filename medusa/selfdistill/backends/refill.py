@@ -55,7 +55,9 @@ def refill_supported(model: torch.nn.Module) -> str | None:
 
 class SlotCache:
     """KV buffers shared by ``batch`` slots: per layer ``[B, H_kv, capacity, head_dim]``, written at column
-    ``col`` by every forward (duck-types the one ``Cache`` method decoder layers call: ``update``)."""
+    ``col`` by every forward: the attention-facing cache interface
+    (:class:`medusa.decoding.hf.AttentionCache`: ``update``, ``get_seq_length``) over a preallocated buffer
+    that slots join and leave."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

@@ -1,7 +1,8 @@
-"""The eagle3 proposer through ``model.generate``: greedy output equals HF greedy ``generate`` (batch 1 and a
-left-padded batch, with and without the lookup chain) while a fitted drafter gets several tokens per step;
-the per-row trees are the best-scored, ancestor-closed node sets; "sample" acceptance keeps the model's own
-law with drafts sampled from the drafter (chi-square on tokens 1-3, which span the first step's tree)."""
+"""The sequential drafter's proposer (EAGLE-3 heads) through ``model.generate``: greedy output equals HF
+greedy ``generate`` (batch 1 and a left-padded batch, with and without the lookup chain) while a fitted
+drafter gets several tokens per step; the per-row trees are the best-scored, ancestor-closed node sets;
+"sample" acceptance keeps the model's own law with drafts sampled from the drafter (chi-square on tokens 1-3,
+which span the first step's tree)."""
 
 import pytest
 import torch
@@ -70,18 +71,18 @@ def test_greedy_equals_hf_left_padded_batch(fitted):
 def test_drafted_tree_is_the_best_closed_set(fitted):
     """Row by row, the drafted nodes' parents precede them, masks are ancestor sets, and no node outside the
     tree scores above the worst node inside it (the pool is what the expansion produced)."""
-    from medusa.decoding.eagle3_proposer import Eagle3Proposer
+    from medusa.decoding.drafter import DrafterProposer
 
     model, prompts = fitted
     shape = DraftTreeShape(10, 4, 3, 2)
-    proposer = Eagle3Proposer(model.heads, shape, torch.float32)
+    proposer = DrafterProposer(model.heads, shape, torch.float32)
     ids = prompts[:2]
     feats = base_features(model.base_model, ids, None, model.heads.feature_layers)
     root = torch.tensor([7, 9])
     proposer.prefill(ids, torch.ones_like(ids), feats, root)
-    length = proposer.cache.length
+    length = proposer.context.cache.get_seq_length()
     proposal = proposer.propose(root, feats[:, -1])
-    assert proposer.cache.length == length  # the drafted entries are dropped after the step's draft
+    assert proposer.context.cache.get_seq_length() == length  # the drafted entries are dropped again
     tree = proposal.tree
     for b in range(2):
         assert int(proposal.tokens[b, 0]) == int(root[b])
@@ -149,11 +150,12 @@ def test_sampled_drafts_q_r_stay_finite_when_q_underflows_to_one_hot(fitted):
     """At a low temperature the fitted drafter's q is one-hot in float32 (every other token's probability
     underflows): each later child's q_r (q without the earlier siblings) is still a distribution, zero on
     those siblings (renormalising the underflowed q gave 0 / 0 = NaN and "sample" decoding crashed)."""
-    from medusa.decoding.eagle3_proposer import DraftSampling, Eagle3Proposer
+    from medusa.decoding.draft_sampling import DraftSampling
+    from medusa.decoding.drafter import DrafterProposer
 
     model, prompts = fitted
     shape = DraftTreeShape(8, 3, 3, 2)
-    proposer = Eagle3Proposer(model.heads, shape, torch.float32,
+    proposer = DrafterProposer(model.heads, shape, torch.float32,
                               sampling=DraftSampling(0.005, torch.Generator().manual_seed(0)))
     ids = prompts[:2]
     feats = base_features(model.base_model, ids, None, model.heads.feature_layers)
@@ -196,14 +198,14 @@ def test_very_sure_drafter_keeps_no_child_without_its_parent(gap):
     """A drafter sure of its token (log-probability exactly 0.0): a child's score equals its parent's, and the
     old float32 ``score - 1e-6 * level`` rank lost the tie-break past |score| >= 16, so ``topk`` kept a child
     whose parent it dropped (an orphan hung from the root at the wrong depth)."""
-    from medusa.decoding.eagle3_proposer import Eagle3Proposer
+    from medusa.decoding.drafter import DrafterProposer
 
     base = tiny_model("llama", layers=4, seed=2, attention_bias=True)
     model = _very_sure(base, 44, 45, gap)
     ids = torch.tensor([[5, 17, 44, 9, 30]])
     feats = base_features(base, ids, None, model.heads.feature_layers)
     for shape in SURE_SHAPES:
-        proposer = Eagle3Proposer(model.heads, shape, torch.float32)
+        proposer = DrafterProposer(model.heads, shape, torch.float32)
         root = torch.tensor([44])
         proposer.prefill(ids, torch.ones_like(ids), feats, root)
         tree = proposer.propose(root).tree

@@ -3,7 +3,7 @@ ancestor-closed set in level order."""
 
 import torch
 
-from medusa.decoding.draft_pool import closed_keys, pick_tree
+from medusa.decoding.draft_growth import closed_keys, pick_tree
 
 
 def test_closed_keys_break_float32_ties_below_the_parent():
