@@ -24,6 +24,7 @@ from medusa.decoding.tree_option import resolve_dynamic
 from medusa.errors import MedusaError
 from medusa.eval.step_cost import step_op_counts, verify_floor
 from medusa.eval.timing import plain_step_time, timed
+from medusa.modeling.cpu_linear import stock_linears
 from medusa.modeling.loading import encode_prompt, load_for_generation
 from medusa.tree import DraftTreeShape, default_tree
 
@@ -48,8 +49,9 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
         ids = encode(prompt)
         best_hf, best_md, best_plain, md_out = float("inf"), float("inf"), float("inf"), None
         for _ in range(repeats):
-            ref, seconds = timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens,
-                                                       do_sample=False), device)
+            with stock_linears(base):  # HF generate as HF runs it (medusa bench does the same)
+                ref, seconds = timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens,
+                                                           do_sample=False), device)
             best_hf = min(best_hf, seconds)
             out, seconds = timed(lambda: model.generate(ids, max_new_tokens=max_new_tokens, tree=tree,
                                                         lookup_tokens=0, return_dict_in_generate=True),

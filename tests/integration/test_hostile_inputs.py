@@ -694,7 +694,7 @@ ISSUE_CASES = {
     "export_into_the_base_model_folder": (_into_the_base_folder, "holds the input"),
     "tree_rank_past_the_vocabulary": (_tree_with(choices=[[0], [600]]), "rank 600 is past the heads' vocab"),
     "config_feature_layers_on_linear_heads": (_config_with("feature_layers", [0, 1, 2]),
-                                              "feature_layers: only for head_type eagle3"),
+                                              "feature_layers: only for head_type: eagle3"),
     "generate_temperature_1e-45": (lambda ws: ["generate", "--heads", str(ws / "heads"), "--prompt", "Once",
                                                "--temperature", "1e-45"], "1e-45 is out of range"),
     "config_nested_too_deeply": (_deep("deep_heads/medusa_config.json", DEEP,
