@@ -30,6 +30,12 @@ from medusa.tree import DraftTreeShape, default_tree
 
 
 @torch.no_grad()
+def _hf_generate(base: Any, ids: torch.Tensor, max_new_tokens: int, device: Any) -> tuple[Any, float]:
+    """HF greedy ``generate`` as HF runs it (stock linears, as ``medusa bench`` times it) and its seconds."""
+    with stock_linears(base):
+        return timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens, do_sample=False), device)
+
+
 def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 128,
                      tree: Any = None, repeats: int = 2, step_cost: bool = True,
                      chat: bool = False) -> dict[str, Any]:
@@ -49,9 +55,7 @@ def profile_decoding(model: Any, tokenizer: Any, prompts: Sequence[str], max_new
         ids = encode(prompt)
         best_hf, best_md, best_plain, md_out = float("inf"), float("inf"), float("inf"), None
         for _ in range(repeats):
-            with stock_linears(base):  # HF generate as HF runs it (medusa bench does the same)
-                ref, seconds = timed(lambda: base.generate(ids, max_new_tokens=max_new_tokens,
-                                                           do_sample=False), device)
+            ref, seconds = _hf_generate(base, ids, max_new_tokens, device)
             best_hf = min(best_hf, seconds)
             out, seconds = timed(lambda: model.generate(ids, max_new_tokens=max_new_tokens, tree=tree,
                                                         lookup_tokens=0, return_dict_in_generate=True),
