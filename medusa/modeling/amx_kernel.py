@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from medusa.modeling.packaged_models import default_cache
+
 SOURCE = Path(__file__).with_name("kernels") / "amx_bf16_rows.c"
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
          "-shared", "-fPIC")
@@ -60,7 +62,8 @@ class PackedBf16:
 
 
 def kernel_dir() -> Path:
-    return Path(os.environ.get("MEDUSA_CACHE", Path.home() / ".cache" / "medusa")) / "kernels"
+    """``$MEDUSA_CACHE/kernels`` (``~/.cache/medusa/kernels``), beside the converted models."""
+    return default_cache().parent / "kernels"
 
 
 def _cpu_flags() -> set[str]:
