@@ -35,7 +35,8 @@ import torch
 
 from medusa.modeling.packaged_models import default_cache
 
-SOURCE = Path(__file__).with_name("kernels") / "amx_bf16_rows.c"
+# the matmul, and the decoder layer's small ops between matmuls (:mod:`medusa.modeling.native_body`)
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("amx_bf16_rows.c", "bf16_decoder_ops.c"))
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
          "-shared", "-fPIC")
 MAX_ROWS = 32  # rows per call through the kernel (two A tiles); more rows: the caller's stock product
@@ -84,7 +85,8 @@ def _compiler() -> str | None:
 def _build(cc: str) -> Path:
     """Compile the kernel (once per source, flags and compiler) and return the shared library's path."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    texts = [source.read_text() for source in SOURCES]
+    digest = hashlib.sha256("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
     target = kernel_dir() / f"amx_bf16_rows-{digest}.so"
     if target.exists():
         return target
@@ -92,11 +94,11 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".amx_bf16_rows-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             last = done.stderr.strip().splitlines()[-1:]
-            raise OSError(f"{cc} failed on {SOURCE.name}: {last}")
+            raise OSError(f"{cc} failed on {', '.join(s.name for s in SOURCES)}: {last}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -128,7 +130,28 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     lib.medusa_bf16_rows_amx.argtypes = [_PTR, _C_LONG, _C_LONG, _PTR, _C_LONG, _C_LONG, _PTR, _PTR, _C_LONG,
                                          _C_LONG]
     lib.medusa_bf16_rows_amx.restype = None
+    _declare_decoder_ops(lib)
     return lib, ""
+
+
+def _declare_decoder_ops(lib: ctypes.CDLL) -> None:
+    """The argument types of ``kernels/bf16_decoder_ops.c``'s entry points (pointers, longs, floats)."""
+    f, n, p = ctypes.c_float, _C_LONG, _PTR
+    signatures = {
+        "medusa_rms_norm": [p, n, n, p, f, p],
+        "medusa_add_rms_norm": [p, p, n, n, p, f, p, p],
+        "medusa_rope": [p, n, n, n, n, p, p, n],
+        "medusa_attention": [p, n, n, n, n, n, n, p, p, n, n, n, n, p, n, n, f, p, n, p],
+        "medusa_silu_mul": [p, n, n, n, p, n],
+    }
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library (the matmul and the decoder ops), None where :func:`available` is False."""
+    return _library()[0]
 
 
 def available() -> bool:
@@ -177,5 +200,5 @@ def rows_matmul(x: torch.Tensor, packed: PackedBf16) -> torch.Tensor:
     return y
 
 
-__all__ = ["ENV", "K_MULTIPLE", "MAX_ROWS", "PackedBf16", "available", "fits", "kernel_dir", "pack",
+__all__ = ["ENV", "K_MULTIPLE", "MAX_ROWS", "PackedBf16", "available", "fits", "kernel_dir", "library", "pack",
            "rows_matmul", "unavailable_reason"]

@@ -1,0 +1,192 @@
+"""A Llama-family decoder body in bfloat16 run layer by layer through the AMX kernel and its small ops: the
+decode step's target forward (one token, a chain or a tree of up to 32) at the memory's speed.
+
+Hugging Face's module code spends ~20 ms of a ~40 ms SmolLM2-135M one-token forward around its matmuls
+(~1,500 small tensor ops and the module plumbing: docs/results/bf16-step.md). Here each layer is nine calls:
+RMSNorm -> one fused q/k/v matmul -> rotary embedding in place -> the cache write (the transformers cache's
+own ``update``) -> attention -> o_proj -> residual + RMSNorm -> one fused gate/up matmul -> SiLU * up ->
+down_proj, whose residual add is fused into the next layer's norm (``kernels/bf16_decoder_ops.c``).
+
+It computes what the model's bfloat16 forward computes, rounded where that rounds (outputs differ from
+HF's in the last bits of some values: a different order of float32 sums), and it is row-independent:
+attention sums only the columns a row's mask lets it see, in column order, so a tree verified in one
+forward gives each node exactly what one-token forwards give it (a tree decode equals our plain decode,
+side branches included). Used by :meth:`medusa.modeling.model.MedusaModel.forward` for inference-only
+bfloat16 forwards of at most 32 rows with a 4-D tree mask over a cache of
+:class:`medusa.decoding.growing_cache.GrowingLayer`s; everything else (prefill, float32, training) runs the
+model's own code. :func:`unsupported_reason` says why a model cannot use it. ``MEDUSA_NATIVE_BODY=0``
+turns it off (to compare).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from medusa.decoding.growing_cache import GrowingLayer
+from medusa.modeling import amx_kernel
+
+ENV = "MEDUSA_NATIVE_BODY"
+MODEL_TYPES = ("llama", "qwen2")  # RMSNorm (weight * x), rotary q / k, SiLU-gated MLP, full attention
+MAX_ROWS = amx_kernel.MAX_ROWS  # tokens (batch x tree nodes) one native forward takes
+
+
+@dataclass(frozen=True)
+class NativeLayer:
+    """One decoder layer's packed weights (``[out, in]`` before packing) and norm weights ``[d]``."""
+
+    qkv: amx_kernel.PackedBf16  # [(Hq + 2 Hkv) hd, d]: q_proj, k_proj, v_proj stacked
+    o: amx_kernel.PackedBf16  # [d, Hq hd]
+    gate_up: amx_kernel.PackedBf16  # [2 I, d]: gate_proj, up_proj stacked
+    down: amx_kernel.PackedBf16  # [d, I]
+    input_norm: torch.Tensor  # [d] bfloat16
+    post_norm: torch.Tensor  # [d] bfloat16
+
+
+@dataclass(frozen=True)
+class NativeBody:
+    """A model body's layers packed for :func:`forward`, and the tensors whose versions they were packed at."""
+
+    layers: tuple[NativeLayer, ...]
+    embed: nn.Module  # the body's token embedding
+    rotary: nn.Module  # the body's rotary module: (hidden, position_ids) -> cos, sin [B, T, hd] bfloat16
+    final_norm: torch.Tensor  # [d]
+    eps: float
+    hq: int
+    hkv: int
+    hd: int
+    inter: int
+    lib: Any  # the kernel library (ctypes)
+    sources: tuple[torch.Tensor, ...]  # every weight packed here, in order
+    versions: tuple[tuple[int, int], ...]  # (data_ptr, _version) of each source when packed
+
+    def fresh(self) -> bool:
+        """Whether no packed weight changed since packing (trained, loaded or moved since)."""
+        return all((t.data_ptr(), t._version) == v for t, v in zip(self.sources, self.versions))
+
+
+def unsupported_reason(body: nn.Module, config: Any) -> str:
+    """Why ``body`` (a decoder body, ``config`` its text config) cannot run natively ("" when it can)."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV}=0"
+    if not amx_kernel.available():
+        return f"the AMX kernel is unavailable: {amx_kernel.unavailable_reason()}"
+    if getattr(config, "model_type", None) not in MODEL_TYPES:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {MODEL_TYPES}"
+    if getattr(config, "hidden_act", None) not in ("silu", "swish"):
+        return f"hidden_act {getattr(config, 'hidden_act', None)!r} is not silu"
+    if getattr(config, "use_sliding_window", False) or any(
+            t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+        return "sliding-window attention"
+    layers = getattr(body, "layers", None)
+    if layers is None or not hasattr(body, "rotary_emb") or not hasattr(body, "embed_tokens"):
+        return f"{type(body).__name__} has no layers / rotary_emb / embed_tokens"
+    hd = getattr(layers[0].self_attn, "head_dim", 0)
+    widths = (config.hidden_size, config.intermediate_size, hd * 2)
+    if any(w % amx_kernel.K_MULTIPLE for w in widths):
+        return f"widths {widths} are not multiples of {amx_kernel.K_MULTIPLE}"
+    if hd > 256:
+        return f"head_dim {hd} > 256"
+    linears = [lin for layer in layers for lin in _linears(layer)]
+    if any(lin.weight.dtype != torch.bfloat16 or lin.weight.device.type != "cpu" for lin in linears):
+        return "the weights are not bfloat16 on the CPU"
+    return ""
+
+
+def _linears(layer: nn.Module) -> tuple[nn.Module, ...]:
+    a, m = layer.self_attn, layer.mlp
+    return a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj
+
+
+def _stacked(*linears: nn.Module) -> amx_kernel.PackedBf16:
+    """One packed weight for several linears of the same input, their outputs side by side."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum out, in]
+    biases = [lin.bias for lin in linears]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [torch.zeros(lin.out_features) if b is None else b.detach().float() for lin, b in zip(linears, biases)])
+    return amx_kernel.pack(weight, bias)
+
+
+def build(body: nn.Module, config: Any) -> NativeBody:
+    """Pack ``body``'s layers (see :func:`unsupported_reason`, which must be "")."""
+    layers, sources = [], []
+    for layer in body.layers:
+        q, k, v, o, gate, up, down = _linears(layer)
+        layers.append(NativeLayer(
+            qkv=_stacked(q, k, v), o=_stacked(o), gate_up=_stacked(gate, up), down=_stacked(down),
+            input_norm=layer.input_layernorm.weight.detach(), post_norm=layer.post_attention_layernorm.weight.detach()))
+        sources += [lin.weight for lin in (q, k, v, o, gate, up, down)]
+        sources += [lin.bias for lin in (q, k, v, o, gate, up, down) if lin.bias is not None]
+    attn = body.layers[0].self_attn
+    return NativeBody(
+        layers=tuple(layers), embed=body.embed_tokens, rotary=body.rotary_emb,
+        final_norm=body.norm.weight.detach(), eps=float(body.norm.variance_epsilon),
+        hq=config.num_attention_heads, hkv=config.num_key_value_heads, hd=attn.head_dim,
+        inter=config.intermediate_size, lib=amx_kernel.library(), sources=tuple(sources),
+        versions=tuple((t.data_ptr(), t._version) for t in sources))
+
+
+def applies(input_ids: Any, mask: Any, cache: Any) -> bool:
+    """Whether a forward with these inputs can run natively: inference, at most :data:`MAX_ROWS` tokens, a
+    4-D bfloat16 tree mask and a transformers cache of initialised :class:`GrowingLayer`s."""
+    return (isinstance(input_ids, torch.Tensor) and input_ids.numel() <= MAX_ROWS and not torch.is_grad_enabled()
+            and isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.dtype == torch.bfloat16
+            and mask.stride(-1) == 1 and hasattr(cache, "layers") and len(cache.layers) > 0
+            and all(isinstance(layer, GrowingLayer) and layer.is_initialized for layer in cache.layers))
+
+
+def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+            cache: Any, hidden_states: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """The body over ``input_ids [B, T]`` at ``position_ids [B, T]``, attending where ``mask [B, 1, T, S]``
+    (additive, bfloat16; S >= the cached columns + T) allows; appends the tokens' keys / values to
+    ``cache``. Returns the last hidden state ``[B, T, d]`` (after the final norm) and, with
+    ``hidden_states``, the model's ``hidden_states`` tuple (embeddings, each layer's input, the last)."""
+    lib, b, t = native.lib, input_ids.shape[0], input_ids.shape[1]
+    h = native.embed(input_ids)  # [B, T, d]
+    cos, sin = native.rotary(h, position_ids.expand(b, t))  # [B, T, hd] each
+    cos, sin = cos.contiguous(), sin.contiguous()
+    d, rows, qd, kd = h.shape[-1], b * t, native.hq * native.hd, native.hkv * native.hd
+    x = torch.empty_like(h)
+    lib.medusa_rms_norm(h.data_ptr(), rows, d, native.layers[0].input_norm.data_ptr(), native.eps, x.data_ptr())
+    collected = [h] if hidden_states else None
+    scores = torch.empty(mask.shape[-1] + 16, dtype=torch.float32)  # the attention's scratch
+    for i, layer in enumerate(native.layers):
+        qkv = amx_kernel.rows_matmul(x, layer.qkv)  # [B, T, qd + 2 kd]
+        lib.medusa_rope(qkv.data_ptr(), rows, qkv.shape[-1], native.hq + native.hkv, native.hd, cos.data_ptr(),
+                        sin.data_ptr(), native.hd)
+        k = qkv[..., qd:qd + kd].view(b, t, native.hkv, native.hd).transpose(1, 2)  # [B, Hkv, T, hd]
+        v = qkv[..., qd + kd:].view(b, t, native.hkv, native.hd).transpose(1, 2)
+        keys, values = cache.layers[i].update(k, v)  # [B, Hkv, S', hd] views of the layer's buffers
+        cols = min(keys.shape[2], mask.shape[-1])
+        attn = torch.empty(b, t, qd, dtype=torch.bfloat16)
+        lib.medusa_attention(qkv.data_ptr(), qkv.shape[-1], b, t, native.hq, native.hkv, native.hd,
+                             keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2),
+                             cols, mask.data_ptr(), mask.stride(0), mask.stride(2), native.hd ** -0.5,
+                             attn.data_ptr(), qd, scores.data_ptr())
+        h, x = _add_norm(lib, h, amx_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
+        gu = amx_kernel.rows_matmul(x, layer.gate_up)  # [B, T, 2 I]
+        act = torch.empty(b, t, native.inter, dtype=torch.bfloat16)
+        lib.medusa_silu_mul(gu.data_ptr(), rows, native.inter, 2 * native.inter, act.data_ptr(), native.inter)
+        last = i + 1 == len(native.layers)
+        norm = native.final_norm if last else native.layers[i + 1].input_norm
+        h, x = _add_norm(lib, h, amx_kernel.rows_matmul(act, layer.down), norm, native.eps)
+        if collected is not None:
+            collected.append(x if last else h)
+    return x, None if collected is None else tuple(collected)
+
+
+def _add_norm(lib: Any, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``h + delta``, RMSNorm of it with ``weight``), each ``[B, T, d]``."""
+    total, normed = torch.empty_like(h), torch.empty_like(h)
+    lib.medusa_add_rms_norm(h.data_ptr(), delta.data_ptr(), h.numel() // h.shape[-1], h.shape[-1],
+                            weight.data_ptr(), eps, total.data_ptr(), normed.data_ptr())
+    return total, normed
+
+
+__all__ = ["ENV", "MAX_ROWS", "MODEL_TYPES", "NativeBody", "NativeLayer", "applies", "build", "forward",
+           "unsupported_reason"]
