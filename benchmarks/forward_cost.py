@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from medusa.decoding.hf import cache_kwargs
 from medusa.eval.timing import forward_cost_curve
 from medusa.modeling.cpu_linear import linear_bytes, pack_linears, packing_supported, unpack_linears
 
@@ -47,11 +48,13 @@ def memory_floor(base: Any, bandwidth: float) -> dict[str, float]:
     return {"weight_bytes": weight_bytes, "bandwidth": bandwidth, "seconds": weight_bytes / bandwidth}
 
 
-def format_floor(floor: dict[str, float], packed_one: float | None) -> str:
+def format_floor(floor: dict[str, float], packed_one: float | None, native_one: float | None = None) -> str:
     line = (f"memory floor of one token: {floor['weight_bytes'] / 1e6:.0f} MB of weights / "
             f"{floor['bandwidth'] / 1e9:.1f} GB/s streamed = {floor['seconds'] * 1e3:.1f} ms")
     if packed_one:
         line += f"; the packed 1-token forward is {packed_one / floor['seconds']:.2f}x the floor"
+    if native_one:
+        line += f", the native body's (the decoder's tree step) {native_one / floor['seconds']:.2f}x"
     return line
 
 
@@ -59,7 +62,8 @@ def stock_vs_packed(base: Any, sizes: Sequence[int] = SIZES, rounds: int = 3, re
                     cache_len: int = 200) -> dict[str, dict[int, float]]:
     """``{"stock": {n: seconds}, "packed": {n: seconds}}`` (packed empty where oneDNN's reorder is missing),
     plus ``"onednn"`` where the packed layers use the AMX kernel (:mod:`medusa.modeling.amx_kernel`): oneDNN's
-    reorder for the same weights, to compare. ``base`` is left with its linears as it came."""
+    reorder for the same weights, to compare, and ``"native"`` in bfloat16 there: the native body's tree step
+    (:func:`native_curve`), what the decoder runs. ``base`` is left with its linears as it came."""
     was_packed = unpack_linears(base) > 0
     kernel = any(getattr(m, "amx", None) is not None for m in _packed_probe(base))
     names = ("stock", "packed", "onednn") if kernel else ("stock", "packed")
@@ -73,10 +77,59 @@ def stock_vs_packed(base: Any, sizes: Sequence[int] = SIZES, rounds: int = 3, re
                 unpack_linears(base)
                 for n, s in curve.items():
                     curves[name][n] = min(curves[name].get(n, float("inf")), s)
+            if kernel and base.dtype == torch.bfloat16:  # the decoder's tree step: the native body
+                pack_linears(base)
+                for n, s in native_curve(base, sizes, repeats, cache_len).items():
+                    curves.setdefault("native", {})[n] = min(curves.get("native", {}).get(n, float("inf")), s)
+                unpack_linears(base)
     finally:
         if was_packed:
             pack_linears(base)
     return curves
+
+
+def native_curve(base: Any, sizes: Sequence[int] = SIZES, repeats: int = 5, cache_len: int = 200,
+                 seed: int = 0) -> dict[int, float]:
+    """Seconds of one forward of ``n`` tokens (a causal chain) over a ``cache_len``-token cache through the
+    native body and the LM head, as a tree step runs it (:mod:`medusa.modeling.native_body`; sizes up to its
+    :data:`~medusa.modeling.native_body.MAX_ROWS`), the best of ``repeats``; empty where the body cannot run
+    natively. ``base`` must be packed (the LM head through the kernel)."""
+    from medusa.decoding.kv_cache import KV_PAD, new_cache, padded
+    from medusa.eval.timing import timed
+    from medusa.modeling import native_body
+    from medusa.modeling.base import base_logits, decoder_of, text_config
+
+    body, config = decoder_of(base), text_config(base)
+    if native_body.unsupported_reason(body, config):
+        return {}
+    native = native_body.build(body, config)
+    g = torch.Generator().manual_seed(seed)
+    cache = new_cache()
+    with torch.no_grad():
+        base(input_ids=torch.randint(0, config.vocab_size, (1, cache_len), generator=g), use_cache=True,
+             **cache_kwargs(cache))
+    for layer in cache.layers:
+        layer.pad = KV_PAD
+    neg, curve = torch.finfo(torch.bfloat16).min, {}
+    for n in (n for n in sizes if n <= native_body.MAX_ROWS):
+        ids = torch.randint(0, config.vocab_size, (1, n), generator=g)  # [1, n]
+        positions = torch.arange(cache_len, cache_len + n).view(1, n)
+        mask = torch.full((1, 1, n, padded(cache_len + n)), neg, dtype=torch.bfloat16)  # [1, 1, n, cols]
+        mask[..., :cache_len] = 0
+        mask[0, 0, :, cache_len:cache_len + n] = torch.full((n, n), neg).triu(1)
+
+        def step() -> torch.Tensor:
+            last, _ = native_body.forward(native, ids, mask, positions, cache)
+            return base_logits(base, last)
+
+        best = float("inf")
+        with torch.no_grad():
+            for _ in range(repeats + 1):
+                _, seconds = timed(step, torch.device("cpu"))
+                cache.crop(-n)
+                best = min(best, seconds)
+        curve[n] = best
+    return curve
 
 
 def _packed_probe(base: Any) -> list[Any]:
@@ -88,11 +141,14 @@ def _packed_probe(base: Any) -> list[Any]:
 
 
 def format_curves(curves: dict[str, dict[int, float]]) -> str:
-    stock, packed, onednn = curves["stock"], curves["packed"], curves.get("onednn")
+    stock, packed = curves["stock"], curves["packed"]
+    onednn, native = curves.get("onednn"), curves.get("native")
     head = "| tokens in the forward | stock ms | relative | packed ms | relative | packed / stock |"
     rule = "|---:|---:|---:|---:|---:|---:|"
     if onednn:
         head, rule = head + " oneDNN-packed ms | kernel / oneDNN |", rule + "---:|---:|"
+    if native:
+        head, rule = head + " native body ms | relative |", rule + "---:|---:|"
     lines = [head, rule]
     for n, s in stock.items():
         p = packed.get(n)
@@ -100,6 +156,9 @@ def format_curves(curves: dict[str, dict[int, float]]) -> str:
         if onednn:
             o = onednn.get(n)
             cells += [f"{o * 1e3:.1f}", f"{p / o:.2f}"] if o and p else ["-"] * 2
+        if native:
+            v = native.get(n)
+            cells += [f"{v * 1e3:.1f}", f"{v / native[min(native)]:.2f}"] if v else ["-"] * 2
         lines.append(f"| {n} | {s * 1e3:.1f} | {s / stock[min(stock)]:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -123,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     curves = stock_vs_packed(base, rounds=args.rounds, repeats=args.repeats, cache_len=args.cache_len)
     print(f"{args.model}: {args.dtype}, {torch.get_num_threads()} threads, {args.cache_len}-token cache"
           + ("" if packing_supported() else " (no oneDNN weight reorder in this torch: stock only)"))
-    print(format_floor(floor, curves["packed"].get(1)))
+    print(format_floor(floor, curves["packed"].get(1), curves.get("native", {}).get(1)))
     print(format_curves(curves))
     return 0
 

@@ -36,7 +36,8 @@ import torch
 from medusa.modeling.packaged_models import default_cache
 
 # the matmul, and the decoder layer's small ops between matmuls (:mod:`medusa.modeling.native_body`)
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("amx_bf16_rows.c", "bf16_decoder_ops.c"))
+SOURCES = tuple(Path(__file__).with_name("kernels") / name
+                for name in ("amx_bf16_rows.c", "bf16_decoder_ops.c"))
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
          "-shared", "-fPIC")
 MAX_ROWS = 32  # rows per call through the kernel (two A tiles); more rows: the caller's stock product
@@ -200,5 +201,6 @@ def rows_matmul(x: torch.Tensor, packed: PackedBf16) -> torch.Tensor:
     return y
 
 
-__all__ = ["ENV", "K_MULTIPLE", "MAX_ROWS", "PackedBf16", "available", "fits", "kernel_dir", "library", "pack",
+__all__ = ["ENV", "K_MULTIPLE", "MAX_ROWS", "PackedBf16", "available", "fits", "kernel_dir", "library",
+           "pack",
            "rows_matmul", "unavailable_reason"]

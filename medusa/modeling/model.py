@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from medusa.decoding.generate import medusa_generate
 from medusa.decoding.hf import cache_kwargs, output_cache
 from medusa.errors import CheckpointError, ConfigError
 from medusa.io import atomic_directory, save_safetensors
+from medusa.modeling import native_body
 from medusa.modeling.base import (
     base_logits,
     decoder_of,
@@ -40,7 +40,6 @@ from medusa.modeling.config import (
 )
 from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.eagle3 import Eagle3Heads
-from medusa.modeling import native_body
 from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.hydra import HydraHeads
 from medusa.modeling.packaged import check_packaged_base
@@ -56,24 +55,6 @@ class MedusaOutput:
     # [B, T, len(feature_layers) * d], the base's hidden_states[i] (0 = embeddings) concatenated over them
     hidden_states: torch.Tensor
     past_key_values: Any = None
-
-
-# model -> its body packed for native tree steps, or None where the body cannot run natively (built once)
-_NATIVE: weakref.WeakKeyDictionary[nn.Module, native_body.NativeBody | None] = weakref.WeakKeyDictionary()
-
-
-def native_for(model: nn.Module, body: nn.Module, input_ids: Any, mask: Any, cache: Any
-               ) -> native_body.NativeBody | None:
-    """``model``'s body packed for :func:`medusa.modeling.native_body.forward` when this forward can run so
-    (:func:`medusa.modeling.native_body.applies`; the body supported), else None. Packed at the first such
-    forward, again when a weight changed since."""
-    if not native_body.applies(input_ids, mask, cache):
-        return None
-    if model not in _NATIVE or (_NATIVE[model] is not None and not _NATIVE[model].fresh()):
-        config = text_config(model.base_model)
-        reason = native_body.unsupported_reason(body, config)
-        _NATIVE[model] = None if reason else native_body.build(body, config)
-    return _NATIVE[model]
 
 
 def _gather_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
@@ -207,8 +188,8 @@ class MedusaModel(nn.Module):
         body = decoder_of(self.base_model)
         layers = getattr(self.heads, "feature_layers", None)  # drafters that read several base layers
         mask = body_mask(self.base_model, attention_mask)
-        native = None if kwargs or not use_cache or position_ids is None else native_for(
-            self, body, input_ids, mask, past_key_values)
+        native = None if kwargs or not use_cache or position_ids is None else native_body.native_for(
+            self, body, text_config(self.base_model), input_ids, mask, past_key_values)
         if native is not None:  # a tree step in bfloat16 through the kernels (medusa.modeling.native_body)
             last, states = native_body.forward(native, input_ids, mask, position_ids, past_key_values,
                                                hidden_states=layers is not None)
@@ -218,7 +199,7 @@ class MedusaModel(nn.Module):
                 kwargs["output_hidden_states"] = True
             out = body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                        use_cache=use_cache, **cache_kwargs(past_key_values), **kwargs)
-            last, states, cache = out.last_hidden_state, out.hidden_states, output_cache(out)  # last [B, T, d]
+            last, states, cache = out.last_hidden_state, out.hidden_states, output_cache(out)  # [B, T, d]
         picked = _gather_positions(last, positions)  # [B, P, d]
         # the features the heads read: the last hidden state, or the chosen layers' concatenated [B, T, n * d]
         hidden = last if layers is None else torch.cat([states[i] for i in layers], dim=-1)

@@ -21,6 +21,7 @@ turns it off (to compare).
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ class NativeLayer:
 
 @dataclass(frozen=True)
 class NativeBody:
-    """A model body's layers packed for :func:`forward`, and the tensors whose versions they were packed at."""
+    """A model body's layers packed for :func:`forward`, and the tensors (and versions) packed from."""
 
     layers: tuple[NativeLayer, ...]
     embed: nn.Module  # the body's token embedding
@@ -86,7 +87,7 @@ def unsupported_reason(body: nn.Module, config: Any) -> str:
     if layers is None or not hasattr(body, "rotary_emb") or not hasattr(body, "embed_tokens"):
         return f"{type(body).__name__} has no layers / rotary_emb / embed_tokens"
     hd = getattr(layers[0].self_attn, "head_dim", 0)
-    widths = (config.hidden_size, config.intermediate_size, hd * 2)
+    widths = (config.hidden_size, config.intermediate_size, hd)
     if any(w % amx_kernel.K_MULTIPLE for w in widths):
         return f"widths {widths} are not multiples of {amx_kernel.K_MULTIPLE}"
     if hd > 256:
@@ -107,7 +108,8 @@ def _stacked(*linears: nn.Module) -> amx_kernel.PackedBf16:
     weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum out, in]
     biases = [lin.bias for lin in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
-        [torch.zeros(lin.out_features) if b is None else b.detach().float() for lin, b in zip(linears, biases)])
+        [torch.zeros(lin.out_features) if b is None else b.detach().float()
+         for lin, b in zip(linears, biases)])
     return amx_kernel.pack(weight, bias)
 
 
@@ -118,7 +120,8 @@ def build(body: nn.Module, config: Any) -> NativeBody:
         q, k, v, o, gate, up, down = _linears(layer)
         layers.append(NativeLayer(
             qkv=_stacked(q, k, v), o=_stacked(o), gate_up=_stacked(gate, up), down=_stacked(down),
-            input_norm=layer.input_layernorm.weight.detach(), post_norm=layer.post_attention_layernorm.weight.detach()))
+            input_norm=layer.input_layernorm.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach()))
         sources += [lin.weight for lin in (q, k, v, o, gate, up, down)]
         sources += [lin.bias for lin in (q, k, v, o, gate, up, down) if lin.bias is not None]
     attn = body.layers[0].self_attn
@@ -133,10 +136,29 @@ def build(body: nn.Module, config: Any) -> NativeBody:
 def applies(input_ids: Any, mask: Any, cache: Any) -> bool:
     """Whether a forward with these inputs can run natively: inference, at most :data:`MAX_ROWS` tokens, a
     4-D bfloat16 tree mask and a transformers cache of initialised :class:`GrowingLayer`s."""
-    return (isinstance(input_ids, torch.Tensor) and input_ids.numel() <= MAX_ROWS and not torch.is_grad_enabled()
+    return (isinstance(input_ids, torch.Tensor) and input_ids.numel() <= MAX_ROWS
+            and not torch.is_grad_enabled()
             and isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.dtype == torch.bfloat16
             and mask.stride(-1) == 1 and hasattr(cache, "layers") and len(cache.layers) > 0
             and all(isinstance(layer, GrowingLayer) and layer.is_initialized for layer in cache.layers))
+
+
+# model -> its body packed for native tree steps, or None where the body cannot run natively (built once)
+_PACKED: weakref.WeakKeyDictionary[nn.Module, NativeBody | None] = weakref.WeakKeyDictionary()
+
+
+def native_for(model: nn.Module, body: nn.Module, config: Any, input_ids: Any, mask: Any, cache: Any
+               ) -> NativeBody | None:
+    """``model``'s ``body`` (``config`` its text config) packed for :func:`forward` when this forward can run
+    so (:func:`applies`, the body supported), else None. Packed at the first such forward, again when a
+    weight changed since."""
+    if not applies(input_ids, mask, cache):
+        return None
+    packed = _PACKED.get(model, False)
+    if packed is False or (packed is not None and not packed.fresh()):
+        packed = None if unsupported_reason(body, config) else build(body, config)
+        _PACKED[model] = packed
+    return packed
 
 
 def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
@@ -151,20 +173,22 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
     cos, sin = cos.contiguous(), sin.contiguous()
     d, rows, qd, kd = h.shape[-1], b * t, native.hq * native.hd, native.hkv * native.hd
     x = torch.empty_like(h)
-    lib.medusa_rms_norm(h.data_ptr(), rows, d, native.layers[0].input_norm.data_ptr(), native.eps, x.data_ptr())
+    lib.medusa_rms_norm(h.data_ptr(), rows, d, native.layers[0].input_norm.data_ptr(), native.eps,
+                        x.data_ptr())
     collected = [h] if hidden_states else None
     scores = torch.empty(mask.shape[-1] + 16, dtype=torch.float32)  # the attention's scratch
     for i, layer in enumerate(native.layers):
         qkv = amx_kernel.rows_matmul(x, layer.qkv)  # [B, T, qd + 2 kd]
-        lib.medusa_rope(qkv.data_ptr(), rows, qkv.shape[-1], native.hq + native.hkv, native.hd, cos.data_ptr(),
-                        sin.data_ptr(), native.hd)
+        lib.medusa_rope(qkv.data_ptr(), rows, qkv.shape[-1], native.hq + native.hkv, native.hd,
+                        cos.data_ptr(), sin.data_ptr(), native.hd)
         k = qkv[..., qd:qd + kd].view(b, t, native.hkv, native.hd).transpose(1, 2)  # [B, Hkv, T, hd]
         v = qkv[..., qd + kd:].view(b, t, native.hkv, native.hd).transpose(1, 2)
         keys, values = cache.layers[i].update(k, v)  # [B, Hkv, S', hd] views of the layer's buffers
         cols = min(keys.shape[2], mask.shape[-1])
         attn = torch.empty(b, t, qd, dtype=torch.bfloat16)
         lib.medusa_attention(qkv.data_ptr(), qkv.shape[-1], b, t, native.hq, native.hkv, native.hd,
-                             keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2),
+                             keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
+                             keys.stride(2),
                              cols, mask.data_ptr(), mask.stride(0), mask.stride(2), native.hd ** -0.5,
                              attn.data_ptr(), qd, scores.data_ptr())
         h, x = _add_norm(lib, h, amx_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
@@ -189,4 +213,4 @@ def _add_norm(lib: Any, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
 
 
 __all__ = ["ENV", "MAX_ROWS", "MODEL_TYPES", "NativeBody", "NativeLayer", "applies", "build", "forward",
-           "unsupported_reason"]
+           "native_for", "unsupported_reason"]

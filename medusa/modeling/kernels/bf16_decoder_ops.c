@@ -154,16 +154,21 @@ static void scores16(const uint16_t *qh, const uint16_t *kb, long ss, long hd, l
     _mm512_storeu_ps(sc, _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), s));
 }
 
-/* acc[0 .. NV-1] += sum over columns j of p[j] * v_j (values vb, column stride ss), skipping p[j] == 0. NV is a
+/* acc[0 .. NV-1] += sum over columns j of p[j] * v_j (values vb, column stride ss), skipping p[j] == 0; returns
+ * the sum of the p[j], added in column order (a sum over lanes would depend on where each column falls in
+ * its 16-column block: a tree's node and the same token decoded alone would round it differently). NV is a
  * constant where it is inlined, so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void weigh_values(const float *p, const uint16_t *vb, long ss,
-                                                              long cols, const long NV, __m512 *acc) {
+static inline __attribute__((always_inline)) float weigh_values(const float *p, const uint16_t *vb, long ss,
+                                                               long cols, const long NV, __m512 *acc) {
+    float total = 0.0f;
     for (long j = 0; j < cols; j++) {
         if (p[j] == 0.0f) continue;
+        total += p[j];
         __m512 w = _mm512_set1_ps(p[j]);
         const uint16_t *vj = vb + j * ss;
         for (long v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, load16(vj + 16 * v), acc[v]);
     }
+    return total;
 }
 
 /* One query row's head qh against `cols` columns: out[0 .. hd-1] = softmax(q . k * scale + mask) . v.
@@ -171,7 +176,7 @@ static inline __attribute__((always_inline)) void weigh_values(const float *p, c
 static void attend(const uint16_t *qh, const uint16_t *kb, const uint16_t *vb, long ss, long hd, long cols,
                    const uint16_t *m, float scale, uint16_t *out, float *sc, const lane_sums *t) {
     long width = (cols + 15) / 16 * 16, nv = hd / 16;
-    __m512 ninf = _mm512_set1_ps(-INFINITY), top = ninf, total = _mm512_setzero_ps();
+    __m512 ninf = _mm512_set1_ps(-INFINITY), top = ninf;
     for (long j0 = 0; j0 < cols; j0 += 16) {
         scores16(qh, kb, ss, hd, j0, cols - j0, m, scale, sc + j0, t);
         top = _mm512_max_ps(top, _mm512_loadu_ps(sc + j0));
@@ -180,20 +185,13 @@ static void attend(const uint16_t *qh, const uint16_t *kb, const uint16_t *vb, l
     for (long j0 = 0; j0 < width; j0 += 16) { /* scores -> unnormalised probabilities, 0 where skipped */
         __m512 s = _mm512_loadu_ps(sc + j0);
         __mmask16 live = _mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_OQ);
-        __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, shift)));
-        total = _mm512_add_ps(total, p);
-        _mm512_storeu_ps(sc + j0, p);
+        _mm512_storeu_ps(sc + j0, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, shift))));
     }
-    float sum = _mm512_reduce_add_ps(total);
-    __m512 inv = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
     __m512 acc[16];
     for (long v = 0; v < 16; v++) acc[v] = _mm512_setzero_ps();
-    if (nv == 4)
-        weigh_values(sc, vb, ss, cols, 4, acc);
-    else if (nv == 8)
-        weigh_values(sc, vb, ss, cols, 8, acc);
-    else
-        weigh_values(sc, vb, ss, cols, nv, acc);
+    float sum = nv == 4 ? weigh_values(sc, vb, ss, cols, 4, acc)
+              : nv == 8 ? weigh_values(sc, vb, ss, cols, 8, acc) : weigh_values(sc, vb, ss, cols, nv, acc);
+    __m512 inv = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
     for (long v = 0; v < nv; v++) store16(out + 16 * v, _mm512_mul_ps(acc[v], inv));
 }
 

@@ -1,0 +1,172 @@
+"""medusa/modeling/native_body.py: the bfloat16 Llama-family body run through the AMX kernel and its C ops.
+It is as close to the float32 truth as the model's own bfloat16 forward, it returns the model's
+hidden-state tuple, every node of a verified tree (side branches included) gets bit for bit what one-token
+forwards give it, decoding with drafts equals plain decoding through it, a changed weight is repacked,
+and what it cannot run is named and left to the model's own code."""
+
+import copy
+
+import pytest
+import torch
+
+from medusa.decoding.growing_cache import growing_cache
+from medusa.decoding.kv_cache import KV_PAD, padded
+from medusa.modeling import amx_kernel, native_body
+from medusa.modeling.base import decoder_of, text_config
+from medusa.modeling.cpu_linear import pack_linears
+from medusa.modeling.model import MedusaModel
+
+from tiny_models import tiny_model
+
+pytestmark = pytest.mark.skipif(not amx_kernel.available(),
+                                reason=f"AMX kernel unavailable: {amx_kernel.unavailable_reason()}")
+
+NEG = torch.finfo(torch.bfloat16).min
+
+
+def _model(arch: str = "llama", **kwargs) -> torch.nn.Module:
+    """A tiny model whose widths the kernels take (hidden 128, 4 heads of 32, MLP 256), float32."""
+    return tiny_model(arch, hidden_size=128, intermediate_size=256, layers=3, **kwargs)
+
+
+def _bf16(model: torch.nn.Module) -> torch.nn.Module:
+    model = copy.deepcopy(model).bfloat16()
+    assert pack_linears(model) > 0
+    return model
+
+
+def _tree_mask(past: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 4-D mask ``[1, 1, n, cols]`` of nodes with ``parents`` after ``past`` cached tokens (each node sees
+    the cache, its ancestors and itself; columns padded to 16 as the decoder's cache gives them) and their
+    positions ``[1, n]``."""
+    n = len(parents)
+    mask = torch.full((1, 1, n, padded(past + n)), NEG, dtype=torch.bfloat16)
+    mask[..., :past] = 0
+    depth = []
+    for i, p in enumerate(parents):
+        node = i
+        while node >= 0:
+            mask[0, 0, i, past + node] = 0
+            node = parents[node]
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return mask, (past + torch.tensor(depth)).view(1, n)
+
+
+def _cache(model: torch.nn.Module, prompt: torch.Tensor):
+    cache = growing_cache()
+    model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    for layer in cache.layers:
+        layer.pad = KV_PAD
+    return cache
+
+
+def _native(model: torch.nn.Module) -> native_body.NativeBody:
+    body, config = decoder_of(model), text_config(model)
+    assert native_body.unsupported_reason(body, config) == ""
+    return native_body.build(body, config)
+
+
+@pytest.mark.parametrize("arch,extra", [("llama", {}), ("qwen2", {}), ("llama", {"attention_bias": True})])
+def test_as_close_to_float32_as_the_models_own_bf16_forward_with_its_hidden_states(arch, extra):
+    f32 = _model(arch, **extra)
+    bf16 = _bf16(f32)
+    native = _native(bf16)
+    prompt = torch.randint(3, 96, (1, 37), generator=torch.Generator().manual_seed(3))
+    nodes = torch.tensor([[5, 17, 22, 40, 9, 3]])
+    mask, positions = _tree_mask(37, [-1, 0, 0, 1, 2, 3])
+    with torch.no_grad():
+        f32_mask = mask.float().clamp(min=torch.finfo(torch.float32).min)
+        truth = f32.model(input_ids=nodes, attention_mask=f32_mask,
+                          position_ids=positions, past_key_values=_cache(f32, prompt), use_cache=True,
+                          output_hidden_states=True)
+        theirs = bf16.model(input_ids=nodes, attention_mask=mask, position_ids=positions,
+                            past_key_values=_cache(bf16, prompt), use_cache=True, output_hidden_states=True)
+        ours, states = native_body.forward(native, nodes, mask, positions, _cache(bf16, prompt),
+                                           hidden_states=True)
+    assert ours.dtype == torch.bfloat16 and ours.shape == truth.last_hidden_state.shape
+    assert len(states) == len(theirs.hidden_states) == 4
+    assert torch.equal(states[-1], ours)  # the tuple ends with the last hidden state, as the model's does
+    for mine, model_bf16, exact in zip(states, theirs.hidden_states, truth.hidden_states):
+        their_error = (model_bf16.float() - exact).abs().max().item()
+        my_error = (mine.float() - exact).abs().max().item()
+        assert my_error <= 2 * their_error + 1e-3, (my_error, their_error)
+
+
+@pytest.mark.parametrize("past,seed", [(45, 0), (77, 1), (130, 2), (200, 3), (260, 4)])
+def test_every_node_of_a_tree_gets_what_one_token_forwards_give_it(past, seed):
+    """Side branches included: attention sums only the columns a row sees, in column order (a node's
+    ancestors sit at other columns, so in other lanes of a 16-column block, than when decoded one by one)."""
+    model = _bf16(_model())
+    native = _native(model)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, 96, (1, past), generator=g)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, 14)]  # a random tree
+    tokens = torch.randint(3, 96, (14,), generator=g).tolist()
+    with torch.no_grad():
+        mask, positions = _tree_mask(past, parents)
+        tree, _ = native_body.forward(native, torch.tensor([tokens]), mask, positions, _cache(model, prompt))
+        for node in range(len(tokens)):
+            path = [node]
+            while parents[path[0]] >= 0:
+                path.insert(0, parents[path[0]])
+            cache = _cache(model, prompt)
+            for depth, i in enumerate(path):  # one-token forwards along the node's path
+                mask, positions = _tree_mask(past + depth, [-1])
+                last, _ = native_body.forward(native, torch.tensor([[tokens[i]]]), mask, positions, cache)
+            assert torch.equal(tree[0, node], last[0, 0]), (node, path)
+
+
+def test_decoding_with_drafts_equals_plain_decoding_through_it():
+    medusa = MedusaModel.from_base(_bf16(_model()), num_heads=3)
+    ids = torch.randint(3, 96, (1, 20), generator=torch.Generator().manual_seed(5))
+    calls = []
+    with torch.no_grad():
+        plain = medusa.generate(ids, max_new_tokens=40, tree="plain")
+        base = medusa.base_model
+        assert native_body.native_for(medusa, decoder_of(base), text_config(base), ids[:, :1],
+                          _tree_mask(20, [-1])[0], _cache(medusa.base_model, ids)) is not None
+        for kwargs in ({}, {"tree": "lookup", "lookup_tokens": 4}):
+            out = medusa.generate(ids, max_new_tokens=40, **kwargs)
+            calls.append(torch.equal(out, plain))
+    assert calls == [True, True]
+
+
+def test_a_changed_weight_is_repacked():
+    medusa = MedusaModel.from_base(_bf16(_model()), num_heads=2)
+    body = decoder_of(medusa.base_model)
+    ids = torch.tensor([[7]])
+    mask = _tree_mask(10, [-1])[0]
+    with torch.no_grad():
+        cache = _cache(medusa.base_model, torch.randint(3, 96, (1, 10)))
+        first = native_body.native_for(medusa, body, text_config(medusa.base_model), ids, mask, cache)
+        again = native_body.native_for(medusa, body, text_config(medusa.base_model), ids, mask, cache)
+        assert first is not None and again is first
+        body.layers[1].mlp.down_proj.weight.mul_(2)
+        assert not first.fresh()
+        second = native_body.native_for(medusa, body, text_config(medusa.base_model), ids, mask, cache)
+    assert second is not None and second is not first and second.fresh()
+    x = torch.ones(1, 256, dtype=torch.bfloat16)
+    assert torch.equal(amx_kernel.rows_matmul(x, second.layers[1].down), body.layers[1].mlp.down_proj(x))
+
+
+def test_what_it_cannot_run_is_named_and_left_to_the_model(monkeypatch):
+    def reason(model):
+        return native_body.unsupported_reason(decoder_of(model), text_config(model))
+
+    gemma = tiny_model("gemma", hidden_size=128, intermediate_size=256).bfloat16()
+    assert "model_type 'gemma'" in reason(gemma)
+    assert "not bfloat16" in reason(_model())
+    assert "multiples of 32" in reason(tiny_model("llama", hidden_size=64).bfloat16())  # head_dim 16
+    # the forwards it does not take: prefill-sized inputs, a 2-D mask, gradients
+    model = _bf16(_model())
+    with torch.no_grad():
+        cache = _cache(model, torch.randint(3, 96, (1, 8)))
+    mask = _tree_mask(8, [-1])[0]
+    with torch.no_grad():
+        assert native_body.applies(torch.tensor([[4]]), mask, cache)
+        too_many = torch.zeros(1, native_body.MAX_ROWS + 1, dtype=torch.long)
+        assert not native_body.applies(too_many, mask, cache)
+        assert not native_body.applies(torch.tensor([[4]]), torch.ones(1, 9), cache)
+    assert not native_body.applies(torch.tensor([[4]]), mask, cache)  # gradients on: the model's own code
+    monkeypatch.setenv(native_body.ENV, "0")
+    assert reason(model) == f"{native_body.ENV}=0"
