@@ -176,7 +176,7 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
     lib.medusa_rms_norm(h.data_ptr(), rows, d, native.layers[0].input_norm.data_ptr(), native.eps,
                         x.data_ptr())
     collected = [h] if hidden_states else None
-    scores = torch.empty(mask.shape[-1] + 16, dtype=torch.float32)  # the attention's scratch
+    scratch = torch.empty(mask.shape[-1] * (native.hd + 16) + 512, dtype=torch.float32)  # the attention's
     for i, layer in enumerate(native.layers):
         qkv = amx_kernel.rows_matmul(x, layer.qkv)  # [B, T, qd + 2 kd]
         lib.medusa_rope(qkv.data_ptr(), rows, qkv.shape[-1], native.hq + native.hkv, native.hd,
@@ -190,7 +190,7 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
                              keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
                              keys.stride(2),
                              cols, mask.data_ptr(), mask.stride(0), mask.stride(2), native.hd ** -0.5,
-                             attn.data_ptr(), qd, scores.data_ptr())
+                             attn.data_ptr(), qd, scratch.data_ptr())
         h, x = _add_norm(lib, h, amx_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
         gu = amx_kernel.rows_matmul(x, layer.gate_up)  # [B, T, 2 I]
         act = torch.empty(b, t, native.inter, dtype=torch.bfloat16)

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static inline __m512 load16(const uint16_t *p) { /* 16 bfloat16 -> float32 */
     return _mm512_castsi512_ps(
@@ -102,85 +103,43 @@ void medusa_rope(uint16_t *x, long rows, long ldx, long heads, long hd, const ui
 /* The 16 lane sums of d[0..15] as one vector (lane c: the sum of d[c]'s lanes), by a fixed tree of adds:
  * each level pairs vectors lane block by lane block (halving the blocks), leaving the owners in bit-reversed
  * lane order, which a last permutation undoes. Each sum's order of adds is the same whatever the others. */
-typedef struct {
-    __m512i lo[4], hi[4], unreverse;
-} lane_sums;
-
-static void lane_sums_init(lane_sums *t) {
-    int32_t a[16], b[16], u[16];
-    for (int level = 0; level < 4; level++) {
-        int s = 8 >> level;
-        for (int l = 0; l < 16; l++) {
-            int g = l / (2 * s), w = l % (2 * s);
-            a[l] = w < s ? g * 2 * s + w : 16 + g * 2 * s + (w - s);
-            b[l] = a[l] + s;
-        }
-        t->lo[level] = _mm512_loadu_si512(a);
-        t->hi[level] = _mm512_loadu_si512(b);
-    }
-    for (int c = 0; c < 16; c++) u[c] = ((c & 1) << 3) | ((c & 2) << 1) | ((c & 4) >> 1) | ((c & 8) >> 3);
-    t->unreverse = _mm512_loadu_si512(u);
-}
-
-static inline __m512 sums16(__m512 d[16], const lane_sums *t) {
-#pragma GCC unroll 4
-    for (int level = 0, n = 16; level < 4; level++, n /= 2)
-#pragma GCC unroll 8
-        for (int i = 0; i < n / 2; i++)
-            d[i] = _mm512_add_ps(_mm512_permutex2var_ps(d[2 * i], t->lo[level], d[2 * i + 1]),
-                                 _mm512_permutex2var_ps(d[2 * i], t->hi[level], d[2 * i + 1]));
-    return _mm512_permutexvar_ps(t->unreverse, d[0]);
-}
-
-/* Scores of query head qh against columns j0 .. j0+15 (fewer at the end: `left`) of keys kb (column stride
- * ss): (q . k) * scale + mask, -inf where the mask is below -1e30 or past the end; written to sc[0..15]. */
-static void scores16(const uint16_t *qh, const uint16_t *kb, long ss, long hd, long j0, long left,
-                     const uint16_t *m, float scale, float *sc, const lane_sums *t) {
-    __m512 d[16];
-    __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-#pragma GCC unroll 16
-    for (int c = 0; c < 16; c++) {
-        d[c] = _mm512_setzero_ps();
-        if (c >= left) continue;
-        const uint16_t *kj = kb + (j0 + c) * ss;
-#pragma GCC unroll 2
-        for (long i = 0; i < hd; i += 32)
-            d[c] = _mm512_dpbf16_ps(d[c], (__m512bh)_mm512_loadu_si512(qh + i), (__m512bh)_mm512_loadu_si512(kj + i));
-    }
-    __m512 mv = _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m + j0)), 16));
-    __mmask16 live = in & _mm512_cmp_ps_mask(mv, _mm512_set1_ps(-1e30f), _CMP_GE_OQ);
-    __m512 s = _mm512_fmadd_ps(sums16(d, t), _mm512_set1_ps(scale), mv);
-    _mm512_storeu_ps(sc, _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), s));
-}
-
-/* acc[0 .. NV-1] += sum over columns j of p[j] * v_j (values vb, column stride ss), skipping p[j] == 0; returns
- * the sum of the p[j], added in column order (a sum over lanes would depend on where each column falls in
- * its 16-column block: a tree's node and the same token decoded alone would round it differently). NV is a
- * constant where it is inlined, so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) float weigh_values(const float *p, const uint16_t *vb, long ss,
-                                                               long cols, const long NV, __m512 *acc) {
+/* acc[0 .. hd/16-1] += sum over columns j of p[j] * v_j (values vf: float32 rows of hd), skipping p[j] == 0;
+ * returns the sum of the p[j], added in column order (a sum over lanes would depend on where each column
+ * falls in its 16-column block: a tree's node and the same token decoded alone would round it differently).
+ * head_dim 64 (SmolLM2, Qwen2.5-0.5B) keeps its four accumulators in registers. */
+static float weigh_values(const float *p, const float *vf, long hd, long cols, __m512 *acc) {
     float total = 0.0f;
+    if (hd == 64) {
+        __m512 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+        for (long j = 0; j < cols; j++) {
+            float pj = p[j];
+            if (pj == 0.0f) continue;
+            total += pj;
+            __m512 w = _mm512_set1_ps(pj);
+            const float *vj = vf + j * 64;
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 32), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 48), a3);
+        }
+        acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+        return total;
+    }
     for (long j = 0; j < cols; j++) {
         if (p[j] == 0.0f) continue;
         total += p[j];
         __m512 w = _mm512_set1_ps(p[j]);
-        const uint16_t *vj = vb + j * ss;
-        for (long v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(w, load16(vj + 16 * v), acc[v]);
+        for (long v = 0; v < hd / 16; v++) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vf + j * hd + 16 * v), acc[v]);
     }
     return total;
 }
 
-/* One query row's head qh against `cols` columns: out[0 .. hd-1] = softmax(q . k * scale + mask) . v.
- * sc: scratch of cols + 16 floats. */
-static void attend(const uint16_t *qh, const uint16_t *kb, const uint16_t *vb, long ss, long hd, long cols,
-                   const uint16_t *m, float scale, uint16_t *out, float *sc, const lane_sums *t) {
+/* One query's scores sc[0 .. cols-1] (-inf where skipped) -> out[0 .. hd-1] = softmax . values (vf). */
+static void softmax_values(float *sc, const float *vf, long hd, long cols, uint16_t *out) {
     long width = (cols + 15) / 16 * 16, nv = hd / 16;
     __m512 ninf = _mm512_set1_ps(-INFINITY), top = ninf;
-    for (long j0 = 0; j0 < cols; j0 += 16) {
-        scores16(qh, kb, ss, hd, j0, cols - j0, m, scale, sc + j0, t);
-        top = _mm512_max_ps(top, _mm512_loadu_ps(sc + j0));
-    }
+    for (long j = cols; j < width; j++) sc[j] = -INFINITY;
+    for (long j0 = 0; j0 < width; j0 += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sc + j0));
     __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
     for (long j0 = 0; j0 < width; j0 += 16) { /* scores -> unnormalised probabilities, 0 where skipped */
         __m512 s = _mm512_loadu_ps(sc + j0);
@@ -189,33 +148,92 @@ static void attend(const uint16_t *qh, const uint16_t *kb, const uint16_t *vb, l
     }
     __m512 acc[16];
     for (long v = 0; v < 16; v++) acc[v] = _mm512_setzero_ps();
-    float sum = nv == 4 ? weigh_values(sc, vb, ss, cols, 4, acc)
-              : nv == 8 ? weigh_values(sc, vb, ss, cols, 8, acc) : weigh_values(sc, vb, ss, cols, nv, acc);
+    float sum = weigh_values(sc, vf, hd, cols, acc);
     __m512 inv = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
     for (long v = 0; v < nv; v++) store16(out + 16 * v, _mm512_mul_ps(acc[v], inv));
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} score_tiles;
+
+/* Tiles 0 (C: 16 keys x 16 queries, float32), 1 (A: 16 keys x 32 bfloat16), 2 (B: 16 pairs x 16 queries). */
+static void configure_score_tiles(void) {
+    score_tiles cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 3; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
 }
 
 /* Attention of batch x t query rows (row bi * t + ti of q, stride ldq; head h at column h * hd) over
  * `cols` cached columns of keys / values kc / vc ([B, Hkv, S, hd]: strides sb, sh, ss elements, the last 1),
  * query head h reading KV head h / (hq / hkv). mask [B, t, cols] bfloat16 additive (strides mb, mt): a column
- * below -1e30 is skipped. Scores in float32 (BF16 dot products), softmax, the weighted sum of values in
- * float32, out [rows, hq * hd] (stride ldo) in bfloat16. scores: scratch of cols + 16 floats; hd <= 256. */
+ * below -1e30 is skipped. out [rows, hq * hd] (stride ldo) in bfloat16. scratch: cols * (hd + 16) + 512
+ * floats. The scores of 16 keys x 16 queries are one pair of AMX tile products per 32 of head_dim (each score
+ * the same chain of products whichever tile row and column it falls in), the softmax and the weighted sum of
+ * values in float32 per query. */
 void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, long hkv, long hd,
                       const uint16_t *kc, const uint16_t *vc, long sb, long sh, long ss, long cols,
                       const uint16_t *mask, long mb, long mt, float scale, uint16_t *out, long ldo,
-                      float *scores) {
-    long group = hq / hkv;
-    lane_sums sums;
-    lane_sums_init(&sums);
+                      float *scratch) {
+    long group = hq / hkv, nq = t * group, width = (cols + 15) / 16 * 16 + 16, chunks = hd / 32;
+    float *vf = scratch, *sc = scratch + cols * hd, ct[256];
+    uint16_t qt[256 * 16], tail[16 * 256];
+    configure_score_tiles();
     for (long bi = 0; bi < batch; bi++)
-        for (long ti = 0; ti < t; ti++) {
-            long row = bi * t + ti;
-            for (long h = 0; h < hq; h++) {
-                long off = bi * sb + (h / group) * sh;
-                attend(q + row * ldq + h * hd, kc + off, vc + off, ss, hd, cols, mask + bi * mb + ti * mt,
-                       scale, out + row * ldo + h * hd, scores, &sums);
+        for (long g = 0; g < hkv; g++) {
+            const uint16_t *kb = kc + bi * sb + g * sh, *vb = vc + bi * sb + g * sh;
+            for (long j = 0; j < cols; j++) /* the values in float32, once for every query */
+                for (long v = 0; v < hd; v += 16) _mm512_storeu_ps(vf + j * hd + v, load16(vb + j * ss + v));
+            for (long q0 = 0; q0 < nq; q0 += 16) { /* query i: row i / group, head g * group + i % group */
+                long n = nq - q0 < 16 ? nq - q0 : 16;
+                memset(qt, 0, sizeof qt);
+                for (long i = 0; i < n; i++) {
+                    long qi = q0 + i;
+                    const uint16_t *qh = q + (bi * t + qi / group) * ldq + (g * group + qi % group) * hd;
+                    for (long c = 0; c < hd; c++) qt[((c / 32) * 16 + (c % 32) / 2) * 32 + i * 2 + c % 2] = qh[c];
+                }
+                for (long j0 = 0; j0 < cols; j0 += 16) {
+                    long left = cols - j0 < 16 ? cols - j0 : 16;
+                    const uint16_t *a = kb + j0 * ss;
+                    long lda = ss * 2;
+                    if (left < 16) { /* the last keys, zero-padded (nothing read past the cache's columns) */
+                        memset(tail, 0, sizeof tail);
+                        for (long m = 0; m < left; m++) memcpy(tail + m * hd, a + m * ss, hd * 2);
+                        a = tail;
+                        lda = hd * 2;
+                    }
+                    _tile_zero(0);
+                    for (long c = 0; c < chunks; c++) {
+                        _tile_loadd(1, a + 32 * c, lda);
+                        _tile_loadd(2, qt + c * 16 * 32, 64);
+                        _tile_dpbf16ps(0, 1, 2);
+                    }
+                    _tile_stored(0, ct, 64);
+                    for (long i = 0; i < n; i++) {
+                        long qi = q0 + i;
+                        const uint16_t *m = mask + bi * mb + (qi / group) * mt + j0;
+                        float *s = sc + i * width + j0;
+                        for (long k = 0; k < left; k++) {
+                            union { uint32_t u; float f; } mv = {(uint32_t)m[k] << 16};
+                            s[k] = mv.f < -1e30f ? -INFINITY : ct[k * 16 + i] * scale + mv.f;
+                        }
+                    }
+                }
+                for (long i = 0; i < n; i++) {
+                    long qi = q0 + i;
+                    softmax_values(sc + i * width, vf, hd, cols,
+                                   out + (bi * t + qi / group) * ldo + (g * group + qi % group) * hd);
+                }
             }
         }
+    _tile_release();
 }
 
 /* out [rows, inter] = bf16(SiLU(gate)) * up, gate and up side by side in gu [rows, 2 * inter] (stride ldg). */
