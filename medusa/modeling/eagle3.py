@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from medusa.modeling import head_methods
+from medusa.decoding.growing_cache import GrowingLayer
+from medusa.modeling import head_methods, native_draft
 from medusa.modeling.base import decoder_of, text_config, unwrap
 from medusa.modeling.draft_vocab import DraftVocab
 from medusa.modeling.heads import BaseRef
@@ -63,13 +64,19 @@ class DraftKV:
     def __init__(self) -> None:
         self.key: torch.Tensor | None = None
         self.value: torch.Tensor | None = None
+        self._buffer: GrowingLayer | None = None  # entries written in place (inference), else concatenated
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.key is None else int(self.key.shape[2])
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.key is None:
+        if self.key is None and not (key.requires_grad or value.requires_grad):
+            # decoding: in place (training keeps every step's tensors for autograd)
+            self._buffer = GrowingLayer()
+        if self._buffer is not None:
+            self.key, self.value = self._buffer.update(key, value)
+        elif self.key is None:
             self.key, self.value = key, value
         else:
             self.key = torch.cat([self.key, key], dim=2)
@@ -78,7 +85,10 @@ class DraftKV:
 
     def truncate(self, length: int) -> None:
         """Drop every entry past ``length`` (a step's draft nodes)."""
-        if self.key is not None:
+        if self._buffer is not None:
+            self._buffer.crop(min(length - self.get_seq_length(), 0))
+            self.key, self.value = self._buffer.keys, self._buffer.values
+        elif self.key is not None:
             self.key, self.value = self.key[:, :, :length], self.value[:, :, :length]
 
 
@@ -194,6 +204,10 @@ class Eagle3Heads(nn.Module):
         each row's entry ``at`` is read, ``[B, d]``: the MLP runs there alone (the other entries are
         needed for their keys and values only)."""
         layer = self.layers[0]
+        native = native_draft.native_layer_for(self, layer, embeds, mask)
+        if native is not None:  # bfloat16 on AMX, a few rows: the C ops (medusa.modeling.native_draft)
+            cos_sin = self._rotary.module(embeds, positions)
+            return native_draft.forward(native, embeds, hidden, cos_sin, mask, cache, at)
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
         cos_sin = self._rotary.module(x, positions)
         attn, _ = layer.self_attn(hidden_states=x, position_embeddings=cos_sin, attention_mask=mask,

@@ -70,9 +70,14 @@ class NativeBody:
         return all((t.data_ptr(), t._version) == v for t, v in zip(self.sources, self.versions))
 
 
+def disabled() -> bool:
+    """Whether ``MEDUSA_NATIVE_BODY=0`` (or false / no / off) turns native passes off."""
+    return os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def unsupported_reason(body: nn.Module, config: Any) -> str:
     """Why ``body`` (a decoder body, ``config`` its text config) cannot run natively ("" when it can)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if disabled():
         return f"{ENV}=0"
     if not amx_kernel.available():
         return f"the AMX kernel is unavailable: {amx_kernel.unavailable_reason()}"
@@ -103,7 +108,7 @@ def _linears(layer: nn.Module) -> tuple[nn.Module, ...]:
     return a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj
 
 
-def _stacked(*linears: nn.Module) -> amx_kernel.PackedBf16:
+def stacked(*linears: nn.Module) -> amx_kernel.PackedBf16:
     """One packed weight for several linears of the same input, their outputs side by side."""
     weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum out, in]
     biases = [lin.bias for lin in linears]
@@ -119,7 +124,7 @@ def build(body: nn.Module, config: Any) -> NativeBody:
     for layer in body.layers:
         q, k, v, o, gate, up, down = _linears(layer)
         layers.append(NativeLayer(
-            qkv=_stacked(q, k, v), o=_stacked(o), gate_up=_stacked(gate, up), down=_stacked(down),
+            qkv=stacked(q, k, v), o=stacked(o), gate_up=stacked(gate, up), down=stacked(down),
             input_norm=layer.input_layernorm.weight.detach(),
             post_norm=layer.post_attention_layernorm.weight.detach()))
         sources += [lin.weight for lin in (q, k, v, o, gate, up, down)]
@@ -171,39 +176,64 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
     h = native.embed(input_ids)  # [B, T, d]
     cos, sin = native.rotary(h, position_ids.expand(b, t))  # [B, T, hd] each
     cos, sin = cos.contiguous(), sin.contiguous()
-    d, rows, qd, kd = h.shape[-1], b * t, native.hq * native.hd, native.hkv * native.hd
-    x = torch.empty_like(h)
-    lib.medusa_rms_norm(h.data_ptr(), rows, d, native.layers[0].input_norm.data_ptr(), native.eps,
-                        x.data_ptr())
+    x = rms_norm(lib, h, native.layers[0].input_norm, native.eps)
     collected = [h] if hidden_states else None
-    scratch = torch.empty(mask.shape[-1] * (native.hd + 16) + 512, dtype=torch.float32)  # the attention's
+    scratch = attention_scratch(mask, native.hd)
     for i, layer in enumerate(native.layers):
-        qkv = amx_kernel.rows_matmul(x, layer.qkv)  # [B, T, qd + 2 kd]
-        lib.medusa_rope(qkv.data_ptr(), rows, qkv.shape[-1], native.hq + native.hkv, native.hd,
-                        cos.data_ptr(), sin.data_ptr(), native.hd)
-        k = qkv[..., qd:qd + kd].view(b, t, native.hkv, native.hd).transpose(1, 2)  # [B, Hkv, T, hd]
-        v = qkv[..., qd + kd:].view(b, t, native.hkv, native.hd).transpose(1, 2)
-        keys, values = cache.layers[i].update(k, v)  # [B, Hkv, S', hd] views of the layer's buffers
-        cols = min(keys.shape[2], mask.shape[-1])
-        attn = torch.empty(b, t, qd, dtype=torch.bfloat16)
-        lib.medusa_attention(qkv.data_ptr(), qkv.shape[-1], b, t, native.hq, native.hkv, native.hd,
-                             keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1),
-                             keys.stride(2),
-                             cols, mask.data_ptr(), mask.stride(0), mask.stride(2), native.hd ** -0.5,
-                             attn.data_ptr(), qd, scratch.data_ptr())
-        h, x = _add_norm(lib, h, amx_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
-        gu = amx_kernel.rows_matmul(x, layer.gate_up)  # [B, T, 2 I]
-        act = torch.empty(b, t, native.inter, dtype=torch.bfloat16)
-        lib.medusa_silu_mul(gu.data_ptr(), rows, native.inter, 2 * native.inter, act.data_ptr(), native.inter)
+        attn = attend(lib, x, layer.qkv, cos, sin, mask, cache.layers[i], scratch, native.hq,
+                      native.hkv, native.hd)  # [B, T, Hq hd]
+        h, x = add_norm(lib, h, amx_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
         last = i + 1 == len(native.layers)
         norm = native.final_norm if last else native.layers[i + 1].input_norm
-        h, x = _add_norm(lib, h, amx_kernel.rows_matmul(act, layer.down), norm, native.eps)
+        h, x = add_norm(lib, h, mlp(lib, x, layer.gate_up, layer.down, native.inter), norm, native.eps)
         if collected is not None:
             collected.append(x if last else h)
     return x, None if collected is None else tuple(collected)
 
 
-def _add_norm(lib: Any, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+def attention_scratch(mask: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The float32 scratch :func:`attend` needs under ``mask [B, 1, T, S]``."""
+    return torch.empty(mask.shape[-1] * (head_dim + 16) + 512, dtype=torch.float32)
+
+
+def attend(lib: Any, x: torch.Tensor, qkv_weight: amx_kernel.PackedBf16, cos: torch.Tensor, sin: torch.Tensor,
+           mask: torch.Tensor, cache: Any, scratch: torch.Tensor, hq: int, hkv: int, hd: int) -> torch.Tensor:
+    """A layer's attention before o_proj: ``x [B, T, k]`` (normed) -> q / k / v in one product, rotary
+    embedding (``cos``, ``sin`` ``[B, T, hd]``) on q and k in place, k / v appended to ``cache`` (its
+    ``update`` gives back every column, views), attention under ``mask [B, 1, T, S]`` -> ``[B, T, hq hd]``."""
+    b, t = x.shape[0], x.shape[1]
+    qd, kd = hq * hd, hkv * hd
+    qkv = amx_kernel.rows_matmul(x, qkv_weight)  # [B, T, qd + 2 kd]
+    lib.medusa_rope(qkv.data_ptr(), b * t, qkv.shape[-1], hq + hkv, hd, cos.data_ptr(), sin.data_ptr(), hd)
+    k = qkv[..., qd:qd + kd].view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
+    v = qkv[..., qd + kd:].view(b, t, hkv, hd).transpose(1, 2)
+    keys, values = cache.update(k, v, 0)  # [B, Hkv, S', hd] views
+    cols = min(keys.shape[2], mask.shape[-1])
+    out = torch.empty(b, t, qd, dtype=torch.bfloat16)
+    lib.medusa_attention(qkv.data_ptr(), qkv.shape[-1], b, t, hq, hkv, hd, keys.data_ptr(), values.data_ptr(),
+                         keys.stride(0), keys.stride(1), keys.stride(2), cols, mask.data_ptr(),
+                         mask.stride(0), mask.stride(2), hd ** -0.5, out.data_ptr(), qd, scratch.data_ptr())
+    return out
+
+
+def mlp(lib: Any, x: torch.Tensor, gate_up: amx_kernel.PackedBf16, down: amx_kernel.PackedBf16,
+        inter: int) -> torch.Tensor:
+    """``down(SiLU(gate(x)) * up(x))`` for ``x [..., d]`` (normed) -> ``[..., d]``."""
+    gu = amx_kernel.rows_matmul(x, gate_up)  # [..., 2 I]
+    act = torch.empty(*x.shape[:-1], inter, dtype=torch.bfloat16)
+    lib.medusa_silu_mul(gu.data_ptr(), x.numel() // x.shape[-1], inter, 2 * inter, act.data_ptr(), inter)
+    return amx_kernel.rows_matmul(act, down)
+
+
+def rms_norm(lib: Any, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``h [..., d]`` (contiguous) with ``weight [d]``."""
+    out = torch.empty_like(h)
+    lib.medusa_rms_norm(h.data_ptr(), h.numel() // h.shape[-1], h.shape[-1], weight.data_ptr(), eps,
+                        out.data_ptr())
+    return out
+
+
+def add_norm(lib: Any, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(``h + delta``, RMSNorm of it with ``weight``), each ``[B, T, d]``."""
     total, normed = torch.empty_like(h), torch.empty_like(h)
@@ -212,5 +242,6 @@ def _add_norm(lib: Any, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tens
     return total, normed
 
 
-__all__ = ["ENV", "MAX_ROWS", "MODEL_TYPES", "NativeBody", "NativeLayer", "applies", "build", "forward",
-           "native_for", "unsupported_reason"]
+__all__ = ["ENV", "MAX_ROWS", "MODEL_TYPES", "NativeBody", "NativeLayer", "add_norm", "applies", "attend",
+           "attention_scratch", "build", "disabled", "forward", "mlp", "native_for", "rms_norm", "stacked",
+           "unsupported_reason"]

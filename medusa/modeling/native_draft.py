@@ -1,0 +1,114 @@
+"""The EAGLE-3 draft layer's pass in bfloat16 through the AMX kernel and its C ops (:mod:`native_body`'s
+attention and MLP blocks): a drafting level of at most 32 nodes without the HF layer's module code.
+
+Per pass: two RMSNorms (the token's embedding, the hidden input) side by side -> one fused q/k/v product over
+the ``2d`` join -> rotary embedding -> the drafter's cache -> attention -> o_proj -> residual + RMSNorm ->
+gate/up -> SiLU * up -> down -> residual; what :meth:`medusa.modeling.eagle3.Eagle3Heads.layer` computes,
+rounded where it rounds. Used there for inference-only bfloat16 passes of at most 32 rows on a CPU whose
+kernel is available (the prompt's context pass and training run the layer's own code).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from medusa.modeling import amx_kernel, native_body
+
+
+@dataclass(frozen=True)
+class NativeDraftLayer:
+    """The draft layer's packed weights and norms (``[d]``), and the tensors (and versions) packed from."""
+
+    qkv: amx_kernel.PackedBf16  # [(Hq + 2 Hkv) hd, 2d]
+    o: amx_kernel.PackedBf16  # [d, Hq hd]
+    gate_up: amx_kernel.PackedBf16  # [2 I, d]
+    down: amx_kernel.PackedBf16  # [d, I]
+    input_norm: torch.Tensor
+    hidden_norm: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    hq: int
+    hkv: int
+    hd: int
+    inter: int
+    lib: Any
+    sources: tuple[torch.Tensor, ...]
+    versions: tuple[tuple[int, int], ...]
+
+    def fresh(self) -> bool:
+        return all((t.data_ptr(), t._version) == v for t, v in zip(self.sources, self.versions))
+
+
+# drafter -> its layer packed (None: the layer cannot run natively), built at the first native pass
+_PACKED: weakref.WeakKeyDictionary[nn.Module, NativeDraftLayer | None] = weakref.WeakKeyDictionary()
+
+
+def _supported(layer: nn.Module) -> bool:
+    attn, m = layer.self_attn, layer.mlp
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    widths = (attn.q_proj.in_features, m.down_proj.in_features, attn.head_dim)
+    act = type(m.act_fn).__name__.lower()
+    return (amx_kernel.available() and all(amx_kernel.fits(lin.weight) for lin in linears)
+            and not any(w % amx_kernel.K_MULTIPLE for w in widths) and attn.head_dim <= 256
+            and ("silu" in act or "swish" in act) and hasattr(layer, "hidden_norm"))
+
+
+def _build(layer: nn.Module) -> NativeDraftLayer:
+    attn, m = layer.self_attn, layer.mlp
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    sources = tuple([lin.weight for lin in linears] + [lin.bias for lin in linears if lin.bias is not None]
+                    + [layer.input_layernorm.weight, layer.hidden_norm.weight,
+                       layer.post_attention_layernorm.weight])
+    return NativeDraftLayer(
+        qkv=native_body.stacked(attn.q_proj, attn.k_proj, attn.v_proj), o=native_body.stacked(attn.o_proj),
+        gate_up=native_body.stacked(m.gate_proj, m.up_proj), down=native_body.stacked(m.down_proj),
+        input_norm=layer.input_layernorm.weight.detach(), hidden_norm=layer.hidden_norm.weight.detach(),
+        post_norm=layer.post_attention_layernorm.weight.detach(),
+        eps=float(layer.input_layernorm.variance_epsilon),
+        hq=attn.q_proj.out_features // attn.head_dim, hkv=attn.k_proj.out_features // attn.head_dim,
+        hd=attn.head_dim, inter=m.down_proj.in_features, lib=amx_kernel.library(), sources=sources,
+        versions=tuple((t.data_ptr(), t._version) for t in sources))
+
+
+def native_layer_for(drafter: nn.Module, layer: nn.Module, embeds: torch.Tensor, mask: torch.Tensor
+                     ) -> NativeDraftLayer | None:
+    """``drafter``'s draft ``layer`` packed for :func:`forward` when this pass can run natively (inference,
+    bfloat16, at most :data:`native_body.MAX_ROWS` rows, a 4-D bfloat16 mask), else None."""
+    if (torch.is_grad_enabled() or embeds.dtype != torch.bfloat16 or embeds.numel() // embeds.shape[-1]
+            > native_body.MAX_ROWS or mask.dim() != 4 or mask.dtype != torch.bfloat16 or mask.stride(-1) != 1
+            or native_body.disabled()):
+        return None
+    packed = _PACKED.get(drafter, False)
+    if packed is False or (packed is not None and not packed.fresh()):
+        packed = _build(layer) if _supported(layer) else None
+        _PACKED[drafter] = packed
+    return packed
+
+
+def forward(native: NativeDraftLayer, embeds: torch.Tensor, hidden: torch.Tensor, cos_sin: tuple,
+            mask: torch.Tensor, cache: Any, at: torch.Tensor | None) -> torch.Tensor:
+    """The draft layer over ``embeds, hidden [B, T, d]`` (``cos_sin``: the rotary ``[B, T, hd]`` pair at their
+    positions) under ``mask [B, 1, T, S + T]``, appending T entries to ``cache`` -> ``g [B, T, d]``, or
+    ``[B, d]`` at each row's entry ``at [B]`` (the MLP runs there alone)."""
+    lib = native.lib
+    embeds, hidden = embeds.contiguous(), hidden.contiguous()
+    x = torch.cat([native_body.rms_norm(lib, embeds, native.input_norm, native.eps),
+                   native_body.rms_norm(lib, hidden, native.hidden_norm, native.eps)], dim=-1)  # [B, T, 2d]
+    cos, sin = (c.contiguous() for c in cos_sin)
+    attn = native_body.attend(lib, x, native.qkv, cos, sin, mask, cache,
+                              native_body.attention_scratch(mask, native.hd), native.hq, native.hkv,
+                              native.hd)
+    h, normed = native_body.add_norm(lib, hidden, amx_kernel.rows_matmul(attn, native.o), native.post_norm,
+                                     native.eps)  # [B, T, d] each
+    if at is not None:
+        rows = torch.arange(h.shape[0], device=h.device)
+        h, normed = h[rows, at], normed[rows, at].contiguous()  # [B, d]
+    return h + native_body.mlp(lib, normed, native.gate_up, native.down, native.inter)
+
+
+__all__ = ["NativeDraftLayer", "forward", "native_layer_for"]

@@ -1,0 +1,100 @@
+"""medusa/modeling/native_draft.py: the EAGLE-3 draft layer's bfloat16 pass through the C ops is as close to
+the float32 truth as the layer's own bfloat16 code, is taken only where it may be (inference, bf16, a few
+rows), and the drafter's cache written in place during decoding holds what the concatenating one (training)
+holds."""
+
+import copy
+
+import pytest
+import torch
+
+from medusa.modeling import amx_kernel, native_body, native_draft
+from medusa.modeling.cpu_linear import pack_linears
+from medusa.modeling.eagle3 import DraftKV
+from medusa.modeling.model import MedusaModel
+
+from tiny_models import tiny_model
+
+pytestmark = pytest.mark.skipif(not amx_kernel.available(),
+                                reason=f"AMX kernel unavailable: {amx_kernel.unavailable_reason()}")
+
+NEG = torch.finfo(torch.bfloat16).min
+
+
+def _drafter(dtype: torch.dtype):
+    torch.manual_seed(0)
+    base = tiny_model("llama", hidden_size=128, intermediate_size=256, layers=3)
+    heads = MedusaModel.from_base(base, num_heads=2, head_type="eagle3").heads
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # not the identity-like init
+    heads = copy.deepcopy(heads).to(dtype)
+    if dtype == torch.bfloat16:
+        pack_linears(heads)
+    return heads
+
+
+def _pass(heads, cache: DraftKV, at=None):
+    """A 12-entry context then a 5-node level attending to the context and a few of its siblings."""
+    g = torch.Generator().manual_seed(4)
+    dtype = heads.dtype
+    d = heads.hidden_size
+    embeds = torch.randn(1, 12, d, generator=g).to(dtype)
+    hidden = torch.randn(1, 12, d, generator=g).to(dtype)
+    neg = torch.finfo(dtype).min
+    causal = torch.full((12, 12), neg).triu(1).to(dtype).view(1, 1, 12, 12)
+    first = heads.layer(embeds, hidden, torch.arange(12).view(1, 12), causal, cache)
+    level = torch.full((1, 1, 5, 17), neg, dtype=dtype)
+    level[..., :12] = 0
+    for i in range(5):
+        level[0, 0, i, 12 + i] = 0
+    level[0, 0, 3, 12] = 0  # node 3 also sees node 0
+    out = heads.layer(embeds[:, :5], hidden[:, :5], torch.full((1, 5), 12), level, cache, at=at)
+    return first, out
+
+
+def test_as_close_to_float32_as_the_layers_own_bf16_code(monkeypatch):
+    f32 = _drafter(torch.float32)
+    bf16 = _drafter(torch.bfloat16)
+    with torch.no_grad():
+        truth = _pass(f32, DraftKV())
+        rows = torch.zeros(1, 5, 128, dtype=torch.bfloat16)
+        mask = torch.zeros(1, 1, 5, 17, dtype=torch.bfloat16)
+        assert native_draft.native_layer_for(bf16, bf16.layers[0], rows, mask) is not None
+        ours = _pass(bf16, DraftKV())
+        with monkeypatch.context() as m:
+            m.setenv(native_body.ENV, "0")
+            theirs = _pass(bf16, DraftKV())
+        at = _pass(bf16, DraftKV(), at=torch.tensor([3]))[1]
+    for mine, model_bf16, exact in zip(ours, theirs, truth):
+        their_error = (model_bf16.float() - exact).abs().max().item()
+        my_error = (mine.float() - exact).abs().max().item()
+        assert my_error <= 2 * their_error + 1e-3, (my_error, their_error)
+    assert at.shape == (1, 128) and torch.equal(at, ours[1][:, 3])  # the MLP at one entry: that entry's
+
+
+def test_taken_only_for_inference_in_bf16_on_a_few_rows():
+    bf16, f32 = _drafter(torch.bfloat16), _drafter(torch.float32)
+    mask = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)
+    rows = torch.zeros(1, 4, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert native_draft.native_layer_for(bf16, bf16.layers[0], rows, mask) is not None
+        assert native_draft.native_layer_for(f32, f32.layers[0], rows.float(), mask.float()) is None
+        many = torch.zeros(1, native_body.MAX_ROWS + 1, 128, dtype=torch.bfloat16)
+        assert native_draft.native_layer_for(bf16, bf16.layers[0], many, mask) is None
+    assert native_draft.native_layer_for(bf16, bf16.layers[0], rows, mask) is None  # gradients on
+
+
+def test_the_in_place_cache_holds_what_the_concatenating_one_does():
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(1, 2, n, 8, generator=g) for n in (5, 3, 4, 2)]
+    in_place, concatenated = DraftKV(), DraftKV()
+    for i, kv in enumerate(steps):
+        a = in_place.update(kv, kv * 2, 0)
+        b = concatenated.update(kv.requires_grad_(), kv * 2, 0)
+        assert torch.equal(a[0], b[0].detach()) and torch.equal(a[1], b[1].detach())
+        if i == 1:
+            in_place.truncate(6)
+            concatenated.truncate(6)
+    assert in_place.get_seq_length() == concatenated.get_seq_length() == 12
+    assert in_place._buffer is not None and concatenated._buffer is None  # training keeps autograd's tensors
