@@ -12,9 +12,8 @@ HF's in the last bits of some values: a different order of float32 sums), and it
 attention sums only the columns a row's mask lets it see, in column order, so a tree verified in one
 forward gives each node exactly what one-token forwards give it (a tree decode equals our plain decode,
 side branches included). Used by :meth:`medusa.modeling.model.MedusaModel.forward` for inference-only
-bfloat16 forwards of at most 32 rows with a 4-D tree mask over a cache of
-:class:`medusa.decoding.growing_cache.GrowingLayer`s; everything else (prefill, float32, training) runs the
-model's own code. :func:`unsupported_reason` says why a model cannot use it. ``MEDUSA_NATIVE_BODY=0``
+bfloat16 forwards of at most 32 rows with a 4-D tree mask over the decoder's KV cache (after its prefill);
+everything else (prefill, float32, training) runs the model's own code. :func:`unsupported_reason` says why a model cannot use it. ``MEDUSA_NATIVE_BODY=0``
 turns it off (to compare).
 """
 
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from medusa.decoding.growing_cache import GrowingLayer
+from medusa.decoding.hf import AttentionCache
 from medusa.modeling import amx_kernel
 
 ENV = "MEDUSA_NATIVE_BODY"
@@ -140,12 +139,12 @@ def build(body: nn.Module, config: Any) -> NativeBody:
 
 def applies(input_ids: Any, mask: Any, cache: Any) -> bool:
     """Whether a forward with these inputs can run natively: inference, at most :data:`MAX_ROWS` tokens, a
-    4-D bfloat16 tree mask and a transformers cache of initialised :class:`GrowingLayer`s."""
+    4-D bfloat16 mask and a KV cache that already holds entries (the attention-facing interface,
+    :class:`medusa.decoding.hf.AttentionCache`: the decoder's cache after its prefill)."""
     return (isinstance(input_ids, torch.Tensor) and input_ids.numel() <= MAX_ROWS
             and not torch.is_grad_enabled()
             and isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.dtype == torch.bfloat16
-            and mask.stride(-1) == 1 and hasattr(cache, "layers") and len(cache.layers) > 0
-            and all(isinstance(layer, GrowingLayer) and layer.is_initialized for layer in cache.layers))
+            and mask.stride(-1) == 1 and isinstance(cache, AttentionCache) and cache.get_seq_length() > 0)
 
 
 # model -> its body packed for native tree steps, or None where the body cannot run natively (built once)
@@ -180,8 +179,8 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
     collected = [h] if hidden_states else None
     scratch = attention_scratch(mask, native.hd)
     for i, layer in enumerate(native.layers):
-        attn = attend(lib, x, layer.qkv, cos, sin, mask, cache.layers[i], scratch, native.hq,
-                      native.hkv, native.hd)  # [B, T, Hq hd]
+        attn = attend(lib, x, layer.qkv, cos, sin, mask, cache, i, scratch, native.hq, native.hkv,
+                      native.hd)  # [B, T, Hq hd]
         h, x = add_norm(lib, h, amx_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
         last = i + 1 == len(native.layers)
         norm = native.final_norm if last else native.layers[i + 1].input_norm
@@ -197,17 +196,19 @@ def attention_scratch(mask: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def attend(lib: Any, x: torch.Tensor, qkv_weight: amx_kernel.PackedBf16, cos: torch.Tensor, sin: torch.Tensor,
-           mask: torch.Tensor, cache: Any, scratch: torch.Tensor, hq: int, hkv: int, hd: int) -> torch.Tensor:
+           mask: torch.Tensor, cache: Any, layer_idx: int, scratch: torch.Tensor, hq: int, hkv: int, hd: int
+           ) -> torch.Tensor:
     """A layer's attention before o_proj: ``x [B, T, k]`` (normed) -> q / k / v in one product, rotary
-    embedding (``cos``, ``sin`` ``[B, T, hd]``) on q and k in place, k / v appended to ``cache`` (its
-    ``update`` gives back every column, views), attention under ``mask [B, 1, T, S]`` -> ``[B, T, hq hd]``."""
+    embedding (``cos``, ``sin`` ``[B, T, hd]``) on q and k in place, k / v appended to ``cache``'s layer
+    ``layer_idx`` (its ``update`` gives back every column), attention under ``mask [B, 1, T, S]`` ->
+    ``[B, T, hq hd]``."""
     b, t = x.shape[0], x.shape[1]
     qd, kd = hq * hd, hkv * hd
     qkv = amx_kernel.rows_matmul(x, qkv_weight)  # [B, T, qd + 2 kd]
     lib.medusa_rope(qkv.data_ptr(), b * t, qkv.shape[-1], hq + hkv, hd, cos.data_ptr(), sin.data_ptr(), hd)
     k = qkv[..., qd:qd + kd].view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
     v = qkv[..., qd + kd:].view(b, t, hkv, hd).transpose(1, 2)
-    keys, values = cache.update(k, v, 0)  # [B, Hkv, S', hd] views
+    keys, values = cache.update(k, v, layer_idx)  # [B, Hkv, S', hd]
     cols = min(keys.shape[2], mask.shape[-1])
     out = torch.empty(b, t, qd, dtype=torch.bfloat16)
     lib.medusa_attention(qkv.data_ptr(), qkv.shape[-1], b, t, hq, hkv, hd, keys.data_ptr(), values.data_ptr(),

@@ -100,7 +100,7 @@ def forward(native: NativeDraftLayer, embeds: torch.Tensor, hidden: torch.Tensor
     x = torch.cat([native_body.rms_norm(lib, embeds, native.input_norm, native.eps),
                    native_body.rms_norm(lib, hidden, native.hidden_norm, native.eps)], dim=-1)  # [B, T, 2d]
     cos, sin = (c.contiguous() for c in cos_sin)
-    attn = native_body.attend(lib, x, native.qkv, cos, sin, mask, cache,
+    attn = native_body.attend(lib, x, native.qkv, cos, sin, mask, cache, 0,
                               native_body.attention_scratch(mask, native.hd), native.hq, native.hkv,
                               native.hd)
     h, normed = native_body.add_norm(lib, hidden, amx_kernel.rows_matmul(attn, native.o), native.post_norm,
