@@ -100,57 +100,92 @@ void medusa_rope(uint16_t *x, long rows, long ldx, long heads, long hd, const ui
     }
 }
 
-/* The 16 lane sums of d[0..15] as one vector (lane c: the sum of d[c]'s lanes), by a fixed tree of adds:
- * each level pairs vectors lane block by lane block (halving the blocks), leaving the owners in bit-reversed
- * lane order, which a last permutation undoes. Each sum's order of adds is the same whatever the others. */
 /* acc[0 .. hd/16-1] += sum over columns j of p[j] * v_j (values vf: float32 rows of hd), skipping p[j] == 0;
  * returns the sum of the p[j], added in column order (a sum over lanes would depend on where each column
  * falls in its 16-column block: a tree's node and the same token decoded alone would round it differently).
- * head_dim 64 (SmolLM2, Qwen2.5-0.5B) keeps its four accumulators in registers. */
+ * (head_dim 64 goes four queries at a time: weigh4_64.) */
 static float weigh_values(const float *p, const float *vf, long hd, long cols, __m512 *acc) {
     float total = 0.0f;
-    if (hd == 64) {
-        __m512 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
-        for (long j = 0; j < cols; j++) {
-            float pj = p[j];
-            if (pj == 0.0f) continue;
-            total += pj;
-            __m512 w = _mm512_set1_ps(pj);
-            const float *vj = vf + j * 64;
-            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj), a0);
-            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16), a1);
-            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 32), a2);
-            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 48), a3);
-        }
-        acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
-        return total;
-    }
     for (long j = 0; j < cols; j++) {
         if (p[j] == 0.0f) continue;
         total += p[j];
         __m512 w = _mm512_set1_ps(p[j]);
-        for (long v = 0; v < hd / 16; v++) acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vf + j * hd + 16 * v), acc[v]);
+        for (long v = 0; v < hd / 16; v++)
+            acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vf + j * hd + 16 * v), acc[v]);
     }
     return total;
 }
 
-/* One query's scores sc[0 .. cols-1] (-inf where skipped) -> out[0 .. hd-1] = softmax . values (vf). */
-static void softmax_values(float *sc, const float *vf, long hd, long cols, uint16_t *out) {
-    long width = (cols + 15) / 16 * 16, nv = hd / 16;
+/* One query's scores sc[0 .. cols-1] (-inf where skipped) -> unnormalised probabilities in place (0 where
+ * skipped, exp(score - max) elsewhere). */
+static void probabilities(float *sc, long cols) {
+    long width = (cols + 15) / 16 * 16;
     __m512 ninf = _mm512_set1_ps(-INFINITY), top = ninf;
     for (long j = cols; j < width; j++) sc[j] = -INFINITY;
     for (long j0 = 0; j0 < width; j0 += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(sc + j0));
     __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-    for (long j0 = 0; j0 < width; j0 += 16) { /* scores -> unnormalised probabilities, 0 where skipped */
+    for (long j0 = 0; j0 < width; j0 += 16) {
         __m512 s = _mm512_loadu_ps(sc + j0);
         __mmask16 live = _mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_OQ);
         _mm512_storeu_ps(sc + j0, _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s, shift))));
     }
-    __m512 acc[16];
-    for (long v = 0; v < 16; v++) acc[v] = _mm512_setzero_ps();
-    float sum = weigh_values(sc, vf, hd, cols, acc);
+}
+
+static void store_scaled(uint16_t *out, const __m512 *acc, long nv, float sum) {
     __m512 inv = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
     for (long v = 0; v < nv; v++) store16(out + 16 * v, _mm512_mul_ps(acc[v], inv));
+}
+
+/* Up to four queries of head_dim 64 over the same values: query e's probabilities at p + e * stride. Each
+ * query's accumulators and sum take the same adds, in the same order, as weigh_values gives it alone (a
+ * zero probability adds nothing); the four independent chains and the shared value loads keep the core
+ * busy where one query waits on its FMA latency. */
+static void weigh4_64(const float *p, long stride, long nq, const float *vf, long cols,
+                      uint16_t *const *outs) {
+    __m512 z = _mm512_setzero_ps();
+    __m512 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
+    __m512 c0 = z, c1 = z, c2 = z, c3 = z, d0 = z, d1 = z, d2 = z, d3 = z;
+    float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+    const float *p0 = p, *p1 = nq > 1 ? p + stride : NULL, *p2 = nq > 2 ? p + 2 * stride : NULL,
+                *p3 = nq > 3 ? p + 3 * stride : NULL;
+    for (long j = 0; j < cols; j++) {
+        float q0 = p0[j], q1 = p1 ? p1[j] : 0.0f, q2 = p2 ? p2[j] : 0.0f, q3 = p3 ? p3[j] : 0.0f;
+        if (q0 == 0.0f && q1 == 0.0f && q2 == 0.0f && q3 == 0.0f) continue;
+        const float *vj = vf + j * 64;
+        __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), v2 = _mm512_loadu_ps(vj + 32),
+               v3 = _mm512_loadu_ps(vj + 48);
+#define WEIGH(q, t, x0, x1, x2, x3)                                                                       \
+    if (q != 0.0f) {                                                                                      \
+        __m512 w = _mm512_set1_ps(q);                                                                     \
+        t += q;                                                                                           \
+        x0 = _mm512_fmadd_ps(w, v0, x0), x1 = _mm512_fmadd_ps(w, v1, x1);                                 \
+        x2 = _mm512_fmadd_ps(w, v2, x2), x3 = _mm512_fmadd_ps(w, v3, x3);                                 \
+    }
+        WEIGH(q0, t0, a0, a1, a2, a3)
+        WEIGH(q1, t1, b0, b1, b2, b3)
+        WEIGH(q2, t2, c0, c1, c2, c3)
+        WEIGH(q3, t3, d0, d1, d2, d3)
+#undef WEIGH
+    }
+    __m512 acc[4][4] = {{a0, a1, a2, a3}, {b0, b1, b2, b3}, {c0, c1, c2, c3}, {d0, d1, d2, d3}};
+    float sums[4] = {t0, t1, t2, t3};
+    for (long e = 0; e < nq; e++) store_scaled(outs[e], acc[e], 4, sums[e]);
+}
+
+/* n queries' scores (query i at sc + i * stride; -inf where skipped) -> out[i] = softmax . values (vf). */
+static void softmax_values(float *sc, long stride, long n, const float *vf, long hd, long cols,
+                           uint16_t *const *outs) {
+    for (long i = 0; i < n; i++) probabilities(sc + i * stride, cols);
+    if (hd == 64) {
+        for (long i = 0; i < n; i += 4)
+            weigh4_64(sc + i * stride, stride, n - i < 4 ? n - i : 4, vf, cols, outs + i);
+        return;
+    }
+    for (long i = 0; i < n; i++) {
+        __m512 acc[16];
+        for (long v = 0; v < 16; v++) acc[v] = _mm512_setzero_ps();
+        store_scaled(outs[i], acc, hd / 16, weigh_values(sc + i * stride, vf, hd, cols, acc));
+    }
 }
 
 typedef struct {
@@ -216,21 +251,28 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         _tile_dpbf16ps(0, 1, 2);
                     }
                     _tile_stored(0, ct, 64);
-                    for (long i = 0; i < n; i++) {
+                    __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+                    __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+                                                                         4, 3, 2, 1, 0), _mm512_set1_epi32(16));
+                    for (long i = 0; i < n; i++) { /* query i's 16 scores: column i of the C tile */
                         long qi = q0 + i;
                         const uint16_t *m = mask + bi * mb + (qi / group) * mt + j0;
-                        float *s = sc + i * width + j0;
-                        for (long k = 0; k < left; k++) {
-                            union { uint32_t u; float f; } mv = {(uint32_t)m[k] << 16};
-                            s[k] = mv.f < -1e30f ? -INFINITY : ct[k * 16 + i] * scale + mv.f;
-                        }
+                        __m512i at = _mm512_add_epi32(column, _mm512_set1_epi32((int)i));
+                        __m512 raw = _mm512_i32gather_ps(at, ct, 4);
+                        __m512 mv = _mm512_castsi512_ps(
+                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m)), 16));
+                        __mmask16 live = in & _mm512_cmp_ps_mask(mv, _mm512_set1_ps(-1e30f), _CMP_GE_OQ);
+                        __m512 score = _mm512_add_ps(_mm512_mul_ps(raw, _mm512_set1_ps(scale)), mv);
+                        score = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), score);
+                        _mm512_storeu_ps(sc + i * width + j0, score);
                     }
                 }
+                uint16_t *outs[16];
                 for (long i = 0; i < n; i++) {
                     long qi = q0 + i;
-                    softmax_values(sc + i * width, vf, hd, cols,
-                                   out + (bi * t + qi / group) * ldo + (g * group + qi % group) * hd);
+                    outs[i] = out + (bi * t + qi / group) * ldo + (g * group + qi % group) * hd;
                 }
+                softmax_values(sc, width, n, vf, hd, cols, outs);
             }
         }
     _tile_release();
