@@ -108,7 +108,7 @@ class MedusaModel(nn.Module):
         dtype (fp32 when the base is quantised). ``token_map [N]`` (draft id -> target id): heads with a
         draft vocabulary of N tokens, W2 starting as those rows of the LM head. ``hydra_projection``
         (``head_type="hydra"`` only): ``"own"`` W2 per head, or ``"shared_lm_head"`` (the base LM head).
-        ``feature_layers`` (``head_type="eagle3"`` only): the three base hidden-state indices the drafter
+        ``feature_layers`` (eagle3 heads only): the three base hidden-state indices the drafter
         fuses (default: EAGLE-3's early / middle / late choice); ``num_heads`` is then its draft depth.
         """
         if isinstance(base, (str, Path)):
@@ -333,7 +333,7 @@ def build_heads(base: nn.Module, hidden_size: int, vocab_size: int, num_heads: i
     embeddings, and the base LM head when ``hydra_projection`` is ``"shared_lm_head"``; None: ``"own"``)
     for hydra, Eagle3Heads (a draft decoder layer of the base's own class) for eagle3: where the head-type
     string becomes a family (the loader; elsewhere ``isinstance(heads, Drafter)`` or DRAFTER_HEAD_TYPES)."""
-    if head_type == "eagle3":
+    if head_type == Eagle3Heads.head_type:
         layers = None if feature_layers is None else tuple(feature_layers)
         return Eagle3Heads(base, num_heads, feature_layers=layers, draft_vocab=draft_vocab)
     if head_type == "hydra":
