@@ -11,10 +11,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from medusa.export import export_checkpoint
     from medusa.io import check_output_dir
 
+    from medusa.errors import MedusaError
+
+    if args.base_precision is not None and not args.with_base:
+        raise MedusaError("--base-precision applies with --with-base only")
     check_output_dir(args.out, args.overwrite, inputs=[args.src, args.tree, args.base])
     summary = export_checkpoint(args.src, args.out, args.format, tree=args.tree, base=args.base,
                                 with_backbone=args.with_backbone, overwrite=args.overwrite,
-                                embed_tokens=not args.no_embed_tokens)
+                                embed_tokens=not args.no_embed_tokens,
+                                base_precision=(args.base_precision or "f32") if args.with_base else None)
     note = ", W2 materialised from the base LM head" if summary["materialised_lm_head"] else ""
     if summary["materialised_lm_head"] and summary["lm_head_copies"] == 1:
         note += " once (original_lm_head: one lm_head.weight shared by all heads)"
@@ -48,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "a MEDUSA-2 checkpoint's merged backbone, else the config's base)")
     exp.add_argument("--with-backbone", action="store_true",
                      help="copy a MEDUSA-2 checkpoint's merged backbone into OUT/base_model and record that")
+    exp.add_argument("--with-base", action="store_true",
+                     help="gguf: also write the base as the GGUF llama-server loads (OUT/base-PRECISION.gguf)")
+    exp.add_argument("--base-precision", default=None, metavar="P",
+                     help="with --with-base: f32 (default) | bf16 | q4_1 (llama-quantize's Q4_1 mix)")
     exp.add_argument("--no-embed-tokens", action="store_true",
                      help="speculators: leave the base's input embeddings out of the export (V x d smaller; "
                           "vLLM shares the target's, the speculators package does not load it)")

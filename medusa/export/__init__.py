@@ -71,7 +71,8 @@ def _check_paths(src: Path, out: Path) -> None:
 
 def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str | Path | None = None,
                       base: str | None = None, with_backbone: bool = False,
-                      overwrite: bool = False, embed_tokens: bool = True) -> dict[str, Any]:
+                      overwrite: bool = False, embed_tokens: bool = True,
+                      base_precision: str | None = None) -> dict[str, Any]:
     """Write the heads of our checkpoint ``src`` in ``format`` to ``out``; returns a summary.
 
     ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm`` / ``medusa-v1``; default: the
@@ -82,7 +83,8 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     recorded, ``commands`` how each engine loads the export, ``notes`` what the engine needs besides.
     An existing non-empty ``out`` is refused unless ``overwrite`` (then only the files written are
     replaced; see :mod:`medusa.io`). ``embed_tokens=False`` (``speculators`` only) leaves the base's input
-    embeddings out of the export (see :mod:`medusa.export.speculators`).
+    embeddings out of the export (see :mod:`medusa.export.speculators`). ``base_precision`` (``gguf`` only:
+    f32 / bf16 / q4_1) also writes the backbone as the GGUF llama-server loads (``base-PRECISION.gguf``).
     """
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
@@ -97,8 +99,10 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
             raise MedusaError(f"{flag} does not apply to --format speculators (its drafter drafts a chain; "
                               "its verifier is the base, named by path)")
         return _export_speculators(src, out, pre, base, overwrite, embed_tokens)
+    if base_precision is not None and format != "gguf":
+        raise MedusaError(f"--with-base applies to --format gguf only (not {format})")
     if format == "gguf":
-        return export_gguf(src, out, pre, base, overwrite)
+        return export_gguf(src, out, pre, base, overwrite, base_precision)
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to "
                               f"{format}: it serves MEDUSA heads of head_type "

@@ -38,6 +38,7 @@ import torch
 
 from medusa.config.enums import DRAFTER_HEAD_TYPES
 from medusa.errors import CheckpointError, MedusaError
+from medusa.export.gguf_base import base_file, check_base, write_base_gguf
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.model import read_heads_file
 
@@ -116,10 +117,19 @@ def write_hparams(writer: Any, cfg: MedusaConfig, text: dict[str, Any]) -> None:
     if len(layers) != 3 or len(set(layers)) != 3:
         raise CheckpointError(f"{CONFIG_NAME}: llama.cpp's eagle3 reads exactly 3 distinct target layers, "
                               f"feature_layers is {cfg.feature_layers!r}")
-    n_head = int(text["num_attention_heads"])
-    head_dim = int(text.get("head_dim") or text["hidden_size"] // n_head)
     writer.add_name(f"{text.get('model_type', 'llama')} eagle3 drafter")
     writer.add_block_count(1)
+    write_layer_hparams(writer, text)
+    writer.add_array(f"{ARCH}.target_layers", layers)
+    writer.add_uint32(f"{ARCH}.target_hidden_size", int(text["hidden_size"]))
+    writer.add_bool(f"{ARCH}.norm_before_residual", False)
+    writer.add_bool(f"{ARCH}.norm_before_fc", False)
+
+
+def write_layer_hparams(writer: Any, text: dict[str, Any]) -> None:
+    """The llama hyperparameters of one decoder layer (the base's) under the writer's architecture."""
+    n_head = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // n_head)
     writer.add_context_length(int(text.get("max_position_embeddings", 4096)))
     writer.add_embedding_length(int(text["hidden_size"]))
     writer.add_feed_forward_length(int(text["intermediate_size"]))
@@ -131,10 +141,6 @@ def write_hparams(writer: Any, cfg: MedusaConfig, text: dict[str, Any]) -> None:
     writer.add_value_length(head_dim)
     writer.add_vocab_size(int(text["vocab_size"]))
     writer.add_rope_dimension_count(head_dim)
-    writer.add_array(f"{ARCH}.target_layers", layers)
-    writer.add_uint32(f"{ARCH}.target_hidden_size", int(text["hidden_size"]))
-    writer.add_bool(f"{ARCH}.norm_before_residual", False)
-    writer.add_bool(f"{ARCH}.norm_before_fc", False)
 
 
 def write_vocab(writer: Any, tokenizer_dir: str, vocab_size: int) -> None:
@@ -201,9 +207,11 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
             "target_layers": sorted(cfg.feature_layers or []), "dtype": "float32"}
 
 
-def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overwrite: bool) -> dict[str, Any]:
+def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overwrite: bool,
+                base_precision: str | None = None) -> dict[str, Any]:
     """eagle3 heads -> ``out/draft.gguf`` beside the backbone they were trained on (its config and tokenizer
-    are read); the summary's ``commands`` serve it with llama-server."""
+    are read); ``base_precision`` (f32 / bf16 / q4_1): also that backbone as ``out/base-PRECISION.gguf``
+    (:mod:`medusa.export.gguf_base`). The summary's ``commands`` serve them with llama-server."""
     import shlex
 
     from transformers import AutoConfig
@@ -216,17 +224,30 @@ def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overw
     base_cfg = AutoConfig.from_pretrained(backbone.path)
     text = (base_cfg.get_text_config() if hasattr(base_cfg, "get_text_config") else base_cfg).to_dict()
     tokenizer_dir = str(backbone.tokenizer_dir or backbone.path)
-    with atomic_directory(out, overwrite=overwrite, inputs=[src, base]) as tmp:
+    if base_precision is not None:
+        check_base(text, backbone.path, tokenizer_dir, base_precision)
+    with atomic_directory(out, overwrite=overwrite, inputs=[src, base, backbone.path], kind="export") as tmp:
         info = write_draft_gguf(src, cfg, text, tokenizer_dir, tmp)
+        if base_precision is not None:
+            info |= write_base_gguf(backbone.path, text, tokenizer_dir, base_precision,
+                                    tmp / base_file(base_precision))
     draft = str(out / DRAFT_FILE)
-    serve = ["llama-server", "-m", "TARGET.gguf", "-md", draft, "--spec-type", "draft-eagle3",
+    target = str(out / base_file(base_precision)) if base_precision is not None else "TARGET.gguf"
+    serve = ["llama-server", "-m", target, "-md", draft, "--spec-type", "draft-eagle3",
              "--spec-draft-n-max", str(cfg.num_heads), "--spec-draft-p-min", "0"]
     return {"format": "gguf", "out": str(out), "num_heads": cfg.num_heads, "num_layers": 1,
             "layout": "gguf-eagle3", "materialised_lm_head": False, "lm_head_copies": 1,
             "tree_nodes": None, "tree_depth": None, "tokenizer_files": [], "backbone": backbone.path,
             "backbone_source": backbone.source, "backbone_description": backbone.description,
             "tokenizer": backbone.tokenizer, "commands": [shlex.join(serve)],
-            "notes": [f"TARGET.gguf: the backbone {backbone.path} in GGUF (llama.cpp's "
-                      "convert_hf_to_gguf.py); the drafter embeds its tokens with the target's table and "
-                      "drafts chains only"],
+            "notes": [_target_note(backbone.path, base_precision)],
             **{k: v for k, v in info.items() if k != "gguf"}}
+
+
+def _target_note(backbone: str, base_precision: str | None) -> str:
+    drafter = "the drafter embeds its tokens with the target's table and drafts chains only"
+    if base_precision is None:
+        return (f"TARGET.gguf: the backbone {backbone} in GGUF (--with-base writes it, or llama.cpp's "
+                f"convert_hf_to_gguf.py); {drafter}")
+    return (f"{base_file(base_precision)}: the backbone {backbone} at {base_precision}; llama.cpp splits text "
+            f"with its default pre-tokenizer (send token ids for Hugging Face's split); {drafter}")

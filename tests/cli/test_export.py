@@ -42,6 +42,11 @@ def test_cli_errors_exit_2(tmp_path, base_dir, capsys):
     assert code == 2 and len(err) == 1 and "--no-embed-tokens applies to --format speculators only" in err[0]
     code, err = _err(capsys, ["export", "--format", "gguf", str(ck), str(tmp_path / "o")])
     assert code == 2 and len(err) == 1 and err[0].startswith("error:") and "llama.cpp has no MEDUSA" in err[0]
+    code, err = _err(capsys, ["export", "--format", "gguf", "--base-precision", "bf16", str(ck),
+                              str(tmp_path / "o")])
+    assert code == 2 and len(err) == 1 and "--base-precision applies with --with-base only" in err[0]
+    code, err = _err(capsys, ["export", "--format", "vllm", "--with-base", str(ck), str(tmp_path / "o")])
+    assert code == 2 and len(err) == 1 and "--with-base applies to --format gguf only" in err[0]
     assert not (tmp_path / "o").exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".o.")]
 
