@@ -5,7 +5,8 @@ accepted and the text equals plain decoding's on every prompt.
 
 The venv and the converted GGUFs are built once per session. Outside CI the test skips when the venv cannot
 be built (no network, no wheel for this platform); in CI (MEDUSA_REQUIRE_SHARED=1) that fails. About a
-minute once the venv exists (two server starts, 3 prompts x 32 tokens each).
+minute once the venv exists (two server starts, 3 prompts x 32 tokens each). ``--with-base`` writes the base
+itself at f32 / bf16 / q4_1: served plain, its f32 text equals the converter's GGUF's and HF greedy's.
 """
 
 from __future__ import annotations
@@ -50,6 +51,53 @@ def served(tmp_path_factory):
         with LlamaServer(target, cfg, root / f"{cfg.name}.log") as server:
             out[cfg.name] = [server.complete(p, TOKENS) for p in ids]
     return summary, out, root
+
+
+@pytest.fixture(scope="session")
+def with_base(served):
+    """``--with-base`` at each precision (its own export folder), served plain on the same prompts."""
+    _, _, root = served
+    base = smollm2_dir()
+    ids = chat_ids(str(base), PROMPTS)
+    out = {}
+    for precision in ("f32", "bf16", "q4_1"):
+        folder = root / f"with-base-{precision}"
+        export_checkpoint(HEADS, folder, "gguf", base=str(base), base_precision=precision)
+        with LlamaServer(folder / f"base-{precision}.gguf", ServerConfig("plain"),
+                         root / f"base-{precision}.log") as server:
+            out[precision] = [server.complete(p, TOKENS)["tokens"] for p in ids]
+    return ids, out
+
+
+def _hf_greedy(ids: list[list[int]]) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_dir()), dtype=torch.float32).eval()
+    out = []
+    for p in ids:
+        x = torch.tensor([p])
+        with torch.no_grad():
+            y = model.generate(x, max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False)
+        out.append(y[0, len(p):].tolist())
+    return out
+
+
+def test_with_base_f32_greedy_equals_hf_and_the_converters_gguf(served, with_base):
+    _, out, _ = served
+    ids, texts = with_base
+    assert texts["f32"] == [r["tokens"] for r in out["plain"]]  # llama.cpp's own converter, f32
+    assert texts["f32"] == _hf_greedy(ids)
+
+
+def test_with_base_bf16_and_q4_1_load_and_decode(with_base):
+    _, texts = with_base
+    for precision in ("bf16", "q4_1"):
+        assert [len(t) for t in texts[precision]] == [TOKENS] * len(PROMPTS)
+    # a tensor under the wrong name or unpermuted Q / K rows would give other text from the first token;
+    # bf16 / Q4_1 rounding moves near-ties later on, so only the opening tokens must agree with f32
+    assert all(b[:4] == f[:4] for b, f in zip(texts["bf16"], texts["f32"]))
+    assert all(q[:2] == f[:2] for q, f in zip(texts["q4_1"], texts["f32"]))
 
 
 def test_the_export_loads_and_its_drafts_are_accepted(served):
