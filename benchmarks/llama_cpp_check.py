@@ -1,11 +1,13 @@
 """llama.cpp serve check: our EAGLE-3 drafter (``medusa export --format gguf``) in the pinned prebuilt
 ``llama-server`` (:mod:`benchmarks.llama_cpp_env`) beside plain decoding and llama.cpp's n-gram modes.
 
-``python -m benchmarks.llama_cpp_check [--per-category N] [--max-tokens T] [--precisions f32,bf16] [--k K]
-[--cpu CORE] [--out DIR]`` (``make serve-check``): exports the shipped SmolLM2 drafter, converts the base
-with llama.cpp's converter at each target precision, chat-templates Spec-Bench public prompts here (the
-project's tokenizer, so every engine sees the same ids) and serves them one at a time, greedy, one thread:
-plain, ``ngram-mod``, ``ngram-simple`` and our drafter as a chain of k drafts (default: the depth of the
+``python -m benchmarks.llama_cpp_check [--per-category N] [--max-tokens T] [--precisions f32,bf16,q4_1]
+[--k K] [--cpu CORE] [--out DIR]`` (``make serve-check``; ``make llama-cpp-rows``: the table of
+docs/results/llama-cpp.md): exports the shipped SmolLM2 drafter, converts the base at each target precision
+(f32 / bf16: llama.cpp's converter; q4_1: ``medusa export --with-base``, see :func:`target_gguf`),
+chat-templates Spec-Bench public prompts here (the project's tokenizer, so every engine sees the same ids) and
+serves them one at a time, greedy, one thread: plain, ``ngram-mod``, ``ngram-simple`` and our drafter as a
+chain of k drafts (default: the depth of the
 tree our calibration chose, and 3). Each config gets a server of its own, started and stopped. Rows:
 tokens/s (median over prompts of the server's ``predicted_per_second``, and total tokens / total decode
 time), the share of drafted tokens accepted, acceptance per draft position (from the server's log), greedy
@@ -41,6 +43,20 @@ def server_configs(draft: Path, ks: list[int]) -> list[ServerConfig]:
     out = [ServerConfig("plain")]
     out += [ServerConfig(mode, mode, draft_n_max=None) for mode in NGRAM_MODES]
     return out + [ServerConfig(f"eagle3 k={k}", "draft-eagle3", draft, k) for k in ks]
+
+
+def target_gguf(heads: Path, base: str, precision: str, out: Path) -> Path:
+    """The target at ``precision``: f32 / bf16 (any of the converter's outtypes) from llama.cpp's own
+    converter; q4_1 from ``medusa export --format gguf --with-base --base-precision q4_1`` (llama-quantize's
+    Q4_1 mix; for SmolLM2, tensor for tensor the GGUF it was published as)."""
+    if precision == "q4_1":
+        from medusa.export import export_checkpoint
+
+        folder = out / "export-q4_1"
+        if not (folder / "base-q4_1.gguf").is_file():
+            export_checkpoint(heads, folder, "gguf", base=base, overwrite=True, base_precision="q4_1")
+        return folder / "base-q4_1.gguf"
+    return convert_target(base, precision, out / f"target-{precision}.gguf")
 
 
 def run_config(model: Path, cfg: ServerConfig, ids: list[list[int]], max_tokens: int, log: Path,
@@ -94,22 +110,24 @@ def agreement(rows: list[dict[str, Any]], ours: dict[str, Any], k: int) -> float
 
 
 def markdown(table: dict[str, list[dict[str, Any]]], ours: dict[int, dict[str, Any]]) -> str:
-    lines = ["| target | config | tokens/s (median) | tokens/s (total) | drafts accepted "
-             "| accepted per position | greedy = plain |", "|---|---|---:|---:|---:|---|---:|"]
+    lines = ["| target | config | tokens/s (median) | vs plain | tokens/s (total) | drafts accepted "
+             "| accepted per position | greedy = plain |", "|---|---|---:|---:|---:|---:|---|---:|"]
     for precision, rows in table.items():
+        plain = next((r["tokens_per_s_median"] for r in rows if r["config"] == "plain"), None)
         for r in rows:
+            ratio = f"{r['tokens_per_s_median'] / plain:.2f}x" if plain else "-"
             share = f"{r['accept_share']:.3f}" if r["accept_share"] is not None else "-"
             chain = r["config"].startswith("eagle3") and r["per_position"]  # n-gram drafts vary in length
             pos = " / ".join(f"{p:.3f}" for p in r["per_position"]) if chain else "-"
             same = f"{r['identical_to_plain']}/{r['prompts']}"
-            lines.append(f"| {precision} | {r['config']} | {r['tokens_per_s_median']:.1f} | "
+            lines.append(f"| {precision} | {r['config']} | {r['tokens_per_s_median']:.1f} | {ratio} | "
                          f"{r['tokens_per_s_total']:.1f} | {share} | {pos} | {same} |")
     for k, o in ours.items():
         pos = " / ".join(f"{p:.3f}" for p in o["per_position"])
         gap = o.get("max_gap_vs_llama_cpp_f32")
         gap_text = f" (largest gap to llama.cpp f32: {gap:.4f})" if gap is not None else ""
-        lines.append(f"| f32 (ours) | our chain of {k} | - | - | {o['accept_share']:.3f} | {pos}{gap_text} | "
-                     f"{o['identical_to_plain']}/{len(o['tokens'])} |")
+        lines.append(f"| f32 (ours) | our chain of {k} | - | - | - | {o['accept_share']:.3f} | "
+                     f"{pos}{gap_text} | {o['identical_to_plain']}/{len(o['tokens'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=Path, default=SPEC_BENCH)
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--precisions", default="f32,bf16")
+    ap.add_argument("--precisions", default="f32,bf16,q4_1")
     ap.add_argument("--k", type=int, action="append", default=None,
                     help="drafts per step for our drafter (repeatable; default: the calibrated depth, and 3)")
     ap.add_argument("--cpu", default=None, help="taskset core list for the server (default: none)")
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     only = args.only.split(",") if args.only else None
     table = {}
     for precision in args.precisions.split(","):
-        target = convert_target(base, precision, args.out / f"target-{precision}.gguf")
+        target = target_gguf(args.heads, base, precision, args.out)
         work = args.out / precision
         work.mkdir(parents=True, exist_ok=True)
         table[precision] = run_precision(target, draft, ks, ids, args.max_tokens, work, args.cpu, only)

@@ -8,10 +8,9 @@ from medusa.cli import PathKind, add_overwrite
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from medusa.errors import MedusaError
     from medusa.export import export_checkpoint
     from medusa.io import check_output_dir
-
-    from medusa.errors import MedusaError
 
     if args.base_precision is not None and not args.with_base:
         raise MedusaError("--base-precision applies with --with-base only")
@@ -54,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp.add_argument("--with-backbone", action="store_true",
                      help="copy a MEDUSA-2 checkpoint's merged backbone into OUT/base_model and record that")
     exp.add_argument("--with-base", action="store_true",
-                     help="gguf: also write the base as the GGUF llama-server loads (OUT/base-PRECISION.gguf)")
+                     help="gguf: also write the base as the GGUF llama-server loads (OUT/base-PREC.gguf)")
     exp.add_argument("--base-precision", default=None, metavar="P",
                      help="with --with-base: f32 (default) | bf16 | q4_1 (llama-quantize's Q4_1 mix)")
     exp.add_argument("--no-embed-tokens", action="store_true",

@@ -90,8 +90,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     src, out = Path(src), Path(out)
     _check_paths(src, out)
-    if not embed_tokens and format != "speculators":
-        raise MedusaError(f"--no-embed-tokens applies to --format speculators only (not {format})")
+    _check_format_flags(format, embed_tokens, base_precision)
     pre = MedusaConfig.load(src)
     if format == "speculators":
         if tree is not None or with_backbone:  # the format has no tree, and names its verifier by path
@@ -99,8 +98,6 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
             raise MedusaError(f"{flag} does not apply to --format speculators (its drafter drafts a chain; "
                               "its verifier is the base, named by path)")
         return _export_speculators(src, out, pre, base, overwrite, embed_tokens)
-    if base_precision is not None and format != "gguf":
-        raise MedusaError(f"--with-base applies to --format gguf only (not {format})")
     if format == "gguf":
         return export_gguf(src, out, pre, base, overwrite, base_precision)
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
@@ -130,6 +127,13 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
         tok_dir = backbone.tokenizer_dir
         copied = copy_tokenizer(str(tok_dir), tmp) if format == "tgi" and tok_dir is not None else []
     return _summary(format, out, config, heads, backbone, choices, copied)
+
+
+def _check_format_flags(format: str, embed_tokens: bool, base_precision: str | None) -> None:
+    if not embed_tokens and format != "speculators":
+        raise MedusaError(f"--no-embed-tokens applies to --format speculators only (not {format})")
+    if base_precision is not None and format != "gguf":
+        raise MedusaError(f"--with-base applies to --format gguf only (not {format})")
 
 
 def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | None,

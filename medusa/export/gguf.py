@@ -29,7 +29,6 @@ MTP / DFlash drafters or n-gram lookup).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +36,15 @@ import numpy as np
 import torch
 
 from medusa.config.enums import DRAFTER_HEAD_TYPES
-from medusa.errors import CheckpointError, MedusaError
-from medusa.export.gguf_base import base_file, check_base, write_base_gguf
+from medusa.errors import CheckpointError
+from medusa.export.gguf_base import (
+    base_file,
+    check_base,
+    rope_permute,
+    write_base_gguf,
+    write_layer_hparams,
+    write_vocab,
+)
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.model import read_heads_file
 
@@ -69,14 +75,6 @@ def refuse_non_eagle3(src: Path, cfg: MedusaConfig) -> None:
                               f"(this checkpoint's is {cfg.head_type!r}): {LLAMA_CPP_OFFERS}")
 
 
-def rope_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Q / K rows from Hugging Face's rotate-half order to llama.cpp's interleaved RoPE pairs (the
-    converter's ``LlamaModel.permute``); ``weight [n_head * head_dim, in]``."""
-    rows = weight.shape[0]
-    return (weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
-
-
 def draft_tensors(state: dict[str, torch.Tensor], layers: list[int], n_head: int,
                   n_head_kv: int) -> dict[str, np.ndarray]:
     """Our eagle3 tensors -> llama.cpp's names as float32 arrays (as the converter's ``--outtype f32``), fc
@@ -103,14 +101,6 @@ def draft_tensors(state: dict[str, torch.Tensor], layers: list[int], n_head: int
     return arrays
 
 
-def _rope_theta(text: dict[str, Any]) -> float:
-    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", None):
-        raise MedusaError(f"--format gguf writes default RoPE only (the base's rope_type is {kind!r})")
-    return float(params.get("rope_theta", text.get("rope_theta", 10000.0)))
-
-
 def write_hparams(writer: Any, cfg: MedusaConfig, text: dict[str, Any]) -> None:
     """eagle3.* keys: the draft layer's llama hyperparameters (the base's) and the EAGLE-3 ones."""
     layers = sorted(cfg.feature_layers or [])
@@ -124,56 +114,6 @@ def write_hparams(writer: Any, cfg: MedusaConfig, text: dict[str, Any]) -> None:
     writer.add_uint32(f"{ARCH}.target_hidden_size", int(text["hidden_size"]))
     writer.add_bool(f"{ARCH}.norm_before_residual", False)
     writer.add_bool(f"{ARCH}.norm_before_fc", False)
-
-
-def write_layer_hparams(writer: Any, text: dict[str, Any]) -> None:
-    """The llama hyperparameters of one decoder layer (the base's) under the writer's architecture."""
-    n_head = int(text["num_attention_heads"])
-    head_dim = int(text.get("head_dim") or text["hidden_size"] // n_head)
-    writer.add_context_length(int(text.get("max_position_embeddings", 4096)))
-    writer.add_embedding_length(int(text["hidden_size"]))
-    writer.add_feed_forward_length(int(text["intermediate_size"]))
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(int(text.get("num_key_value_heads") or n_head))
-    writer.add_rope_freq_base(_rope_theta(text))
-    writer.add_layer_norm_rms_eps(float(text["rms_norm_eps"]))
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_vocab_size(int(text["vocab_size"]))
-    writer.add_rope_dimension_count(head_dim)
-
-
-def write_vocab(writer: Any, tokenizer_dir: str, vocab_size: int) -> None:
-    """The target's BPE tokenizer as llama.cpp's ``gpt2`` vocabulary (the converter's ``get_vocab_base``:
-    added special tokens CONTROL, other added tokens USER_DEFINED, holes ``[PAD{i}]`` UNUSED)."""
-    import gguf
-    from transformers import AutoTokenizer
-
-    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
-        raise MedusaError(f"{tokenizer_dir}: --format gguf needs the base's tokenizer.json (a BPE tokenizer)")
-    spec = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
-    model_type = spec.get("model", {}).get("type")
-    if model_type != "BPE":
-        raise MedusaError(f"{tokenizer_dir}/tokenizer.json: --format gguf writes BPE tokenizers only "
-                          f"(this one is {model_type})")
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    reverse = {i: t for t, i in tok.get_vocab().items()}
-    added = tok.added_tokens_decoder  # {id: AddedToken}
-    tokens, types = [], []
-    for i in range(vocab_size):
-        if i not in reverse:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-        elif i in added:
-            tokens.append(reverse[i])
-            types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
-        else:
-            tokens.append(reverse[i])
-            types.append(gguf.TokenType.NORMAL)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer)
 
 
 def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokenizer_dir: str,
@@ -249,5 +189,5 @@ def _target_note(backbone: str, base_precision: str | None) -> str:
     if base_precision is None:
         return (f"TARGET.gguf: the backbone {backbone} in GGUF (--with-base writes it, or llama.cpp's "
                 f"convert_hf_to_gguf.py); {drafter}")
-    return (f"{base_file(base_precision)}: the backbone {backbone} at {base_precision}; llama.cpp splits text "
-            f"with its default pre-tokenizer (send token ids for Hugging Face's split); {drafter}")
+    return (f"{base_file(base_precision)}: the backbone {backbone} at {base_precision}; llama.cpp splits "
+            f"text with its default pre-tokenizer (send token ids for Hugging Face's split); {drafter}")

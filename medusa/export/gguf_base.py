@@ -27,6 +27,7 @@ Llama-family bases only (``model_type`` llama, no attention / MLP biases, defaul
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,72 @@ LAYER_NAMES = {
 EMBEDDING_NAMES = ("token_embd.weight", "output.weight")
 
 
+def rope_permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Q / K rows from Hugging Face's rotate-half order to llama.cpp's interleaved RoPE pairs (the
+    converter's ``LlamaModel.permute``); ``weight [n_head * head_dim, in]``."""
+    rows = weight.shape[0]
+    return (weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def rope_theta(text: dict[str, Any]) -> float:
+    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", None):
+        raise MedusaError(f"--format gguf writes default RoPE only (the base's rope_type is {kind!r})")
+    return float(params.get("rope_theta", text.get("rope_theta", 10000.0)))
+
+
+def write_layer_hparams(writer: Any, text: dict[str, Any]) -> None:
+    """The llama hyperparameters of one decoder layer (the base's) under the writer's architecture."""
+    n_head = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // n_head)
+    writer.add_context_length(int(text.get("max_position_embeddings", 4096)))
+    writer.add_embedding_length(int(text["hidden_size"]))
+    writer.add_feed_forward_length(int(text["intermediate_size"]))
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(int(text.get("num_key_value_heads") or n_head))
+    writer.add_rope_freq_base(rope_theta(text))
+    writer.add_layer_norm_rms_eps(float(text["rms_norm_eps"]))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(int(text["vocab_size"]))
+    writer.add_rope_dimension_count(head_dim)
+
+
+def write_vocab(writer: Any, tokenizer_dir: str, vocab_size: int) -> None:
+    """The target's BPE tokenizer as llama.cpp's ``gpt2`` vocabulary (the converter's ``get_vocab_base``:
+    added special tokens CONTROL, other added tokens USER_DEFINED, holes ``[PAD{i}]`` UNUSED)."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        raise MedusaError(f"{tokenizer_dir}: --format gguf needs the base's tokenizer.json (a BPE tokenizer)")
+    spec = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    model_type = spec.get("model", {}).get("type")
+    if model_type != "BPE":
+        raise MedusaError(f"{tokenizer_dir}/tokenizer.json: --format gguf writes BPE tokenizers only "
+                          f"(this one is {model_type})")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    reverse = {i: t for t, i in tok.get_vocab().items()}
+    added = tok.added_tokens_decoder  # {id: AddedToken}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.NORMAL)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer)
+
+
 def base_file(precision: str) -> str:
     return f"base-{precision}.gguf"
 
@@ -64,15 +131,14 @@ def check_base(text: dict[str, Any], model_dir: str, tokenizer_dir: str, precisi
                           "convert_hf_to_gguf.py")
     for key in ("attention_bias", "mlp_bias"):
         if text.get(key):
-            raise MedusaError(f"{model_dir}/config.json: --with-base writes bias-free layers only ({key}: true)")
+            raise MedusaError(f"{model_dir}/config.json: --with-base writes bias-free layers only "
+                              f"({key}: true)")
     require_byte_level(tokenizer_dir)
 
 
 def require_byte_level(tokenizer_dir: str) -> None:
     """The base's tokenizer must be byte-level BPE (llama.cpp's ``gpt2`` vocabulary); a SentencePiece-style
     BPE (``Metaspace``) would be written under the wrong model and split text wrongly."""
-    import json
-
     spec_path = Path(tokenizer_dir) / "tokenizer.json"
     spec = json.loads(spec_path.read_text(encoding="utf-8")) if spec_path.is_file() else {}
     if "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
@@ -97,8 +163,6 @@ def read_base_state(model_dir: str) -> dict[str, torch.Tensor]:
 
 def base_tensors(state: dict[str, torch.Tensor], text: dict[str, Any]) -> dict[str, torch.Tensor]:
     """Hugging Face Llama tensors -> llama.cpp's names (Q / K rows RoPE-permuted), in file order."""
-    from medusa.export.gguf import rope_permute
-
     n_head = int(text["num_attention_heads"])
     n_head_kv = int(text.get("num_key_value_heads") or n_head)
     out = {"token_embd.weight": _take(state, "embed_tokens.weight")}
@@ -152,8 +216,6 @@ def write_base_gguf(model_dir: str, text: dict[str, Any], tokenizer_dir: str, pr
                     path: Path) -> dict[str, Any]:
     """Write the base at ``model_dir`` to ``path`` as a ``llama`` GGUF; returns what the summary reports."""
     import gguf
-
-    from medusa.export.gguf import write_layer_hparams, write_vocab
 
     check_base(text, model_dir, tokenizer_dir, precision)
     tensors = base_tensors(read_base_state(model_dir), text)

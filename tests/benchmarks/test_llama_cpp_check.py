@@ -36,7 +36,10 @@ def test_summarise_counts_equal_text_and_acceptance():
     assert none["accept_share"] is None and none["identical_to_plain"] is None
     assert none["per_position"] is None
     text = markdown({"f32": [row]}, {})
-    assert "| f32 | eagle3 k=2 | 3.0 | 2.2 | 0.300 | 0.400 / 0.200 | 2/3 |" in text
+    assert "| f32 | eagle3 k=2 | 3.0 | - | 2.2 | 0.300 | 0.400 / 0.200 | 2/3 |" in text
+    plain_row = summarise({"name": "plain", "totals": None, "runs": [_run([1], 1.0, 6.0)]}, None)
+    text = markdown({"bf16": [plain_row, row]}, {})
+    assert "| bf16 | eagle3 k=2 | 3.0 | 0.50x | 2.2 |" in text
 
 
 def test_agreement_is_the_largest_gap_per_position():

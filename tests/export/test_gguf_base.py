@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_models import tiny_model
 
 from medusa import MedusaModel
 from medusa.errors import MedusaError
 from medusa.export import export_checkpoint
 from medusa.export.gguf import rope_permute
 from medusa.export.gguf_base import base_tensors, tensor_type
+
+from tiny_models import tiny_model
 
 gguf = pytest.importorskip("gguf")
 
@@ -73,7 +74,8 @@ def test_f32_base_has_every_tensor_under_llama_cpp_names(tmp_path):
     assert len(tensors) == 2 + 9 * 3 + 1  # token_embd, output_norm, output + 9 per layer
     assert np.array_equal(_values(tensors["token_embd.weight"]), hf["embed_tokens.weight"].numpy())
     assert np.array_equal(_values(tensors["output.weight"]), hf["lm_head.weight"].numpy())
-    assert np.array_equal(_values(tensors["blk.1.ffn_down.weight"]), hf["layers.1.mlp.down_proj.weight"].numpy())
+    down = hf["layers.1.mlp.down_proj.weight"]
+    assert np.array_equal(_values(tensors["blk.1.ffn_down.weight"]), down.numpy())
     k = hf["layers.0.self_attn.k_proj.weight"]
     assert np.array_equal(_values(tensors["blk.0.attn_k.weight"]),
                           rope_permute(k, cfg.num_key_value_heads).numpy())
