@@ -37,6 +37,7 @@ import torch
 
 from medusa.config.enums import DRAFTER_HEAD_TYPES
 from medusa.errors import CheckpointError
+from medusa.export.gguf_base import LAYER_NAMES as BASE_LAYER_NAMES
 from medusa.export.gguf_base import (
     base_file,
     check_base,
@@ -54,19 +55,12 @@ LLAMA_CPP_OFFERS = ("llama.cpp has no MEDUSA or Hydra heads; serve the base ther
                     "(llama-server --spec-type ngram-mod or ngram-simple) or a small draft model "
                     "(-md DRAFT.gguf), or train head_type eagle3 and export that")
 
-# our layer-0 names -> llama.cpp's (the converter's tensor map for arch eagle3)
-LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "hidden_norm.weight": "attn_norm_2.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
+# our layer-0 names -> llama.cpp's (the converter's tensor map for arch eagle3): a llama layer's, with the
+# hidden-state norm after the input norm
+LAYER_NAMES = {"input_layernorm.weight": BASE_LAYER_NAMES["input_layernorm.weight"],
+               "hidden_norm.weight": "attn_norm_2.weight",
+               **{ours: theirs for ours, theirs in BASE_LAYER_NAMES.items()
+                  if ours != "input_layernorm.weight"}}
 
 
 def refuse_non_eagle3(src: Path, cfg: MedusaConfig) -> None:
