@@ -9,9 +9,10 @@ import sys
 
 import pytest
 import torch
+from tree_masks import tree_mask
 
 from medusa.decoding.growing_cache import growing_cache
-from medusa.decoding.kv_cache import KV_PAD, padded
+from medusa.decoding.kv_cache import KV_PAD
 from medusa.modeling import amx_kernel
 from medusa.modeling.cpu_linear import pack_linears
 
@@ -73,20 +74,9 @@ def _forward(model, cache, ids: torch.Tensor, past: int, parents: list[int]) -> 
     """Logits ``[n, V]`` of nodes ``ids [1, n]`` after ``past`` cached tokens; node i sees the cache, itself
     and its ancestors (``parents[i]``: its parent's index, -1 for the root). Keys span a multiple of 16
     columns, the extra ones masked, as the decoder's cache gives them (``DynamicKV``)."""
-    n = ids.shape[1]
-    cols = padded(past + n)
-    neg = torch.finfo(torch.bfloat16).min
-    mask = torch.full((1, 1, n, cols), neg, dtype=torch.bfloat16)
-    mask[..., :past] = 0
-    depth = []
-    for i, p in enumerate(parents):
-        node = i
-        while node >= 0:
-            mask[0, 0, i, past + node] = 0
-            node = parents[node]
-        depth.append(0 if p < 0 else depth[p] + 1)
+    mask, positions = tree_mask(past, parents)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, attention_mask=mask,
-                position_ids=(past + torch.tensor(depth)).view(1, n))
+                position_ids=positions)
     return out.logits[0]
 
 

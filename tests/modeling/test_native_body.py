@@ -8,9 +8,10 @@ import copy
 
 import pytest
 import torch
+from tree_masks import tree_mask
 
 from medusa.decoding.growing_cache import growing_cache
-from medusa.decoding.kv_cache import KV_PAD, padded
+from medusa.decoding.kv_cache import KV_PAD
 from medusa.modeling import amx_kernel, native_body
 from medusa.modeling.base import decoder_of, text_config
 from medusa.modeling.cpu_linear import pack_linears
@@ -21,7 +22,6 @@ from tiny_models import tiny_model
 pytestmark = pytest.mark.skipif(not amx_kernel.available(),
                                 reason=f"AMX kernel unavailable: {amx_kernel.unavailable_reason()}")
 
-NEG = torch.finfo(torch.bfloat16).min
 
 
 def _model(arch: str = "llama", **kwargs) -> torch.nn.Module:
@@ -33,23 +33,6 @@ def _bf16(model: torch.nn.Module) -> torch.nn.Module:
     model = copy.deepcopy(model).bfloat16()
     assert pack_linears(model) > 0
     return model
-
-
-def _tree_mask(past: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 4-D mask ``[1, 1, n, cols]`` of nodes with ``parents`` after ``past`` cached tokens (each node sees
-    the cache, its ancestors and itself; columns padded to 16 as the decoder's cache gives them) and their
-    positions ``[1, n]``."""
-    n = len(parents)
-    mask = torch.full((1, 1, n, padded(past + n)), NEG, dtype=torch.bfloat16)
-    mask[..., :past] = 0
-    depth = []
-    for i, p in enumerate(parents):
-        node = i
-        while node >= 0:
-            mask[0, 0, i, past + node] = 0
-            node = parents[node]
-        depth.append(0 if p < 0 else depth[p] + 1)
-    return mask, (past + torch.tensor(depth)).view(1, n)
 
 
 def _cache(model: torch.nn.Module, prompt: torch.Tensor):
@@ -73,7 +56,7 @@ def test_as_close_to_float32_as_the_models_own_bf16_forward_with_its_hidden_stat
     native = _native(bf16)
     prompt = torch.randint(3, 96, (1, 37), generator=torch.Generator().manual_seed(3))
     nodes = torch.tensor([[5, 17, 22, 40, 9, 3]])
-    mask, positions = _tree_mask(37, [-1, 0, 0, 1, 2, 3])
+    mask, positions = tree_mask(37, [-1, 0, 0, 1, 2, 3])
     with torch.no_grad():
         f32_mask = mask.float().clamp(min=torch.finfo(torch.float32).min)
         truth = f32.model(input_ids=nodes, attention_mask=f32_mask,
@@ -103,7 +86,7 @@ def test_every_node_of_a_tree_gets_what_one_token_forwards_give_it(past, seed):
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, 14)]  # a random tree
     tokens = torch.randint(3, 96, (14,), generator=g).tolist()
     with torch.no_grad():
-        mask, positions = _tree_mask(past, parents)
+        mask, positions = tree_mask(past, parents)
         tree, _ = native_body.forward(native, torch.tensor([tokens]), mask, positions, _cache(model, prompt))
         for node in range(len(tokens)):
             path = [node]
@@ -111,7 +94,7 @@ def test_every_node_of_a_tree_gets_what_one_token_forwards_give_it(past, seed):
                 path.insert(0, parents[path[0]])
             cache = _cache(model, prompt)
             for depth, i in enumerate(path):  # one-token forwards along the node's path
-                mask, positions = _tree_mask(past + depth, [-1])
+                mask, positions = tree_mask(past + depth, [-1])
                 last, _ = native_body.forward(native, torch.tensor([[tokens[i]]]), mask, positions, cache)
             assert torch.equal(tree[0, node], last[0, 0]), (node, path)
 
@@ -124,7 +107,7 @@ def test_decoding_with_drafts_equals_plain_decoding_through_it():
         plain = medusa.generate(ids, max_new_tokens=40, tree="plain")
         base = medusa.base_model
         assert native_body.native_for(medusa, decoder_of(base), text_config(base), ids[:, :1],
-                          _tree_mask(20, [-1])[0], _cache(medusa.base_model, ids)) is not None
+                          tree_mask(20, [-1])[0], _cache(medusa.base_model, ids)) is not None
         for kwargs in ({}, {"tree": "lookup", "lookup_tokens": 4}):
             out = medusa.generate(ids, max_new_tokens=40, **kwargs)
             calls.append(torch.equal(out, plain))
@@ -135,7 +118,7 @@ def test_a_changed_weight_is_repacked():
     medusa = MedusaModel.from_base(_bf16(_model()), num_heads=2)
     body = decoder_of(medusa.base_model)
     ids = torch.tensor([[7]])
-    mask = _tree_mask(10, [-1])[0]
+    mask = tree_mask(10, [-1])[0]
     with torch.no_grad():
         cache = _cache(medusa.base_model, torch.randint(3, 96, (1, 10)))
         first = native_body.native_for(medusa, body, text_config(medusa.base_model), ids, mask, cache)
@@ -161,7 +144,7 @@ def test_what_it_cannot_run_is_named_and_left_to_the_model(monkeypatch):
     model = _bf16(_model())
     with torch.no_grad():
         cache = _cache(model, torch.randint(3, 96, (1, 8)))
-    mask = _tree_mask(8, [-1])[0]
+    mask = tree_mask(8, [-1])[0]
     with torch.no_grad():
         assert native_body.applies(torch.tensor([[4]]), mask, cache)
         too_many = torch.zeros(1, native_body.MAX_ROWS + 1, dtype=torch.long)
