@@ -23,7 +23,6 @@ pytestmark = pytest.mark.skipif(not amx_kernel.available(),
                                 reason=f"AMX kernel unavailable: {amx_kernel.unavailable_reason()}")
 
 
-
 def _model(arch: str = "llama", **kwargs) -> torch.nn.Module:
     """A tiny model whose widths the kernels take (hidden 128, 4 heads of 32, MLP 256), float32."""
     return tiny_model(arch, hidden_size=128, intermediate_size=256, layers=3, **kwargs)
