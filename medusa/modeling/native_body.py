@@ -66,7 +66,12 @@ class NativeBody:
 
     def fresh(self) -> bool:
         """Whether no packed weight changed since packing (trained, loaded or moved since)."""
-        return all((t.data_ptr(), t._version) == v for t, v in zip(self.sources, self.versions))
+        return versions_of(self.sources) == self.versions
+
+
+def versions_of(tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[int, int], ...]:
+    """``(data_ptr, _version)`` of each tensor: what a packed copy records to notice a changed weight."""
+    return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
 def disabled() -> bool:
@@ -96,13 +101,14 @@ def unsupported_reason(body: nn.Module, config: Any) -> str:
         return f"widths {widths} are not multiples of {amx_kernel.K_MULTIPLE}"
     if hd > 256:
         return f"head_dim {hd} > 256"
-    linears = [lin for layer in layers for lin in _linears(layer)]
-    if any(lin.weight.dtype != torch.bfloat16 or lin.weight.device.type != "cpu" for lin in linears):
+    every = [lin for layer in layers for lin in linears(layer)]
+    if any(lin.weight.dtype != torch.bfloat16 or lin.weight.device.type != "cpu" for lin in every):
         return "the weights are not bfloat16 on the CPU"
     return ""
 
 
-def _linears(layer: nn.Module) -> tuple[nn.Module, ...]:
+def linears(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """A Llama-style decoder layer's seven linears: q, k, v, o, gate, up, down."""
     a, m = layer.self_attn, layer.mlp
     return a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj
 
@@ -121,7 +127,7 @@ def build(body: nn.Module, config: Any) -> NativeBody:
     """Pack ``body``'s layers (see :func:`unsupported_reason`, which must be "")."""
     layers, sources = [], []
     for layer in body.layers:
-        q, k, v, o, gate, up, down = _linears(layer)
+        q, k, v, o, gate, up, down = linears(layer)
         layers.append(NativeLayer(
             qkv=stacked(q, k, v), o=stacked(o), gate_up=stacked(gate, up), down=stacked(down),
             input_norm=layer.input_layernorm.weight.detach(),
@@ -134,7 +140,7 @@ def build(body: nn.Module, config: Any) -> NativeBody:
         final_norm=body.norm.weight.detach(), eps=float(body.norm.variance_epsilon),
         hq=config.num_attention_heads, hkv=config.num_key_value_heads, hd=attn.head_dim,
         inter=config.intermediate_size, lib=amx_kernel.library(), sources=tuple(sources),
-        versions=tuple((t.data_ptr(), t._version) for t in sources))
+        versions=versions_of(tuple(sources)))
 
 
 def applies(input_ids: Any, mask: Any, cache: Any) -> bool:
@@ -244,5 +250,5 @@ def add_norm(lib: Any, h: torch.Tensor, delta: torch.Tensor, weight: torch.Tenso
 
 
 __all__ = ["ENV", "MAX_ROWS", "MODEL_TYPES", "NativeBody", "NativeLayer", "add_norm", "applies", "attend",
-           "attention_scratch", "build", "disabled", "forward", "mlp", "native_for", "rms_norm", "stacked",
-           "unsupported_reason"]
+           "attention_scratch", "build", "disabled", "forward", "linears", "mlp", "native_for", "rms_norm",
+           "stacked", "unsupported_reason", "versions_of"]

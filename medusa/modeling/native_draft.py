@@ -41,7 +41,7 @@ class NativeDraftLayer:
     versions: tuple[tuple[int, int], ...]
 
     def fresh(self) -> bool:
-        return all((t.data_ptr(), t._version) == v for t, v in zip(self.sources, self.versions))
+        return native_body.versions_of(self.sources) == self.versions
 
 
 # drafter -> its layer packed (None: the layer cannot run natively), built at the first native pass
@@ -50,7 +50,7 @@ _PACKED: weakref.WeakKeyDictionary[nn.Module, NativeDraftLayer | None] = weakref
 
 def _supported(layer: nn.Module) -> bool:
     attn, m = layer.self_attn, layer.mlp
-    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    linears = native_body.linears(layer)
     widths = (attn.q_proj.in_features, m.down_proj.in_features, attn.head_dim)
     act = type(m.act_fn).__name__.lower()
     return (amx_kernel.available() and all(amx_kernel.fits(lin.weight) for lin in linears)
@@ -60,7 +60,7 @@ def _supported(layer: nn.Module) -> bool:
 
 def _build(layer: nn.Module) -> NativeDraftLayer:
     attn, m = layer.self_attn, layer.mlp
-    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+    linears = native_body.linears(layer)
     sources = tuple([lin.weight for lin in linears] + [lin.bias for lin in linears if lin.bias is not None]
                     + [layer.input_layernorm.weight, layer.hidden_norm.weight,
                        layer.post_attention_layernorm.weight])
@@ -72,7 +72,7 @@ def _build(layer: nn.Module) -> NativeDraftLayer:
         eps=float(layer.input_layernorm.variance_epsilon),
         hq=attn.q_proj.out_features // attn.head_dim, hkv=attn.k_proj.out_features // attn.head_dim,
         hd=attn.head_dim, inter=m.down_proj.in_features, lib=amx_kernel.library(), sources=sources,
-        versions=tuple((t.data_ptr(), t._version) for t in sources))
+        versions=native_body.versions_of(sources))
 
 
 def native_layer_for(drafter: nn.Module, layer: nn.Module, embeds: torch.Tensor, mask: torch.Tensor
