@@ -41,6 +41,19 @@ def most_frequent(counts: torch.Tensor, n: int) -> torch.Tensor:
     return ids[order][:n].clone()
 
 
+def widen_map(token_map: torch.Tensor, counts: torch.Tensor, n: int) -> torch.Tensor:
+    """A trained drafter's ``token_map [N0]`` followed by the ``n - N0`` ids most frequent in ``counts [V]``
+    outside it (ordered as :func:`most_frequent`) -> ``[n]``: every old id keeps its draft id, so the first
+    N0 rows of a widened head are the trained ones, and narrowing to a prefix drops the rarest additions."""
+    n0, v = int(token_map.shape[0]), int(counts.shape[0])
+    if not n0 <= n <= v:
+        raise ConfigError(f"heads.draft_vocab: widening a {n0}-token draft vocabulary needs a size in "
+                          f"[{n0}, {v}], got {n}")
+    order = most_frequent(counts, v)  # [V]
+    extra = order[~torch.isin(order, token_map.cpu())][: n - n0]
+    return torch.cat([token_map.cpu().long(), extra])
+
+
 def build_token_map(examples: Iterable[dict[str, Sequence[int]]], vocab_size: int, n: int) -> torch.Tensor:
     """The ``n`` target ids most frequent among the ``examples``' labels -> ``token_map [n]`` int64."""
     return most_frequent(label_counts(examples, vocab_size), n)
@@ -187,12 +200,16 @@ class DraftVocab:
             buffer.copy_(token_map.to(buffer.device, torch.long))
 
     def restrict(self, token_map: torch.Tensor, lm_heads: nn.ModuleList | None, hidden_size: int,
-                 device: torch.device) -> tuple[nn.ModuleList | None, torch.Tensor]:
-        """Full vocabulary -> the draft vocabulary ``token_map [N]``: sets the size and returns the heads'
-        new own W2s (each keeps its ``token_map`` rows, ``[V, d] -> [N, d]``, new parameters; None for
-        heads that share the LM head) and the new ``token_map`` buffer on ``device``."""
-        if self.size:
-            raise ValueError(f"the heads already have a draft vocabulary of {self.size} tokens")
+                 device: torch.device, current: torch.Tensor | None = None,
+                 base_weight: torch.Tensor | None = None) -> tuple[nn.ModuleList | None, torch.Tensor]:
+        """The heads' vocabulary -> the draft vocabulary ``token_map [N]``: sets the size and returns the
+        heads' new own W2s (``[N, d]``, new parameters; None for heads that share the LM head) and the new
+        ``token_map`` buffer on ``device``. From the full vocabulary each W2 keeps its ``token_map`` rows;
+        from a draft vocabulary ``current [N0]`` (a trained drafter widened or narrowed) an id of both
+        keeps its trained row and a new id starts as the base LM head's row (``base_weight [V, d]``)."""
+        if self.size and current is None:
+            raise ValueError(f"the heads already have a draft vocabulary of {self.size} tokens: pass its "
+                             f"token_map as current to re-map it")
         n = int(token_map.shape[0])
         check_token_map(token_map, n, self.vocab_size)
         tm = token_map.to(device=device, dtype=torch.long)
@@ -201,10 +218,29 @@ class DraftVocab:
             new.to(device=device, dtype=lm_heads[0].weight.dtype)
             with torch.no_grad():
                 for head, old in zip(new, lm_heads):
-                    head.weight.copy_(old.weight.index_select(0, tm))
+                    head.weight.copy_(self._rows_of(tm, old.weight, current, base_weight))
             lm_heads = new
         self.size = n
+        self._t2d = self._rows = None
         return lm_heads, tm.clone()
+
+    def _rows_of(self, tm: torch.Tensor, weight: torch.Tensor, current: torch.Tensor | None,
+                 base_weight: torch.Tensor | None) -> torch.Tensor:
+        """A W2's rows for the new map ``tm [N]``: ``weight [N0 or V, d]`` indexed through ``current``."""
+        if current is None:
+            return weight.index_select(0, tm)  # [N, d] from the full vocabulary's [V, d]
+        t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=tm.device)  # [V]
+        t2d[current.to(tm.device)] = torch.arange(current.shape[0], device=tm.device)
+        old_ids = t2d[tm]  # [N]: each new id's row in weight, -1 for a new id
+        fresh = old_ids < 0
+        if bool(fresh.any()) and base_weight is None:
+            raise ValueError(f"{int(fresh.sum())} ids of the new draft vocabulary are not in the current "
+                             f"one; their rows need the base LM head's weight (base_weight)")
+        rows = weight.new_empty((tm.shape[0], weight.shape[1]))  # [N, d]
+        rows[~fresh] = weight[old_ids[~fresh]]
+        if bool(fresh.any()):
+            rows[fresh] = base_weight.to(rows.device, rows.dtype)[tm[fresh]]
+        return rows
 
     def init_heads(self, lm_heads: nn.ModuleList | None, token_map: torch.Tensor | None,
                    weight: torch.Tensor) -> None:
@@ -268,4 +304,4 @@ def _same(copy: torch.Tensor, token_map: torch.Tensor) -> bool:
 
 __all__ = ["DraftVocab", "build_token_map", "candidate_rows", "chain_bound", "check_token_map",
            "choose_draft_vocab", "coverage", "draft_vocab_summary", "label_counts", "most_frequent",
-           "scatter_to_target"]
+           "scatter_to_target", "widen_map"]

@@ -173,11 +173,13 @@ class Eagle3Heads(nn.Module):
         """The draft LM head starts as the base LM head's rows (``token_map``'s with a draft vocabulary)."""
         self.vocab.init_heads(nn.ModuleList([self.lm_head]), self.token_map, weight)
 
-    def restrict_vocab(self, token_map: torch.Tensor) -> None:
-        """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place (the LM head keeps those
-        rows)."""
+    def restrict_vocab(self, token_map: torch.Tensor, base_weight: torch.Tensor | None = None) -> None:
+        """Full vocabulary (or the current draft vocabulary) -> the draft vocabulary ``token_map [N]``, in
+        place (the LM head keeps the rows of ids it has; a new id's row is ``base_weight``'s, the base LM
+        head ``[V, d]``: :meth:`DraftVocab.restrict`)."""
         device = self.fc.weight.device
-        heads, tm = self.vocab.restrict(token_map, nn.ModuleList([self.lm_head]), self.hidden_size, device)
+        heads, tm = self.vocab.restrict(token_map, nn.ModuleList([self.lm_head]), self.hidden_size, device,
+                                        self.token_map, base_weight)
         self.lm_head = heads[0]
         del self.token_map
         self.register_buffer("token_map", tm)

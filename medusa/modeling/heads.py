@@ -136,12 +136,14 @@ class MedusaHeads(nn.Module):
         self.vocab.init_heads(self.lm_heads, self.token_map, weight)
 
 
-    def restrict_vocab(self, token_map: torch.Tensor) -> None:
+    def restrict_vocab(self, token_map: torch.Tensor, base_weight: torch.Tensor | None = None) -> None:
         """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the ResBlocks are kept and a
-        ``linear`` head's W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
+        ``linear`` head's W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter). Heads with
+        a draft vocabulary are re-mapped, ``base_weight``'s rows for new ids (:meth:`DraftVocab.restrict`)."""
         ref = next(iter(self.parameters()), None)
         device = ref.device if ref is not None else token_map.device
-        self.lm_heads, tm = self.vocab.restrict(token_map, self.lm_heads, self.hidden_size, device)
+        self.lm_heads, tm = self.vocab.restrict(token_map, self.lm_heads, self.hidden_size, device,
+                                                      self.token_map, base_weight)
         del self.token_map
         self.register_buffer("token_map", tm)
 

@@ -123,11 +123,13 @@ class HydraHeads(nn.Module):
 
     # ------------------------------------------------------------------ draft vocabulary
 
-    def restrict_vocab(self, token_map: torch.Tensor) -> None:
+    def restrict_vocab(self, token_map: torch.Tensor, base_weight: torch.Tensor | None = None) -> None:
         """Full vocabulary -> the draft vocabulary ``token_map [N]``, in place: the blocks are kept and an own
-        W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter)."""
+        W2 keeps its ``token_map`` rows (``[V, d] -> [N, d]``, a new parameter). Heads with a draft vocabulary
+        are re-mapped, ``base_weight``'s rows for new ids (:meth:`DraftVocab.restrict`)."""
         device = self.blocks[0][0].linear.weight.device
-        self.lm_heads, tm = self.vocab.restrict(token_map, self.lm_heads, self.hidden_size, device)
+        self.lm_heads, tm = self.vocab.restrict(token_map, self.lm_heads, self.hidden_size, device,
+                                                      self.token_map, base_weight)
         del self.token_map
         self.register_buffer("token_map", tm)
 

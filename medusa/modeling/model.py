@@ -147,10 +147,11 @@ class MedusaModel(nn.Module):
         return cls(base, heads, config)
 
     def use_draft_vocab(self, token_map: torch.Tensor) -> None:
-        """Restrict full-vocabulary heads, in place, to a draft vocabulary ``token_map [N]`` (draft id ->
-        target id): see :meth:`MedusaHeads.restrict_vocab`. Sets ``config.draft_vocab``; build optimizers
-        afterwards (a ``linear`` head's W2 is a new parameter)."""
-        self.heads.restrict_vocab(token_map)
+        """Restrict the heads, in place, to a draft vocabulary ``token_map [N]`` (draft id -> target id): see
+        :meth:`MedusaHeads.restrict_vocab`; heads that have one are re-mapped (trained rows kept, a new id
+        starting from the base LM head's row). Sets ``config.draft_vocab``; build optimizers afterwards (a
+        ``linear`` head's W2 is a new parameter)."""
+        self.heads.restrict_vocab(token_map, lm_head_weight(self.base_model).detach())
         self.config.draft_vocab = self.heads.draft_vocab
 
     # ------------------------------------------------------------------ properties

@@ -10,7 +10,14 @@ from safetensors.torch import load_file, save_file
 from medusa import CheckpointError, MedusaModel, MedusaTree
 from medusa.errors import ConfigError
 from medusa.modeling.base import decoder_of, lm_head_of
-from medusa.modeling.draft_vocab import DraftVocab, build_token_map, coverage, label_counts, most_frequent
+from medusa.modeling.draft_vocab import (
+    DraftVocab,
+    build_token_map,
+    coverage,
+    label_counts,
+    most_frequent,
+    widen_map,
+)
 
 from tiny_models import tiny_model
 
@@ -110,8 +117,10 @@ def test_use_draft_vocab_keeps_blocks_and_selects_rows():
     assert model.config.draft_vocab == 40
     with torch.no_grad():
         torch.testing.assert_close(model.heads.draft_logits(hidden), before[..., tm], rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="already"):
-        model.use_draft_vocab(tm)
+    sub = tm[[7, 3, 0]]  # re-mapped to a subset, reordered: each id keeps its row
+    model.use_draft_vocab(sub)
+    with torch.no_grad():
+        torch.testing.assert_close(model.heads.draft_logits(hidden), before[..., sub], rtol=1e-6, atol=1e-6)
 
 
 def _fit_draft_heads(model, sequences, steps=300):
@@ -235,10 +244,36 @@ def test_draft_vocab_restrict_once_keeps_rows():
     assert vocab.size == 2 and tm.tolist() == [5, 0]
     for old, head in zip(heads, new):
         assert torch.equal(head.weight, old.weight[[5, 0]])
-    with pytest.raises(ValueError, match="already have a draft vocabulary of 2"):
+    with pytest.raises(ValueError, match="already have a draft vocabulary of 2 tokens: pass its token_map"):
         vocab.restrict(torch.tensor([1]), new, 4, torch.device("cpu"))
     shared, tm = DraftVocab(6).restrict(torch.tensor([3]), None, 4, torch.device("cpu"))
     assert shared is None and tm.tolist() == [3]  # heads that share the LM head keep no W2
+
+
+def test_draft_vocab_remap_keeps_trained_rows_and_takes_new_ids_from_the_base():
+    """An existing draft vocabulary [5, 0] re-mapped to [0, 2, 5] (widened, reordered): ids 0 and 5 keep their
+    trained rows, id 2 starts as the base LM head's row; narrowing to [5] keeps its row without a base."""
+    vocab = DraftVocab(6)
+    heads = torch.nn.ModuleList([torch.nn.Linear(4, 6, bias=False)])
+    trained, tm = vocab.restrict(torch.tensor([5, 0]), heads, 4, torch.device("cpu"))
+    base = torch.randn(6, 4)
+    wide, tm2 = vocab.restrict(torch.tensor([0, 2, 5]), trained, 4, torch.device("cpu"), tm, base)
+    w, old = wide[0].weight, trained[0].weight
+    assert vocab.size == 3 and tm2.tolist() == [0, 2, 5]
+    assert torch.equal(w[0], old[1]) and torch.equal(w[2], old[0]) and torch.equal(w[1], base[2])
+    assert vocab.target_to_draft(tm2).tolist() == [0, -1, 1, -1, -1, 2]  # no stale inverse map
+    narrow, _ = vocab.restrict(torch.tensor([5]), wide, 4, torch.device("cpu"), tm2)
+    assert torch.equal(narrow[0].weight[0], old[0])
+    with pytest.raises(ValueError, match="1 ids of the new draft vocabulary are not in the current one"):
+        DraftVocab(6).restrict(torch.tensor([5, 1]), trained, 4, torch.device("cpu"), torch.tensor([5, 0]))
+
+
+def test_widen_map_keeps_the_old_ids_first_then_the_most_frequent_new_ones():
+    counts = torch.tensor([0, 9, 1, 7, 7, 2])
+    assert widen_map(torch.tensor([4, 2]), counts, 5).tolist() == [4, 2, 1, 3, 5]
+    assert widen_map(torch.tensor([4, 2]), counts, 2).tolist() == [4, 2]
+    with pytest.raises(ConfigError, match="widening a 2-token draft vocabulary needs a size in \\[2, 6\\]"):
+        widen_map(torch.tensor([4, 2]), counts, 1)
 
 
 def test_shared_rows_follow_every_in_place_change_of_the_map():

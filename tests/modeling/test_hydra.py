@@ -276,8 +276,11 @@ def test_use_draft_vocab_keeps_blocks_and_selects_rows(projection):
     t2d = model.heads.target_to_draft()
     assert torch.equal(t2d[tm], torch.arange(40)) and int((t2d >= 0).sum()) == 40
     assert torch.equal(model.heads.to_target(torch.tensor([0, 39])), tm[[0, 39]])
-    with pytest.raises(ValueError, match="already"):
-        model.use_draft_vocab(tm)
+    sub = tm[[5, 2]]  # re-mapped to a subset: each id keeps its row, the inverse map follows
+    model.use_draft_vocab(sub)
+    with torch.no_grad():
+        torch.testing.assert_close(model.heads.draft_logits(wide), before[..., sub], rtol=1e-6, atol=1e-6)
+    assert torch.equal(model.heads.target_to_draft()[sub], torch.arange(2))
 
 
 def test_head_topk_maps_draft_ids_and_falls_back_past_the_draft_vocab():

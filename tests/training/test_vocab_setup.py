@@ -1,6 +1,7 @@
 """The draft vocabulary at the start of a run (medusa/training/vocab_setup.py), end to end on the tiny
 recipes: the saved map is the most frequent training labels' and decodes greedily equal through draft ids;
-heads.init_from with another map size is refused."""
+heads.init_from with a smaller map is widened (trained rows kept, the new ids from the base LM head), with a
+larger one refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from medusa.config import load_recipe
 from medusa.errors import ConfigError
-from medusa.modeling.draft_vocab import build_token_map
+from medusa.modeling.draft_vocab import build_token_map, label_counts, widen_map
 from medusa.modeling.model import MedusaModel
 from medusa.training import setup as S
 from medusa.training.loop import train
@@ -58,9 +59,30 @@ def test_draft_vocab_run_saves_the_map_of_the_most_frequent_labels(tmp_path, nam
     assert max(out.accept_lengths[0]) >= 3  # tree paths through the draft ids accepted, not only the root
 
 
-def test_init_from_with_another_draft_vocab_is_refused(tmp_path):
+def test_init_from_with_a_larger_draft_vocab_is_refused(tmp_path):
     first = train(_draft_recipe("medusa1", tmp_path / "a", "heads.draft_vocab=64", "train.max_steps=2"))
     recipe = _draft_recipe("medusa1", tmp_path / "b", "heads.draft_vocab=32", "train.max_steps=2",
                      f"heads.init_from={first.final_dir}")
-    with pytest.raises(ConfigError, match="heads.draft_vocab: 32, but heads.init_from .* has draft_vocab 64"):
+    with pytest.raises(ConfigError, match="heads.draft_vocab: 32, but heads.init_from .* has draft_vocab 64: "
+                                          "a trained draft vocabulary can only be widened"):
         train(recipe)
+
+
+def test_init_from_with_a_smaller_draft_vocab_is_widened(tmp_path):
+    """32 -> 96 ids: the first 32 draft ids are the trained map's, each keeps its trained row; the 64 added
+    are the most frequent labels outside it, starting as the base LM head's rows."""
+    first = train(_draft_recipe("medusa1", tmp_path / "a", "heads.draft_vocab=32", "train.max_steps=3"))
+    trained = MedusaModel.from_pretrained(first.final_dir, base_model=stories_model())
+    recipe = _draft_recipe("medusa1", tmp_path / "b", "heads.draft_vocab=96", "train.max_steps=1",
+                           "train.lr=1e-12", f"heads.init_from={first.final_dir}")
+    second = train(recipe)
+    widened = MedusaModel.from_pretrained(second.final_dir, base_model=stories_model())
+    data = S.load_data(recipe, S.load_tokenizer(recipe))
+    expected = widen_map(trained.heads.token_map, label_counts(data.train.examples, 512), 96)
+    assert widened.config.draft_vocab == 96 and torch.equal(widened.heads.token_map, expected)
+    assert torch.equal(widened.heads.token_map[:32], trained.heads.token_map)
+    old, new = trained.heads.lm_heads[0].weight, widened.heads.lm_heads[0].weight  # [32, d], [96, d]
+    assert torch.allclose(new[:32], old, atol=1e-6)  # lr 1e-12: one step leaves the rows where they were
+    base_rows = widened.base_model.get_output_embeddings().weight[expected[32:]]
+    assert torch.allclose(new[32:], base_rows.to(new.dtype), atol=1e-6)
+    assert not torch.allclose(old, base_rows[:32].to(old.dtype), atol=1e-3)  # trained rows moved off the base

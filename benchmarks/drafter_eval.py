@@ -1,0 +1,134 @@
+"""``python -m benchmarks.drafter_eval DRAFTER [DRAFTER ...]``: drafters side by side in tokens per step, the
+measure of the ship decision (a drafter ships only when it beats the shipped one on both prompt sets).
+
+Greedy decoding through one tree shape (the shipped EAGLE-3 tree: 8 nodes, depth 4, branch 2; no lookup chain
+unless ``--lookup``) of two prompt sets, per part and overall:
+
+- ``held_out``: the first ``--per-part`` requests of each part of data_mix's held-out replies
+  (``DATA/heldout/*.jsonl``: Alpaca, translation, math, summaries, RAG, multi-turn; never trained on);
+- ``spec_bench``: the first ``--per-category`` Spec-Bench public prompts of each category (evaluation only).
+
+Tokens per step does not depend on the core's load, so this may run beside other work; speed is
+``medusa bench``'s. Each drafter loads in ``--dtype`` (bf16: the decode step the README leads with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.chat_data import spec_bench
+from medusa.errors import DataError
+
+DEFAULT_SHAPE = (8, 4, 2, 2)  # nodes, depth, branch, expand: the shipped EAGLE-3 tree
+
+
+def held_out_requests(data: Path, per_part: int) -> list[dict[str, Any]]:
+    """``{"category", "messages"}``: the conversation up to (not including) the last assistant turn, of the
+    first ``per_part`` rows of each held-out part."""
+    files = sorted((data / "heldout").glob("*.jsonl"))
+    if not files:
+        raise DataError(f"{data / 'heldout'}: no held-out replies (*.jsonl) found")
+    rows = []
+    for path in files:
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines()[:per_part], start=1):
+            try:
+                messages = json.loads(line)["messages"]
+                last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+                raise DataError(f"{path}:{lineno}: not a conversation row ({type(exc).__name__})") from None
+            rows.append({"category": path.stem, "messages": messages[:last]})
+    return rows
+
+
+def prompt_sets(data: Path, shared: Path, per_part: int,
+                per_category: int) -> dict[str, list[dict[str, Any]]]:
+    spec = [{"category": r["category"], "messages": [{"role": "user", "content": r["prompt"]}]}
+            for r in spec_bench(shared, per_category)]
+    return {"held_out": held_out_requests(data, per_part), "spec_bench": spec}
+
+
+def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape: Any,
+               max_new_tokens: int) -> dict[str, Any]:
+    """Greedy decoding of every row: tokens per step per category and over all (accepted tokens / steps)."""
+    from medusa.decoding.generate import medusa_generate
+
+    per: dict[str, list[int]] = {}
+    for row in rows:
+        ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
+        out = medusa_generate(model, ids, max_new_tokens=max_new_tokens, tree=shape,
+                              return_dict_in_generate=True)
+        tokens = int(sum(int(a) for r in out.accept_lengths for a in r))
+        acc = per.setdefault(row["category"], [0, 0])
+        acc[0] += tokens
+        acc[1] += int(out.num_steps)
+    total = [sum(v[0] for v in per.values()), sum(v[1] for v in per.values())]
+    return {"tokens_per_step": round(total[0] / max(total[1], 1), 3), "tokens": total[0], "steps": total[1],
+            "per_category": {k: round(v[0] / max(v[1], 1), 3) for k, v in sorted(per.items())}}
+
+
+def evaluate(drafter: Path, sets: dict[str, list[dict[str, Any]]], shape: Any, dtype: str,
+             max_new_tokens: int) -> dict[str, Any]:
+    from medusa.modeling.loading import load_for_generation
+
+    model, tokenizer = load_for_generation(str(drafter), dtype=dtype)
+    row: dict[str, Any] = {"drafter": str(drafter), "draft_vocab": int(model.config.draft_vocab or 0)}
+    for name, rows in sets.items():
+        start = time.perf_counter()
+        row[name] = decode_set(model, tokenizer, rows, shape, max_new_tokens)
+        print(f"{drafter}: {name} {row[name]['tokens_per_step']} tokens/step "
+              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    return row
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table: one row per drafter, tokens/step of each set, then Spec-Bench per category."""
+    cats = sorted({c for r in rows for c in r["spec_bench"]["per_category"]})
+    head = ["drafter", "draft vocab", "held-out", "Spec-Bench", *cats]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [Path(r["drafter"]).name, str(r["draft_vocab"]), f"{r['held_out']['tokens_per_step']:.3f}",
+                 f"{r['spec_bench']['tokens_per_step']:.3f}",
+                 *(f"{r['spec_bench']['per_category'].get(c, float('nan')):.2f}" for c in cats)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.drafter_eval", description=__doc__.split("\n")[0])
+    p.add_argument("drafters", nargs="+", type=Path, help="heads checkpoint directories")
+    p.add_argument("--data", type=Path, default=Path("/work/data-run"), help="data_mix's output directory")
+    p.add_argument("--shared", type=Path, default=Path("../shared"))
+    p.add_argument("--per-part", type=int, default=4, help="held-out requests per part")
+    p.add_argument("--per-category", type=int, default=5, help="Spec-Bench public prompts per category")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--tree", default=",".join(map(str, DEFAULT_SHAPE)), help="nodes,depth,branch,expand")
+    p.add_argument("--lookup", type=int, default=0, help="lookup-chain tokens (0: the drafter alone)")
+    p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    from medusa.errors import MedusaError
+    from medusa.tree import DraftTreeShape
+
+    try:
+        nodes, depth, branch, expand = (int(x) for x in args.tree.split(","))
+        shape = DraftTreeShape(nodes, depth, branch, expand, args.lookup)
+        sets = prompt_sets(args.data, args.shared, args.per_part, args.per_category)
+        rows = [evaluate(d, sets, shape, args.dtype, args.max_new_tokens) for d in args.drafters]
+    except (MedusaError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
