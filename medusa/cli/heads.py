@@ -1,4 +1,5 @@
-"""``medusa heads init``: new (untrained) heads on a base model, saved as a checkpoint."""
+"""``medusa heads init``: new (untrained) heads on a base model, saved as a checkpoint; ``medusa heads
+draft-vocab``: a trained checkpoint narrowed to the first N ids of its draft vocabulary."""
 
 from __future__ import annotations
 
@@ -44,6 +45,27 @@ def _cmd_heads_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_heads_draft_vocab(args: argparse.Namespace) -> int:
+    """Keep draft ids ``0..N-1`` (a trained map lists its ids most frequent first), each with its trained
+    row: one trained drafter gives every smaller vocabulary, to pick by tokens/s. The tree is kept."""
+    from medusa.errors import MedusaError
+    from medusa.io import check_output_dir
+    from medusa.modeling import MedusaModel
+
+    check_output_dir(args.out, args.overwrite, inputs=[args.heads])
+    model = MedusaModel.from_pretrained(args.heads)
+    have = int(model.config.draft_vocab or 0)
+    if not 0 < args.size <= have:
+        raise MedusaError(f"--size {args.size}: {args.heads} has "
+                          f"{f'a draft vocabulary of {have} tokens' if have else 'the full vocabulary'}; "
+                          f"give a size in [1, {have or 'its draft vocabulary'}]")
+    model.use_draft_vocab(model.heads.token_map[: args.size].clone())
+    model.save_pretrained(args.out, overwrite=args.overwrite, inputs=[args.heads])
+    print(f"wrote {args.out}: draft vocabulary {have} -> {args.size} tokens (ids 0..{args.size - 1} of "
+          f"{args.heads})")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     heads = sub.add_parser("heads", help="create heads checkpoints")
     heads_sub = heads.add_subparsers(dest="heads_command", metavar="ACTION")
@@ -64,3 +86,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="output directory (new or empty; see --overwrite)")
     add_overwrite(init, "--out")
     init.set_defaults(func=_cmd_heads_init)
+    vocab = heads_sub.add_parser("draft-vocab", help="narrow trained heads to their first N draft ids")
+    vocab.add_argument("heads", type=PathKind("dir"), help="a heads checkpoint with a draft vocabulary")
+    vocab.add_argument("--size", required=True, type=count(1 << 20), help="N, at most the current size")
+    vocab.add_argument("--out", required=True, type=PathKind("out_dir"),
+                       help="output directory (new or empty; see --overwrite)")
+    add_overwrite(vocab, "--out")
+    vocab.set_defaults(func=_cmd_heads_draft_vocab)

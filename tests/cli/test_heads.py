@@ -119,3 +119,23 @@ def test_cli_bad_base_exit_2(tmp_path):
              "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error:")
     assert not (tmp_path / "o").exists()
+
+
+def test_draft_vocab_narrows_a_trained_map_to_its_first_ids(base_dir, tmp_path, capsys):
+    """``medusa heads draft-vocab``: ids 0..N-1 of the map, each with its trained row; the tree kept; a size
+    past the current vocabulary (or heads without one) refused with exit 2."""
+    model = MedusaModel.from_base(str(base_dir), num_heads=2, num_layers=1, head_type="eagle3",
+                                  heads_dtype=torch.float32)
+    model.use_draft_vocab(torch.tensor([7, 3, 11, 5, 2, 40]))
+    with torch.no_grad():
+        model.heads.lm_head.weight.add_(torch.randn_like(model.heads.lm_head.weight))
+    model.save_pretrained(tmp_path / "wide")
+    assert main(["heads", "draft-vocab", str(tmp_path / "wide"), "--size", "4",
+                 "--out", str(tmp_path / "narrow")]) == 0
+    assert "draft vocabulary 6 -> 4 tokens" in capsys.readouterr().out
+    narrow = MedusaModel.from_pretrained(tmp_path / "narrow")
+    assert narrow.config.draft_vocab == 4 and narrow.heads.token_map.tolist() == [7, 3, 11, 5]
+    assert torch.equal(narrow.heads.lm_head.weight, model.heads.lm_head.weight[:4])
+    assert main(["heads", "draft-vocab", str(tmp_path / "wide"), "--size", "7",
+                 "--out", str(tmp_path / "past")]) == 2
+    assert "--size 7: " in capsys.readouterr().err and not (tmp_path / "past").exists()
