@@ -14,6 +14,7 @@ from tiny_models import SHARED, require_shared
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").rglob("medusa1*.yaml"))
 TINY = ROOT / "recipes" / "tiny" / "medusa1.yaml"
+BENCH_RECIPES = sorted((ROOT / "benchmarks" / "recipes").glob("*.yaml"))
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +40,17 @@ def test_every_shipped_recipe_parses_and_starts_with_its_command(path):
     from medusa.config.parse import _build
 
     _build(Recipe, yaml.safe_load(path.read_text()), "")  # keys and types (files may be absent here)
+
+
+@pytest.mark.parametrize("path", BENCH_RECIPES, ids=lambda p: p.name)
+def test_every_benchmark_recipe_parses(path):
+    import yaml
+
+    from medusa.config import Recipe
+    from medusa.config.parse import _build
+
+    assert path.read_text().startswith("# ")  # the command that runs it
+    _build(Recipe, yaml.safe_load(path.read_text()), "")
 
 
 @pytest.mark.parametrize("override, message", [
