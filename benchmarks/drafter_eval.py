@@ -8,8 +8,9 @@ unless ``--lookup``) of two prompt sets, per part and overall:
   (``DATA/heldout/*.jsonl``: Alpaca, translation, math, summaries, RAG, multi-turn; never trained on);
 - ``spec_bench``: the first ``--per-category`` Spec-Bench public prompts of each category (evaluation only).
 
-Tokens per step does not depend on the core's load, so this may run beside other work; speed is
-``medusa bench``'s. Each drafter loads in ``--dtype`` (bf16: the decode step the README leads with).
+Tokens per step does not depend on the core's load, so this may run beside other work; the decode
+tokens/s beside it does (pin it to a quiet core, one thread, to pick a draft vocabulary by speed).
+Each drafter loads in ``--dtype`` (bf16: the decode step the README leads with).
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ def prompt_sets(data: Path, shared: Path, per_part: int,
 
 def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape: Any,
                max_new_tokens: int) -> dict[str, Any]:
-    """Greedy decoding of every row: tokens per step per category and over all (accepted tokens / steps)."""
+    """Greedy decoding of every row: tokens per step per category and over all (accepted tokens / steps),
+    and decode tokens per second (prefill excluded)."""
     from medusa.decoding.generate import medusa_generate
 
     per: dict[str, list[int]] = {}
+    seconds = 0.0
     for row in rows:
         ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt",
                                             return_dict=True)["input_ids"]
@@ -68,8 +71,10 @@ def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape
         acc = per.setdefault(row["category"], [0, 0])
         acc[0] += tokens
         acc[1] += int(out.num_steps)
+        seconds += float(out.decode_time_s)
     total = [sum(v[0] for v in per.values()), sum(v[1] for v in per.values())]
     return {"tokens_per_step": round(total[0] / max(total[1], 1), 3), "tokens": total[0], "steps": total[1],
+            "tokens_per_s": round(total[0] / max(seconds, 1e-9), 2),  # decode only: time it on a quiet core
             "per_category": {k: round(v[0] / max(v[1], 1), 3) for k, v in sorted(per.items())}}
 
 
@@ -90,11 +95,11 @@ def evaluate(drafter: Path, sets: dict[str, list[dict[str, Any]]], shape: Any, d
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """A markdown table: one row per drafter, tokens/step of each set, then Spec-Bench per category."""
     cats = sorted({c for r in rows for c in r["spec_bench"]["per_category"]})
-    head = ["drafter", "draft vocab", "held-out", "Spec-Bench", *cats]
+    head = ["drafter", "draft vocab", "held-out", "Spec-Bench", "Spec-Bench tok/s", *cats]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [Path(r["drafter"]).name, str(r["draft_vocab"]), f"{r['held_out']['tokens_per_step']:.3f}",
-                 f"{r['spec_bench']['tokens_per_step']:.3f}",
+                 f"{r['spec_bench']['tokens_per_step']:.3f}", f"{r['spec_bench']['tokens_per_s']:.1f}",
                  *(f"{r['spec_bench']['per_category'].get(c, float('nan')):.2f}" for c in cats)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -60,5 +60,7 @@ def test_decode_set_counts_accepted_tokens_per_category():
         out = E.decode_set(model, tok, rows, shape, max_new_tokens=8)
     assert set(out["per_category"]) == {"a", "b"}
     assert 1.0 <= out["tokens_per_step"] <= 3.0 and out["tokens"] >= out["steps"]
+    assert out["tokens_per_s"] > 0
     table = E.table([{"drafter": "/x/d", "draft_vocab": 0, "held_out": out, "spec_bench": out}])
-    assert table.splitlines()[0] == "| drafter | draft vocab | held-out | Spec-Bench | a | b |"
+    head = "| drafter | draft vocab | held-out | Spec-Bench | Spec-Bench tok/s | a | b |"
+    assert table.splitlines()[0] == head
