@@ -118,17 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lookup", type=int, default=0, help="lookup-chain tokens (0: the drafter alone)")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = p.parse_args(argv)
-    from medusa.errors import MedusaError
     from medusa.tree import DraftTreeShape
 
     try:
         nodes, depth, branch, expand = (int(x) for x in args.tree.split(","))
-        shape = DraftTreeShape(nodes, depth, branch, expand, args.lookup)
-        sets = prompt_sets(args.data, args.shared, args.per_part, args.per_category)
-        rows = [evaluate(d, sets, shape, args.dtype, args.max_new_tokens) for d in args.drafters]
-    except (MedusaError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError:
+        raise DataError(f"--tree: expected nodes,depth,branch,expand (four integers), "
+                        f"got {args.tree!r}") from None
+    shape = DraftTreeShape(nodes, depth, branch, expand, args.lookup)
+    sets = prompt_sets(args.data, args.shared, args.per_part, args.per_category)
+    rows = [evaluate(d, sets, shape, args.dtype, args.max_new_tokens) for d in args.drafters]
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     print(table(rows))
@@ -136,4 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from medusa.cli import run_script
+
+    raise SystemExit(run_script(main))

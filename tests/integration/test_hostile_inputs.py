@@ -38,6 +38,8 @@ NOBODY = 65534
 BASELINES: dict[str, list] = {
     "info": ["info", ("checkpoint", "@heads")],
     "heads init": ["heads", "init", "--base", "@model", "--out", "@new_heads"],
+    "heads draft-vocab": ["heads", "draft-vocab", ("heads", "@heads"), "--size", "1",
+                          "--out", "@narrow_heads"],
     "self-distill": ["self-distill", "--model", "@model", "--prompts", "@prompts.jsonl", "--out",
                      "@distill.jsonl", "--mode", "completion", "--max-new-tokens", "4", "--no-progress"],
     "train": ["train", ("recipe", "@recipe.yaml")],
