@@ -229,9 +229,7 @@ class DraftVocab:
         """A W2's rows for the new map ``tm [N]``: ``weight [N0 or V, d]`` indexed through ``current``."""
         if current is None:
             return weight.index_select(0, tm)  # [N, d] from the full vocabulary's [V, d]
-        t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=tm.device)  # [V]
-        t2d[current.to(tm.device)] = torch.arange(current.shape[0], device=tm.device)
-        old_ids = t2d[tm]  # [N]: each new id's row in weight, -1 for a new id
+        old_ids = self.target_to_draft(current.to(tm.device))[tm]  # [N]: each id's row in weight, -1 if new
         fresh = old_ids < 0
         if bool(fresh.any()) and base_weight is None:
             raise ValueError(f"{int(fresh.sum())} ids of the new draft vocabulary are not in the current "
@@ -239,7 +237,7 @@ class DraftVocab:
         rows = weight.new_empty((tm.shape[0], weight.shape[1]))  # [N, d]
         rows[~fresh] = weight[old_ids[~fresh]]
         if bool(fresh.any()):
-            rows[fresh] = base_weight.to(rows.device, rows.dtype)[tm[fresh]]
+            rows[fresh] = base_weight[tm[fresh].to(base_weight.device)].to(rows.device, rows.dtype)
         return rows
 
     def init_heads(self, lm_heads: nn.ModuleList | None, token_map: torch.Tensor | None,
