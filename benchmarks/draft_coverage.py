@@ -71,10 +71,11 @@ def coverage_rows(train: Examples, evals: dict[str, Examples], vocab_size: int,
 
 
 def shipped_map_row(path: Path, evals: dict[str, Examples]) -> dict[str, Any]:
-    """Coverage of every eval set by the ``token_map`` a shipped head set holds (its own training data's)."""
-    from safetensors.torch import load_file
+    """Coverage of every eval set by the ``token_map`` a shipped head set holds (its own training data's):
+    ``path`` a heads folder or its weight file."""
+    from medusa.modeling.heads_file import heads_weights_path, read_heads_file
 
-    token_map = load_file(str(path))["token_map"]
+    token_map = read_heads_file(heads_weights_path(path) if path.is_dir() else path)["token_map"]
     return {"draft_vocab": f"shipped {int(token_map.shape[0])}",
             **{name: coverage(token_map, _labels(ex)) for name, ex in evals.items()}}
 
@@ -143,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec-bench-replies", type=int, default=0, metavar="N",
                         help="answer N Spec-Bench public prompts per category first (evaluation only)")
     parser.add_argument("--time", type=int, default=0, metavar="R", help="time the draft head R times")
-    parser.add_argument("--shipped-map", default=None, metavar="SAFETENSORS",
-                        help="also the coverage of this head file's token_map (the shipped drafter's)")
+    parser.add_argument("--shipped-map", default=None, metavar="HEADS",
+                        help="also the coverage of this heads folder's (or weight file's) token_map")
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
     from medusa.selfdistill.backends.local import load_tokenizer

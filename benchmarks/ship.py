@@ -13,6 +13,7 @@ import torch
 from medusa.errors import CheckpointError
 from medusa.modeling.base import load_base_model
 from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.heads_file import pack_heads_file
 from medusa.modeling.packaged import PACKAGED_KEY, weights_fingerprint
 from medusa.modeling.packaged_models import MARKER
 
@@ -71,7 +72,8 @@ def tie_to_packaged(heads_dir: str | Path, dest: str | Path, base_dir: str | Pat
                     hub_id: str | None = None, dtype: torch.dtype | None = torch.bfloat16) -> dict[str, Any]:
     """Copy the heads checkpoint ``heads_dir`` to ``dest`` (which must not exist), tied to the converted
     packaged base in ``base_dir`` (its marker's GGUF sha256 and its weights fingerprint), trimmed to its
-    tree's depth and stored in ``dtype`` (:func:`trim_to_tree`)."""
+    tree's depth, stored in ``dtype`` (:func:`trim_to_tree`) and its weight file xz-compressed (lossless,
+    :func:`medusa.modeling.heads_file.pack_heads_file`)."""
     dest, base_dir = Path(dest), Path(base_dir)
     if dest.exists():
         raise CheckpointError(f"{dest}: already exists; delete it to ship the heads again")
@@ -88,6 +90,7 @@ def tie_to_packaged(heads_dir: str | Path, dest: str | Path, base_dir: str | Pat
         config.base_model_name_or_path = hub_id
     config.save(tmp)
     trimmed = trim_to_tree(tmp, dtype)
+    pack_heads_file(tmp)
     for path in tmp.rglob("*"):  # readable by a server running as another user
         path.chmod(0o755 if path.is_dir() else 0o644)
     tmp.chmod(0o755)

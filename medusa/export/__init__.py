@@ -61,6 +61,7 @@ from medusa.export.vllm import is_vllm_dir, read_vllm, write_vllm
 from medusa.io import atomic_directory, save_safetensors
 from medusa.modeling.base import dtype_name
 from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.heads_file import heads_weights_path
 from medusa.tree import MedusaTree, default_tree
 
 
@@ -114,7 +115,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     config, heads = read_our_checkpoint(src, base=base, materialise=materialise)
     heads.base_model_name_or_path = backbone.path
     if format == "medusa-v1":
-        require_official_layers(heads, str(src / WEIGHTS_NAME))
+        require_official_layers(heads, str(heads_weights_path(src)))
     choices = _export_choices(format, src, tree, heads)
     # the base model folder is never an output (its files are another command's)
     base_dir = backbone.path if backbone.copy_from is None else None  # (not the copy this export writes)

@@ -19,9 +19,9 @@ import torch
 
 from medusa.errors import CheckpointError, MedusaError
 from medusa.modeling.base import lm_head_weight, load_base_model
-from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig, base_location
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, MedusaConfig, base_location
 from medusa.modeling.draft_vocab import check_token_map
-from medusa.modeling.model import read_heads_file
+from medusa.modeling.heads_file import heads_weights_path, read_heads_file
 from medusa.tree import MedusaTree
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -127,8 +127,9 @@ def read_our_checkpoint(path: str | Path, base: str | None = None,
 
     path = Path(path)
     config = MedusaConfig.load(path)
-    state = read_heads_file(path / WEIGHTS_NAME)
-    src = str(path / WEIGHTS_NAME)
+    src = heads_weights_path(path)
+    state = read_heads_file(src)
+    src = str(src)
     k_heads, n_layers = config.num_heads, config.num_layers
 
     def get(key: str) -> torch.Tensor:

@@ -47,7 +47,7 @@ from medusa.export.gguf_base import (
     write_vocab,
 )
 from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
-from medusa.modeling.model import read_heads_file
+from medusa.modeling.heads_file import heads_weights_path, read_heads_file
 
 ARCH = "eagle3"
 DRAFT_FILE = "draft.gguf"
@@ -116,10 +116,11 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
     import gguf
 
     refuse_non_eagle3(src, cfg)
-    state = read_heads_file(src / WEIGHTS_NAME)
+    weights = heads_weights_path(src)
+    state = read_heads_file(weights)
     for key in ("fc.weight", "norm.weight", "lm_head.weight"):
         if key not in state:
-            raise CheckpointError(f"{src / WEIGHTS_NAME}: missing tensor {key}")
+            raise CheckpointError(f"{weights}: missing tensor {key}")
     n_head = int(text["num_attention_heads"])
     tensors = draft_tensors(state, list(cfg.feature_layers or []), n_head,
                             int(text.get("num_key_value_heads") or n_head))

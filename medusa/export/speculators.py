@@ -41,9 +41,9 @@ from medusa.errors import CheckpointError, MedusaError
 from medusa.export.common import write_json
 from medusa.io import save_safetensors
 from medusa.modeling.base import dtype_name, load_base_model
-from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.config import CONFIG_NAME, MedusaConfig
 from medusa.modeling.draft_vocab import check_token_map
-from medusa.modeling.model import read_heads_file
+from medusa.modeling.heads_file import heads_weights_path, read_heads_file
 
 SPECULATORS_VERSION = "0.9.0"
 VLLM_MODEL_TYPES = ("llama", "qwen3")  # vLLM 0.32's eagle3 architectures
@@ -187,8 +187,9 @@ def write_speculators(src: Path, cfg: MedusaConfig, base_config: dict[str, Any],
     if isinstance(depth, int) and any(not 0 <= i <= depth for i in cfg.feature_layers):
         raise CheckpointError(f"{src / CONFIG_NAME}: feature_layers {cfg.feature_layers} lie outside the "
                               f"base's hidden states 0..{depth}")
-    state = read_heads_file(src / WEIGHTS_NAME)
-    check_state(state, cfg, src / WEIGHTS_NAME)
+    weights = heads_weights_path(src)
+    state = read_heads_file(weights)
+    check_state(state, cfg, weights)
     decoding = getattr(torch, cfg.dtype)  # the dtype the drafter decodes in (stored narrower when shipped)
     state = {k: v.to(decoding) if v.is_floating_point() else v for k, v in state.items()}
     tensors = eagle3_tensors(state, list(cfg.feature_layers), cfg.vocab_size)

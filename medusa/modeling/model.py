@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 
 from medusa.config.validate import check_head_fields
@@ -41,6 +39,7 @@ from medusa.modeling.config import (
 from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.eagle3 import Eagle3Heads
 from medusa.modeling.heads import MedusaHeads
+from medusa.modeling.heads_file import check_state_keys, heads_weights_path, read_heads_file
 from medusa.modeling.hydra import HydraHeads
 from medusa.modeling.packaged import check_packaged_base
 from medusa.modeling.protocol import Heads
@@ -277,7 +276,7 @@ class MedusaModel(nn.Module):
                                          quantization_config=quantization_config, **load_kwargs)
         check_base_matches(config, base_model, source=str(path / CONFIG_NAME))
         check_packaged_base(config, base_model, source=str(path / CONFIG_NAME))
-        weights_path = path / WEIGHTS_NAME
+        weights_path = heads_weights_path(path)
         state = read_heads_file(weights_path)
         try:  # the config's values against this base (feature layers past its depth, a base without them)
             heads = build_heads(base_model, config.hidden_size, config.vocab_size, config.num_heads,
@@ -358,36 +357,3 @@ def check_base_matches(config: MedusaConfig, base_model: nn.Module, source: str)
             raise CheckpointError(
                 f"{source}: base model {key} is {theirs!r} but the heads were trained for {ours!r}"
             )
-
-
-def read_heads_file(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not found")
-    try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: corrupt safetensors file ({exc})") from None
-    if not state:
-        raise CheckpointError(f"{path}: holds no tensors")
-    for name, tensor in state.items():  # NaN / inf weights would only surface as a sampling crash
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
-    return state
-
-
-def check_state_keys(heads: Heads, state: dict[str, torch.Tensor], source: str) -> None:
-    expected = heads.state_dict()
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    if missing:
-        raise CheckpointError(f"{source}: missing tensor(s) {', '.join(missing[:5])}"
-                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
-    if extra:
-        raise CheckpointError(f"{source}: unexpected tensor(s) {', '.join(extra[:5])}"
-                              + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
-    for key, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise CheckpointError(f"{source}: tensor {key} has shape {tuple(tensor.shape)}, "
-                                  f"expected {tuple(expected[key].shape)}")
-
-

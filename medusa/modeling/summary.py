@@ -8,8 +8,8 @@ from typing import Any
 
 from medusa.config.enums import DRAFTER_HEAD_TYPES
 from medusa.errors import CheckpointError
-from medusa.modeling.config import TREE_NAME, WEIGHTS_NAME, MedusaConfig
-from medusa.modeling.model import read_heads_file
+from medusa.modeling.config import TREE_NAME, MedusaConfig
+from medusa.modeling.heads_file import heads_weights_path, read_heads_file
 from medusa.tree import DraftTreeShape, MedusaTree
 
 
@@ -17,7 +17,7 @@ def summarize(path: str | Path) -> dict[str, Any]:
     """A checkpoint summary (no base model loaded): base, heads, parameter count, tree."""
     path = Path(path)
     config = MedusaConfig.load(path)
-    state = read_heads_file(path / WEIGHTS_NAME)
+    state = read_heads_file(heads_weights_path(path))
     summary: dict[str, Any] = {
         "path": str(path),
         "base_model": config.base_model_name_or_path,

@@ -29,8 +29,9 @@ from torch import nn
 from medusa.config import Recipe
 from medusa.errors import CheckpointError, ConfigError, MedusaError
 from medusa.modeling.base import base_logits, decoder_of, lm_head_weight, load_base_model
-from medusa.modeling.config import WEIGHTS_NAME, MedusaConfig
-from medusa.modeling.model import MedusaModel, check_state_keys, read_heads_file
+from medusa.modeling.config import MedusaConfig
+from medusa.modeling.heads_file import check_state_keys, heads_weights_path, read_heads_file
+from medusa.modeling.model import MedusaModel
 from medusa.training.backbone import (
     apply_lora,
     is_4bit,
@@ -113,7 +114,7 @@ def load_heads_from(model: MedusaModel, path: str | Path) -> None:
     draft vocabulary (if any) is taken over.
     """
     config = MedusaConfig.load(path)
-    weights = Path(path) / WEIGHTS_NAME
+    weights = heads_weights_path(path)
     state = read_heads_file(weights)
     if config.draft_vocab and not model.heads.draft_vocab and "token_map" in state:
         model.use_draft_vocab(state["token_map"])

@@ -65,3 +65,15 @@ def test_shipped_map_row_reads_the_token_map(tmp_path):
     save_file({"token_map": torch.tensor([1, 2], dtype=torch.long), "w": torch.zeros(2)}, tmp_path / "h.st")
     row = C.shipped_map_row(tmp_path / "h.st", {"held": [_ex([-100, 1, 2, 4, 4])]})
     assert row == {"draft_vocab": "shipped 2", "held": pytest.approx(0.5)}
+
+
+def test_shipped_map_row_reads_a_packed_heads_folder(tmp_path):
+    import lzma
+
+    import torch
+    from safetensors.torch import save
+
+    data = save({"token_map": torch.tensor([1, 2, 4], dtype=torch.long), "w": torch.zeros(2)})
+    (tmp_path / "medusa_heads.safetensors.xz").write_bytes(lzma.compress(data))
+    row = C.shipped_map_row(tmp_path, {"held": [_ex([-100, 1, 2, 4, 4])]})
+    assert row == {"draft_vocab": "shipped 3", "held": pytest.approx(1.0)}

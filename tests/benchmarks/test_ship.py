@@ -16,6 +16,7 @@ from benchmarks.ship import ship_heads, tie_to_packaged, trim_to_tree
 from medusa import MedusaModel, MedusaTree
 from medusa.errors import CheckpointError
 from medusa.modeling.config import MedusaConfig
+from medusa.modeling.heads_file import read_heads_file
 from medusa.modeling.packaged import PACKAGED_KEY, weights_fingerprint
 from medusa.tree.draft_tree import DraftTreeShape
 
@@ -62,7 +63,7 @@ def test_tie_to_packaged_copies_ties_and_trims(tmp_path, base_dir):
     assert config.extra[PACKAGED_KEY] == {"name": "llama", "gguf_sha256": None,
                                           "weights": weights_fingerprint(base)}
     assert config.base_model_name_or_path == "org/tiny" and config.dtype == "bfloat16"
-    assert sorted(p.name for p in dest.iterdir()) == ["medusa_config.json", "medusa_heads.safetensors",
+    assert sorted(p.name for p in dest.iterdir()) == ["medusa_config.json", "medusa_heads.safetensors.xz",
                                                       "tree.json"]  # no plots
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in dest.iterdir())
     assert info["bytes"] == sum(p.stat().st_size for p in dest.iterdir())
@@ -89,7 +90,7 @@ def test_the_eagle3_drafter_ships_in_bf16_and_decodes_in_its_config_dtype(tmp_pa
     dest.parent.mkdir()
     info = tie_to_packaged(tmp_path / "final", dest, base_dir)
     assert (info["dtype"], info["stored_dtype"], info["dropped_heads"]) == ("float32", "bfloat16", 0)
-    state = load_file(dest / "medusa_heads.safetensors")
+    state = read_heads_file(dest / "medusa_heads.safetensors.xz")
     assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.bfloat16}
     assert MedusaConfig.load(dest).dtype == "float32"
     again = MedusaModel.from_pretrained(dest, base_model=str(base_dir))

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from medusa import MedusaModel
 from medusa.errors import CheckpointError, MedusaError
 from medusa.export import export_checkpoint
+from medusa.modeling.heads_file import pack_heads_file
 
 from tiny_models import tiny_model
 
@@ -153,3 +154,13 @@ def test_file_values_are_checked_before_any_tensor_is_written(tmp_path, base_dir
     with pytest.raises(CheckpointError, match=r"feature_layers \[0, 1, 9\] lie outside the base's hidden"):
         export_checkpoint(src, tmp_path / "spec", "speculators")
     assert not (tmp_path / "spec").exists()
+
+
+def test_a_packed_drafter_exports_the_same_bytes(tmp_path, base_dir):
+    """Shipped drafters are xz-compressed (medusa/modeling/heads_file.py): exported as the plain file."""
+    src, _ = _eagle3(tmp_path, base_dir, [0, 2, 3], heads_dtype="bfloat16")
+    export_checkpoint(src, tmp_path / "plain", "speculators")
+    pack_heads_file(src)
+    export_checkpoint(src, tmp_path / "packed", "speculators")
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "packed" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name

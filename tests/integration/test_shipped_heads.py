@@ -16,6 +16,7 @@ from real_models import smollm2_dir
 from medusa import MedusaModel
 from medusa.errors import CheckpointError
 from medusa.modeling.config import CONFIG_NAME, MedusaConfig, base_location
+from medusa.modeling.heads_file import PACKED_WEIGHTS_NAME
 from medusa.modeling.packaged import MARKER, PACKAGED_KEY
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "heads" / "smollm2-135m-instruct"
@@ -59,9 +60,10 @@ def test_shipped_heads_are_tied_to_the_packaged_base(name):
     assert (SHIPPED / name / "tree.json").is_file()
     assert Path(base_location(SHIPPED / name, config)) == smollm2_dir()  # found where make test put it
     total = sum(f.stat().st_size for s in SETS for f in (SHIPPED / s).rglob("*") if f.is_file())
-    assert total < 20 * 2**20  # both head sets, bf16, trimmed to their trees' depth
+    assert total < 16 * 2**20  # both head sets, bf16, trimmed to their trees' depth, xz-compressed
+    assert (SHIPPED / name / PACKED_WEIGHTS_NAME).is_file()  # lossless: medusa/modeling/heads_file.py
     drafter = sum(f.stat().st_size for f in (SHIPPED / "eagle3").rglob("*") if f.is_file())
-    assert drafter < 20 * 2**20  # the eagle3 drafter: 9.8M parameters stored in bf16
+    assert drafter < 16 * 2**20  # the eagle3 drafter: 9.8M parameters stored in bf16, xz-compressed
 
 
 @pytest.mark.parametrize("name", ALL_SETS)
