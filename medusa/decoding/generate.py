@@ -201,7 +201,9 @@ def _timed_decode(model: Any, proposer: Proposer, scorer: Scorer, input_ids: tor
     if streamer is not None:
         streamer.put(torch.tensor(progress.generated[0]))
     accept_lengths: list[list[int]] = [[] for _ in first]
-    steps = decode_loop(model, state, scorer, eos, max_new_tokens, accept_lengths, streamer, fns)
+    # the steps verify through the model's forward with its base resolved once (MedusaModel.tree_verifier)
+    verifier = model.tree_verifier()
+    steps = decode_loop(verifier, state, scorer, eos, max_new_tokens, accept_lengths, streamer, fns)
     _sync(device)
     decode_time = time.perf_counter() - t1 - state.compile_time_s
     if streamer is not None:

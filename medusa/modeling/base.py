@@ -166,6 +166,13 @@ def base_logits(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def logits_post_processed(model: nn.Module) -> bool:
+    """Whether :func:`base_logits` changes the LM head's output for ``model`` (a scale or a soft cap)."""
+    cfg = text_config(model)
+    return any(isinstance(getattr(cfg, key, None), (int, float))
+               for key in ("logit_scale", "logits_scaling", "final_logit_softcapping"))
+
+
 def native_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether ``device`` computes bfloat16 matmuls natively and faster than float32: CUDA (Ampere+), or a CPU
     that has AVX-512 BF16 / AMX *and* on which a bf16 matmul measurably beats float32

@@ -206,7 +206,8 @@ class Eagle3Heads(nn.Module):
         each row's entry ``at`` is read, ``[B, d]``: the MLP runs there alone (the other entries are
         needed for their keys and values only)."""
         layer = self.layers[0]
-        native = native_draft.native_layer_for(self, layer, embeds, mask)
+        bf16 = embeds.dtype == torch.bfloat16  # (float32 never runs natively: the C ops are bfloat16)
+        native = native_draft.native_layer_for(self, layer, embeds, mask) if bf16 else None
         if native is not None:  # bfloat16 on AMX, a few rows: the C ops (medusa.modeling.native_draft)
             cos_sin = self._rotary.module(embeds, positions)
             return native_draft.forward(native, embeds, hidden, cos_sin, mask, cache, at)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,16 +9,11 @@ import torch
 from torch import nn
 
 from medusa.config.validate import check_head_fields
-from medusa.decoding.attention import body_mask
 from medusa.decoding.drafter import Drafter
 from medusa.decoding.generate import medusa_generate
-from medusa.decoding.hf import cache_kwargs, output_cache
 from medusa.errors import CheckpointError, ConfigError
 from medusa.io import atomic_directory, save_safetensors
-from medusa.modeling import native_body
 from medusa.modeling.base import (
-    base_logits,
-    decoder_of,
     dtype_name,
     lm_head_of,
     lm_head_weight,
@@ -38,32 +32,13 @@ from medusa.modeling.config import (
 )
 from medusa.modeling.draft_vocab import check_token_map
 from medusa.modeling.eagle3 import Eagle3Heads
+from medusa.modeling.forward import BodyParts, MedusaOutput, TreeVerifier, body_parts, run_body
 from medusa.modeling.heads import MedusaHeads
 from medusa.modeling.heads_file import check_state_keys, heads_weights_path, read_heads_file
 from medusa.modeling.hydra import HydraHeads
 from medusa.modeling.packaged import check_packaged_base
 from medusa.modeling.protocol import Heads
 from medusa.tree import DraftTreeShape, MedusaTree, default_tree
-
-
-@dataclass
-class MedusaOutput:
-    logits: torch.Tensor  # base logits [B, P, V] at the requested positions (P = T by default)
-    head_logits: torch.Tensor | None  # [K, B, P, V]
-    # [B, T, d] the last hidden state (post final norm), all positions; heads with ``feature_layers``:
-    # [B, T, len(feature_layers) * d], the base's hidden_states[i] (0 = embeddings) concatenated over them
-    hidden_states: torch.Tensor
-    past_key_values: Any = None
-
-
-def _gather_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-    """``x [B, T, d]`` at ``positions`` (``[P]`` shared by all rows or ``[B, P]``) -> ``[B, P, d]``."""
-    if positions is None:
-        return x
-    if positions.dim() == 1:
-        return x.index_select(1, positions.to(x.device))
-    idx = positions.to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[-1])
-    return torch.gather(x, 1, idx)
 
 
 class MedusaModel(nn.Module):
@@ -185,30 +160,16 @@ class MedusaModel(nn.Module):
         and head logits ``[K, B, P, V]``. ``attention_mask`` may be 2-D padding or a 4-D float mask
         ``[B, 1, T, S]``; sliding-window layers get it cut to their window (:func:`body_mask`).
         """
-        body = decoder_of(self.base_model)
-        layers = getattr(self.heads, "feature_layers", None)  # drafters that read several base layers
-        mask = body_mask(self.base_model, attention_mask)
-        native = None if kwargs or not use_cache or position_ids is None else native_body.native_for(
-            self, body, text_config(self.base_model), input_ids, mask, past_key_values)
-        if native is not None:  # a tree step in bfloat16 through the kernels (medusa.modeling.native_body)
-            last, states = native_body.forward(native, input_ids, mask, position_ids, past_key_values,
-                                               hidden_states=layers is not None)
-            cache = past_key_values
-        else:
-            if layers is not None:
-                kwargs["output_hidden_states"] = True
-            out = body(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                       use_cache=use_cache, **cache_kwargs(past_key_values), **kwargs)
-            last, states, cache = out.last_hidden_state, out.hidden_states, output_cache(out)  # [B, T, d]
-        picked = _gather_positions(last, positions)  # [B, P, d]
-        # the features the heads read: the last hidden state, or the chosen layers' concatenated [B, T, n * d]
-        hidden = last if layers is None else torch.cat([states[i] for i in layers], dim=-1)
-        logits = base_logits(self.base_model, picked)  # [B, P, V]
-        # None from heads that also read draft tokens (Hydra) and from a sequential drafter (EAGLE-3):
-        # decoding and training build their inputs.
-        parallel = compute_heads and not isinstance(self.heads, Drafter)
-        head_logits = self.heads.hidden_logits(picked) if parallel else None  # [K, B, P, V]
-        return MedusaOutput(logits, head_logits, hidden, cache)
+        return run_body(self.body_parts(), self.heads, input_ids, attention_mask, position_ids,
+                        past_key_values, use_cache, positions, compute_heads, **kwargs)
+
+    def body_parts(self) -> BodyParts:
+        """What a forward needs from the base, resolved now (:class:`BodyParts`)."""
+        return body_parts(self.base_model, self.heads)
+
+    def tree_verifier(self) -> "TreeVerifier":
+        """This model's forward with its base resolved once: what a decoding run's steps call."""
+        return TreeVerifier(self.body_parts(), self.heads)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 64, acceptance: str = "greedy", temperature: float | None = None,
