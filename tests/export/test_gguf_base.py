@@ -142,3 +142,20 @@ def test_overwrite_keeps_files_the_export_did_not_write(tmp_path):
     export_checkpoint(heads, out, "gguf", base=str(base), base_precision="bf16", overwrite=True)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
         "base-bf16.gguf", "draft.gguf", "notes.txt"]  # the f32 file the first export wrote is replaced
+
+
+def test_the_pre_tokenizer_name_of_a_packaged_base_is_written(tmp_path):
+    """A packaged base records its source GGUF's ``tokenizer.ggml.pre`` at conversion (its marker): the base
+    and the drafter files carry it; a base without the marker (any other) leaves it out."""
+    import json
+
+    from medusa.modeling.packaged_models import MARKER, TOKENIZER_PRE
+
+    base, _ = _base(tmp_path)
+    heads = _heads(tmp_path, base)
+    export_checkpoint(heads, tmp_path / "plain", "gguf", base=str(base), base_precision="f32")
+    assert "tokenizer.ggml.pre" not in _read(tmp_path / "plain" / "base-f32.gguf")[0]
+    (base / MARKER).write_text(json.dumps({"gguf_sha256": "aa", TOKENIZER_PRE: "smollm"}))
+    export_checkpoint(heads, tmp_path / "tied", "gguf", base=str(base), base_precision="f32")
+    for name in ("base-f32.gguf", "draft.gguf"):
+        assert _read(tmp_path / "tied" / name)[0]["tokenizer.ggml.pre"] == "smollm", name
