@@ -30,6 +30,7 @@ from medusa.training.checkpoint import (
     save_checkpoint,
 )
 from medusa.training.engine_state import check_supported
+from medusa.training.heap import trim_heap
 from medusa.training.method import method_of
 from medusa.training.metrics import Window, log_eval, log_window, new_window
 from medusa.training.output import finish, open_output, run_inputs
@@ -68,6 +69,7 @@ def optimizer_step(run: Run, window: Window, order: list[int], step: int, params
         window.add(loss, stats, int(batch["attention_mask"].sum()), parts)
     if not accelerator.optimizer_step_was_skipped:
         run.scheduler.step()
+    trim_heap()  # the step's freed tensors back to the OS (medusa.training.heap)
     return grad_norm
 
 
