@@ -104,18 +104,13 @@ def model_dir(name: str, cache: str | Path | None = None) -> Path:
 
 
 # the source GGUF's pre-tokenizer name (llama.cpp's ``tokenizer.ggml.pre``; None where it has none), recorded
-# at conversion for the GGUF exports (medusa.export.gguf_base.write_vocab); a marker without it converts again
+# at conversion for the GGUF exports (medusa.export.gguf_base.write_vocab). A directory converted before the
+# marker recorded it is still used as it is (the exports then leave the name out); delete it to convert again.
 TOKENIZER_PRE = "gguf_tokenizer_pre"
 
 
 def is_converted(path: str | Path) -> bool:
-    marker = Path(path) / MARKER
-    if not marker.is_file() or not (Path(path) / "model.safetensors").is_file():
-        return False
-    try:
-        return TOKENIZER_PRE in json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    return (Path(path) / MARKER).is_file() and (Path(path) / "model.safetensors").is_file()
 
 
 def gguf_tokenizer_pre(gguf_path: Path) -> str | None:

@@ -5,7 +5,6 @@ download runs in ``make test``)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import zipfile
 from dataclasses import replace
 
@@ -75,20 +74,11 @@ def test_cli_prints_the_converted_directory_last(tmp_path, capsys, argv, name):
     """A converted directory (marker + weights) is reused, nothing downloaded; its path is the last line."""
     target = tmp_path / name
     target.mkdir()
-    (target / models.MARKER).write_text(json.dumps({models.TOKENIZER_PRE: None}))
+    (target / models.MARKER).write_text("{}")  # converted before the marker named the pre-tokenizer: reused
     (target / "model.safetensors").write_bytes(b"")
     assert models.main([*argv, "--cache", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(target)
     assert models.model_dir(name, tmp_path) == target and models.is_converted(target)
-
-
-def test_a_marker_without_the_pre_tokenizer_name_converts_again(tmp_path):
-    """Converted before the marker recorded the source GGUF's ``tokenizer.ggml.pre``: not reused."""
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    (tmp_path / models.MARKER).write_text(json.dumps({"gguf_sha256": "aa"}))
-    assert not models.is_converted(tmp_path)
-    (tmp_path / models.MARKER).write_text(json.dumps({"gguf_sha256": "aa", models.TOKENIZER_PRE: "smollm"}))
-    assert models.is_converted(tmp_path)
 
 
 def test_the_pre_tokenizer_name_is_read_from_the_gguf(tmp_path):
