@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from medusa.errors import MedusaError
-from medusa.modeling.packaged_models import MARKER, TOKENIZER_PRE
+from medusa.modeling.packaged_models import TOKENIZER_PRE, read_marker
 
 BASE_PRECISIONS = ("f32", "bf16", "q4_1")
 LAYER_NAMES = {
@@ -125,13 +125,7 @@ def tokenizer_pre(tokenizer_dir: str) -> str | None:
     """llama.cpp's pre-tokenizer name for the base in ``tokenizer_dir``: what its source GGUF said, for a
     packaged model (recorded in its marker at conversion); None for any other base (llama.cpp's converter
     finds it by hashing a probe text against its own table)."""
-    marker = Path(tokenizer_dir) / MARKER
-    if not marker.is_file():
-        return None
-    try:
-        value = json.loads(marker.read_text(encoding="utf-8")).get(TOKENIZER_PRE)
-    except (OSError, ValueError) as exc:
-        raise MedusaError(f"{marker}: unreadable ({exc})") from None
+    value = (read_marker(tokenizer_dir) or {}).get(TOKENIZER_PRE)
     return value if isinstance(value, str) and value else None
 
 

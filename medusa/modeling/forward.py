@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from medusa.decoding.attention import body_mask, window_layout
+from medusa.decoding.attention import body_mask
 from medusa.decoding.drafter import Drafter
 from medusa.decoding.hf import CACHE_KWARG
 from medusa.modeling import native_body
@@ -19,7 +19,6 @@ from medusa.modeling.base import (
     base_logits,
     decoder_of,
     lm_head_of,
-    lm_head_weight,
     logits_post_processed,
     text_config,
 )
@@ -50,16 +49,17 @@ def gather_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.T
 class BodyParts:
     """What a forward needs from the base: resolved per call by ``MedusaModel.forward``, once per decoding
     run by :class:`TreeVerifier`, so a decode step runs the HF body and the LM head without looking them up
-    again (and enters the mask windowing, the logits post-processing or the native body only where the
-    base has a sliding window, a logit scale / soft cap, or bfloat16 weights)."""
+    again. The decoding run also settles once whether the mask needs windowing and whether the native body
+    can apply (``windowed`` / ``native`` False), so its steps enter neither module where they never act;
+    ``forward`` leaves both True: ``body_mask`` and ``native_for`` decide per call, as for any caller."""
 
     body: nn.Module  # decoder_of(base): the transformer body, post-norm output
     head: nn.Module  # lm_head_of(base)
     base: nn.Module  # the base model as held (a peft wrapper included)
     config: Any  # its text config
     post: bool  # base_logits post-processes the head's output (logit_scale / logits_scaling / soft cap)
-    windowed: bool  # a sliding window: a 4-D mask is cut per layer type (attention.body_mask)
-    native: bool  # bfloat16 weights: a tree step may run natively (native_body.native_for decides)
+    windowed: bool  # False: no sliding window, the mask goes to the body as it is (else attention.body_mask)
+    native: bool  # False: never the native body (else native_body.native_for decides per call)
     feature_layers: Any  # the drafter's base hidden-state indices, or None (the last hidden state)
 
 
@@ -98,11 +98,11 @@ def run_body(parts: BodyParts, heads: Heads, input_ids: torch.Tensor | None, att
     return MedusaOutput(logits, head_logits, hidden, cache)
 
 
-def body_parts(base: nn.Module, heads: Heads) -> BodyParts:
-    """What a forward of ``base`` under ``heads`` needs, resolved now."""
+def body_parts(base: nn.Module, heads: Heads, windowed: bool = True, native: bool = True) -> BodyParts:
+    """What a forward of ``base`` under ``heads`` needs, resolved now (``windowed`` / ``native``: see
+    :class:`BodyParts`)."""
     return BodyParts(body=decoder_of(base), head=lm_head_of(base), base=base, config=text_config(base),
-                     post=logits_post_processed(base), windowed=window_layout(base).window is not None,
-                     native=lm_head_weight(base).dtype == torch.bfloat16,
+                     post=logits_post_processed(base), windowed=windowed, native=native,
                      feature_layers=getattr(heads, "feature_layers", None))
 
 

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from medusa.config.validate import check_head_fields
+from medusa.decoding.attention import window_layout
 from medusa.decoding.drafter import Drafter
-from medusa.decoding.generate import medusa_generate
+from medusa.decoding.generate import compute_dtype, medusa_generate
 from medusa.errors import CheckpointError, ConfigError
 from medusa.io import atomic_directory, save_safetensors
 from medusa.modeling.base import (
@@ -168,8 +169,12 @@ class MedusaModel(nn.Module):
         return body_parts(self.base_model, self.heads)
 
     def tree_verifier(self) -> "TreeVerifier":
-        """This model's forward with its base resolved once: what a decoding run's steps call."""
-        return TreeVerifier(self.body_parts(), self.heads)
+        """This model's forward with its base resolved once: what a decoding run's steps call. A 4-D tree mask
+        needs windowing only under a sliding window; the native body applies only to a bfloat16 step (its
+        mask and cache take the compute dtype)."""
+        base = self.base_model
+        return TreeVerifier(body_parts(base, self.heads, windowed=window_layout(base).window is not None,
+                                       native=compute_dtype(self) == torch.bfloat16), self.heads)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 64, acceptance: str = "greedy", temperature: float | None = None,

