@@ -88,16 +88,26 @@ def head_cost(n: int, hidden: int, rows: int = 8, dtype: torch.dtype | None = No
     out: dict[str, Any] = {"draft_vocab": n, "params_m": round(n * hidden / 1e6, 2),
                            "mmac_per_token": round(n * hidden / 1e6, 2)}
     if repeats:
+        from medusa.modeling import amx_kernel
+
         dtype = dtype or torch.float32
         w, x = torch.randn(n, hidden, dtype=dtype), torch.randn(rows, hidden, dtype=dtype)
-        times = []
-        with torch.inference_mode():
-            for _ in range(repeats + 1):
-                start = time.perf_counter()
-                torch.nn.functional.linear(x, w)
-                times.append(time.perf_counter() - start)
-        out[f"ms_{rows}_rows"] = round(sorted(times[1:])[len(times[1:]) // 2] * 1e3, 3)
+        out[f"ms_{rows}_rows"] = _median_ms(lambda: torch.nn.functional.linear(x, w), repeats)
+        if dtype == torch.bfloat16 and amx_kernel.available() and amx_kernel.fits(w):
+            packed = amx_kernel.pack(w)  # what a bf16 decode runs: the drafter's head packed like the target
+            out[f"ms_{rows}_rows_packed"] = _median_ms(lambda: amx_kernel.rows_matmul(x, packed), repeats)
     return out
+
+
+def _median_ms(call: Any, repeats: int) -> float:
+    """Median milliseconds of ``repeats`` calls after one warm-up call."""
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    return round(sorted(times[1:])[len(times[1:]) // 2] * 1e3, 3)
 
 
 def spec_bench_prompts(shared: str | Path, per_category: int) -> list[dict[str, Any]]:

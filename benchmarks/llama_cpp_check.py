@@ -9,8 +9,8 @@ chat-templates Spec-Bench public prompts here (the project's tokenizer, so every
 serves them one at a time, greedy, one thread: plain, ``ngram-mod``, ``ngram-simple`` and our drafter as a
 chain of k drafts (default: the depth of the
 tree our calibration chose, and 3). Each config gets a server of its own, started and stopped. Rows:
-tokens/s (median over prompts of the server's ``predicted_per_second``, and total tokens / total decode
-time), the share of drafted tokens accepted, acceptance per draft position (from the server's log), greedy
+tokens/s (median over prompts of the server's ``predicted_per_second``, total tokens / total decode
+time, and total tokens / total prefill and decode time), the share of drafted tokens accepted, acceptance per draft position (from the server's log), greedy
 text equal to plain. Our decoder then runs the same drafter as a chain of k (float32, branch 1, lookup off)
 on the same prompts, and the per-position acceptance is compared with llama.cpp's at f32.
 Writes ``OUT/report.json`` and ``OUT/table.md``.
@@ -39,10 +39,28 @@ def calibrated_depth(heads: Path) -> int | None:
     return int(json.loads(tree.read_text())["depth"]) if tree.is_file() else None
 
 
-def server_configs(draft: Path, ks: list[int]) -> list[ServerConfig]:
+def server_configs(draft: Path, ks: list[int], p_mins: list[float] | None = None) -> list[ServerConfig]:
+    """plain, the n-gram modes, our drafter as a chain of k for each k and each p-min (0: every step drafts
+    k; above 0 llama.cpp ends the chain at the first draft the drafter gives less than p-min)."""
     out = [ServerConfig("plain")]
     out += [ServerConfig(mode, mode, draft_n_max=None) for mode in NGRAM_MODES]
-    return out + [ServerConfig(f"eagle3 k={k}", "draft-eagle3", draft, k) for k in ks]
+    return out + [ServerConfig(config_name(k, p), "draft-eagle3", draft, k, p_min=p)
+                  for k in ks for p in (p_mins or [0.0])]
+
+
+def p_min_list(text: str) -> list[float]:
+    """``--p-min 0,0.5``: probabilities in [0, 1]."""
+    try:
+        values = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated probabilities, e.g. 0,0.5") from None
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each p-min must lie in [0, 1]")
+    return values
+
+
+def config_name(k: int, p_min: float) -> str:
+    return f"eagle3 k={k}" + (f" p={p_min:g}" if p_min > 0 else "")
 
 
 def target_gguf(heads: Path, base: str, precision: str, out: Path) -> Path:
@@ -71,12 +89,14 @@ def summarise(result: dict[str, Any], plain: list[list[int]] | None) -> dict[str
     runs = result["runs"]
     tokens = sum(len(r["tokens"]) for r in runs)
     seconds = sum(r["seconds"] for r in runs)
+    with_prefill = seconds + sum(r.get("prompt_seconds", 0.0) for r in runs)
     drafted = sum(r["draft_n"] for r in runs)
     accepted = sum(r["draft_n_accepted"] for r in runs)
     totals = result.get("totals")
     return {"config": result["name"], "prompts": len(runs), "tokens": tokens,
             "tokens_per_s_median": statistics.median(r["predicted_per_second"] for r in runs),
             "tokens_per_s_total": tokens / seconds if seconds else None,
+            "tokens_per_s_end_to_end": tokens / with_prefill if with_prefill else None,
             "drafted": drafted, "accepted": accepted, "accept_share": accepted / drafted if drafted else None,
             "steps": totals["steps"] if totals else None,
             "per_position": totals["per_position"] if totals else None,
@@ -85,9 +105,10 @@ def summarise(result: dict[str, Any], plain: list[list[int]] | None) -> dict[str
 
 
 def run_precision(target: Path, draft: Path, ks: list[int], ids: list[list[int]], max_tokens: int,
-                  work: Path, cpu: str | None, only: list[str] | None) -> list[dict[str, Any]]:
+                  work: Path, cpu: str | None, only: list[str] | None,
+                  p_mins: list[float] | None = None) -> list[dict[str, Any]]:
     rows, plain = [], None
-    for cfg in server_configs(draft, ks):
+    for cfg in server_configs(draft, ks, p_mins):
         if only and cfg.name not in only and cfg.name != "plain":
             continue
         result = run_config(target, cfg, ids, max_tokens, work / f"{cfg.name.replace(' ', '_')}.log", cpu)
@@ -140,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default="f32,bf16,q4_1")
     ap.add_argument("--k", type=int, action="append", default=None,
                     help="drafts per step for our drafter (repeatable; default: the calibrated depth, and 3)")
+    ap.add_argument("--p-min", type=p_min_list, default=[0.0],
+                    help="comma-separated --spec-draft-p-min values for our drafter's rows (default 0: fixed k)")
     ap.add_argument("--cpu", default=None, help="taskset core list for the server (default: none)")
     ap.add_argument("--only", default=None, help="comma-separated config names besides plain")
     ap.add_argument("--no-ours", action="store_true", help="skip our decoder's chain acceptance")
@@ -155,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts = spec_bench_prompts(args.prompts, args.per_category)
     ids = chat_ids(base, [p["prompt"] for p in prompts])
     only = args.only.split(",") if args.only else None
+    p_mins = args.p_min
     table = {}
     for precision in args.precisions.split(","):
         target = target_gguf(args.heads, base, precision, args.out)
         work = args.out / precision
         work.mkdir(parents=True, exist_ok=True)
-        table[precision] = run_precision(target, draft, ks, ids, args.max_tokens, work, args.cpu, only)
+        table[precision] = run_precision(target, draft, ks, ids, args.max_tokens, work, args.cpu, only,
+                                         p_mins)
     ours: dict[int, dict[str, Any]] = {}
     if not args.no_ours:
         plain_f32 = json.loads((args.out / "f32" / "plain_tokens.json").read_text()) \

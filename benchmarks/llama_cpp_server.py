@@ -43,6 +43,7 @@ class ServerConfig:
     spec_type: str | None = None
     draft: Path | None = None
     draft_n_max: int | None = 3  # None: the mode's own default (n-gram modes)
+    p_min: float = 0.0  # llama.cpp stops a chain at the first draft whose probability is below this
     extra: list[str] = field(default_factory=list)
 
 
@@ -53,7 +54,7 @@ def server_argv(binary: Path, model: Path, cfg: ServerConfig, port: int, threads
     if cfg.spec_type is not None:
         argv += ["--spec-type", cfg.spec_type]
         if cfg.draft_n_max is not None:
-            argv += ["--spec-draft-n-max", str(cfg.draft_n_max), "--spec-draft-p-min", "0"]
+            argv += ["--spec-draft-n-max", str(cfg.draft_n_max), "--spec-draft-p-min", f"{cfg.p_min:g}"]
         if cfg.draft is not None:
             argv += ["-md", str(cfg.draft), "-td", str(threads), "-tbd", str(threads)]
     return argv + cfg.extra
@@ -108,8 +109,8 @@ class LlamaServer:
             self.proc.wait()
 
     def complete(self, ids: list[int], n_predict: int) -> dict[str, Any]:
-        """One greedy completion: ``{"tokens", "seconds", "predicted_per_second", "draft_n",
-        "draft_n_accepted"}`` (``seconds``: the server's own decode time)."""
+        """One greedy completion: ``{"tokens", "seconds", "prompt_seconds", "predicted_per_second", "draft_n",
+        "draft_n_accepted"}`` (``seconds``: the server's own decode time; ``prompt_seconds``: its prefill)."""
         body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "ignore_eos": True,
                 "cache_prompt": False, "return_tokens": True, "stream": False}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion",
@@ -119,6 +120,7 @@ class LlamaServer:
             out = json.loads(r.read())
         t = out.get("timings", {})
         return {"tokens": list(out["tokens"]), "seconds": t.get("predicted_ms", 0.0) / 1000.0,
+                "prompt_seconds": t.get("prompt_ms", 0.0) / 1000.0,
                 "predicted_per_second": t.get("predicted_per_second"),
                 "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0)}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from selfdistill_helpers import chat_tokenizer
 
 from benchmarks import draft_coverage as C
@@ -35,6 +36,16 @@ def test_head_cost_counts_and_times():
     assert cost["params_m"] == pytest.approx(4.72, abs=0.01) and cost["mmac_per_token"] == cost["params_m"]
     assert cost["ms_4_rows"] > 0
     assert "ms_8_rows" not in C.head_cost(16, 8)
+    assert "ms_4_rows_packed" not in cost  # float32: only the stock product
+
+
+def test_head_cost_times_the_packed_head_in_bf16_where_the_kernel_runs():
+    from medusa.modeling import amx_kernel
+
+    cost = C.head_cost(256, 64, rows=4, dtype=torch.bfloat16, repeats=2)
+    assert cost["ms_4_rows"] > 0
+    assert ("ms_4_rows_packed" in cost) == (amx_kernel.available() and amx_kernel.fits(torch.zeros(256, 64,
+                                                                                             dtype=torch.bfloat16)))
 
 
 def test_reply_files_skip_errors_and_requests(tmp_path):

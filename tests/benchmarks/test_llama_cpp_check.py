@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.llama_cpp_check import agreement, calibrated_depth, markdown, server_configs, summarise
+from benchmarks.llama_cpp_check import (agreement, calibrated_depth, main, markdown, p_min_list, server_configs,
+                                        summarise)
 
 
 def _run(tokens, seconds, tps, drafted=0, accepted=0):
@@ -22,6 +23,21 @@ def test_server_configs_plain_ngram_then_ours(tmp_path):
     assert cfgs[3].draft == tmp_path / "d.gguf"
 
 
+def test_server_configs_each_k_with_each_p_min(tmp_path):
+    cfgs = server_configs(tmp_path / "d.gguf", [2, 4], [0.0, 0.5])
+    assert [c.name for c in cfgs][3:] == ["eagle3 k=2", "eagle3 k=2 p=0.5", "eagle3 k=4", "eagle3 k=4 p=0.5"]
+    assert [c.p_min for c in cfgs[3:]] == [0.0, 0.5, 0.0, 0.5]
+    assert [c.draft_n_max for c in cfgs[3:]] == [2, 2, 4, 4]
+
+
+def test_p_min_list_refuses_what_is_not_a_probability(capsys):
+    assert p_min_list("0,0.5") == [0.0, 0.5]
+    for bad in ("x", "0,1.5", "-0.1"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--p-min", bad])
+        assert exc.value.code == 2 and "--p-min" in capsys.readouterr().err
+
+
 def test_summarise_counts_equal_text_and_acceptance():
     plain = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
     totals = {"impl": "draft-eagle3", "steps": 5, "per_position": [0.4, 0.2]}
@@ -32,6 +48,9 @@ def test_summarise_counts_equal_text_and_acceptance():
     assert row["identical_to_plain"] == 2 and row["tokens"] == 9 and row["tokens_per_s_total"] == 9 / 4
     assert row["tokens_per_s_median"] == 3.0 and row["accept_share"] == pytest.approx(3 / 10)
     assert row["per_position"] == [0.4, 0.2] and row["steps"] == 5
+    assert row["tokens_per_s_end_to_end"] == 9 / 4  # no prefill timings: decode only
+    prefilled = summarise({**result, "runs": [{**r, "prompt_seconds": 0.5} for r in result["runs"]]}, plain)
+    assert prefilled["tokens_per_s_end_to_end"] == pytest.approx(9 / 5.5)
     none = summarise({"name": "plain", "totals": None, "runs": [_run([1], 1.0, 1.0)]}, None)
     assert none["accept_share"] is None and none["identical_to_plain"] is None
     assert none["per_position"] is None

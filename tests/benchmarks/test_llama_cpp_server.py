@@ -24,6 +24,8 @@ def test_server_argv_plain_ngram_and_eagle3():
     eagle = server_argv(binary, model, ServerConfig("e", "draft-eagle3", Path("d.gguf"), 4), 8080)
     assert eagle[eagle.index("-md") + 1] == "d.gguf" and eagle[eagle.index("--spec-draft-n-max") + 1] == "4"
     assert eagle[eagle.index("--spec-draft-p-min") + 1] == "0" and eagle[eagle.index("-td") + 1] == "1"
+    early = server_argv(binary, model, ServerConfig("e", "draft-eagle3", Path("d.gguf"), 4, p_min=0.7), 8080)
+    assert early[early.index("--spec-draft-p-min") + 1] == "0.7"
 
 
 def test_per_position_reads_the_last_totals():
