@@ -65,10 +65,17 @@ def _best_path(ok: torch.Tensor, dt: VerifyTree, score: torch.Tensor | None = No
     return path, n, last
 
 
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """``logits [..., V]`` -> the index of each row's first maximum ``[...]``: ``argmax``'s answer, ties and NaN
+    included, through ``max``, whose CPU kernel is vectorised (``argmax`` over 14 rows of a 49,152-token
+    vocabulary in bfloat16: 2.7 ms on one core, ``max`` 0.6 ms)."""
+    return logits.max(dim=-1).indices
+
+
 def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Longest path whose every token is the base model's argmax at its parent; next = argmax at the end."""
-    pred = logits.argmax(dim=-1)  # [B, N]
+    pred = first_max(logits)  # [B, N]
     ok = tokens == rows_at(pred, dt.parents, dt.per_row)  # [B, N]
     path, n, last = _best_path(ok, dt)
     nxt = pred.gather(1, last.view(-1, 1)).view(-1)
@@ -238,4 +245,4 @@ class Scorer:
                               generator=self.generator)
 
 
-__all__ = ["Progress", "Rule", "Scorer", "greedy_accept", "rows_at", "sample_accept", "typical_accept"]
+__all__ = ["Progress", "Rule", "Scorer", "first_max", "greedy_accept", "rows_at", "sample_accept", "typical_accept"]

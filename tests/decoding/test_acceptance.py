@@ -8,7 +8,7 @@ from chi_square import chi2_pvalue, exact_joint
 from decoding_helpers import FULL_TREE, SAMPLER_VOCAB, exact_joint3, sampler_model
 
 from medusa import MedusaTree
-from medusa.decoding.acceptance import greedy_accept, sample_accept, typical_accept
+from medusa.decoding.acceptance import first_max, greedy_accept, sample_accept, typical_accept
 from medusa.decoding.processors import warp_logits
 from medusa.decoding.trees import static_tree
 
@@ -31,6 +31,17 @@ def test_greedy_accept_longest_matching_path():
     tokens = torch.tensor([[0, 3, 5, 4, 1]])  # nothing matches: only the root is kept
     path, n, nxt = greedy_accept(logits, tokens, dt)
     assert n.tolist() == [0] and nxt.tolist() == [2]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_first_max_is_argmax_ties_and_nan_included(dtype):
+    gen = torch.Generator().manual_seed(0)
+    for vocab in (2, 7, 1000, 49152):
+        x = torch.randint(-2, 3, (3, 4, vocab), generator=gen).to(dtype)  # many ties: the first one counts
+        x[0, 1, vocab // 2] = float("nan")  # argmax takes a NaN as the maximum
+        x[2, 3] = 1.0  # a row of equal values: index 0
+        assert torch.equal(first_max(x), x.argmax(dim=-1))
+    assert first_max(torch.tensor([[1.0, 3.0, 3.0]])).tolist() == [1]
 
 
 def test_typical_accept_hand_computed():
