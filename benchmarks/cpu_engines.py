@@ -1,12 +1,12 @@
-"""Our decoder beside llama.cpp on the same prompts, core and weight precision: the comparison a CPU user makes.
+"""Our decoder beside llama.cpp on the same prompts, core and weight precision (what a CPU user compares).
 
 ``taskset -c CORE python -m benchmarks.cpu_engines [--heads DIR] [--per-category 1] [--max-tokens 128]
 [--llama-configs "ngram-mod,ngram-simple,eagle3 k=2 p=0.5"] [--cpu CORE] [--out DIR]``: the first
 ``--per-category`` Spec-Bench public prompts of each category, chat template, greedy, EOS ignored (every
 method writes ``--max-tokens`` tokens), bf16 weights, one thread. First ``medusa bench`` in this process
-(HF ``generate``, our plain decode, the drafter alone, with the lookup chain, the lookup chain alone, HF prompt
-lookup), then llama.cpp's pinned ``llama-server`` (:mod:`benchmarks.llama_cpp_check`; plain and the configs
-named) on the bf16 GGUF of the same base, one request at a time, pinned to ``--cpu`` (give the core this
+(HF ``generate``, our plain decode, the drafter alone, with the lookup chain, the lookup chain alone,
+HF prompt lookup), then llama.cpp's pinned ``llama-server`` (:mod:`benchmarks.llama_cpp_check`; plain and
+the configs named) on the bf16 GGUF of the same base, one request at a time, pinned to ``--cpu`` (give the core this
 process runs on). Tokens/s is end to end for both (new tokens over prefill and decode time: our bench times
 the whole call; llama.cpp's decode-only figure is printed beside it). Writes ``OUT/ours.json``,
 ``OUT/llama_cpp/bf16/rows.json``, ``OUT/table.md``.
@@ -55,9 +55,9 @@ def llama_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     hf = next(r["tokens_per_s"] for r in rows if r["method"] == "HF generate")
-    lc = next((r["tokens_per_s"] for r in rows if r["engine"] == "llama.cpp" and r["method"] == "plain"), None)
-    lines = ["| engine | method | tokens/s | vs HF generate | vs llama.cpp plain | llama.cpp decode-only tokens/s |",
-             "|---|---|---:|---:|---:|---:|"]
+    lc = next((r["tokens_per_s"] for r in rows if (r["engine"], r["method"]) == ("llama.cpp", "plain")), None)
+    lines = ["| engine | method | tokens/s | vs HF generate | vs llama.cpp plain "
+             "| llama.cpp decode-only tokens/s |", "|---|---|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: -r["tokens_per_s"]):
         vs_lc = f"{r['tokens_per_s'] / lc:.2f}x" if lc else "-"
         dec = f"{r['decode_tokens_per_s']:.1f}" if r["decode_tokens_per_s"] else "-"

@@ -10,7 +10,8 @@ serves them one at a time, greedy, one thread: plain, ``ngram-mod``, ``ngram-sim
 chain of k drafts (default: the depth of the
 tree our calibration chose, and 3). Each config gets a server of its own, started and stopped. Rows:
 tokens/s (median over prompts of the server's ``predicted_per_second``, total tokens / total decode
-time, and total tokens / total prefill and decode time), the share of drafted tokens accepted, acceptance per draft position (from the server's log), greedy
+time, and total tokens / total prefill and decode time), the share of drafted tokens accepted, acceptance
+per draft position (from the server's log), greedy
 text equal to plain. Our decoder then runs the same drafter as a chain of k (float32, branch 1, lookup off)
 on the same prompts, and the per-position acceptance is compared with llama.cpp's at f32.
 Writes ``OUT/report.json`` and ``OUT/table.md``.
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, action="append", default=None,
                     help="drafts per step for our drafter (repeatable; default: the calibrated depth, and 3)")
     ap.add_argument("--p-min", type=p_min_list, default=[0.0],
-                    help="comma-separated --spec-draft-p-min values for our drafter's rows (default 0: fixed k)")
+                    help="comma-separated --spec-draft-p-min values for our drafter's rows "
+                         "(default 0: fixed k)")
     ap.add_argument("--cpu", default=None, help="taskset core list for the server (default: none)")
     ap.add_argument("--only", default=None, help="comma-separated config names besides plain")
     ap.add_argument("--no-ours", action="store_true", help="skip our decoder's chain acceptance")

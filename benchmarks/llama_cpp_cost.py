@@ -3,9 +3,9 @@ one thread, the target at one precision, timed evaluating n new tokens after a c
 
 ``python -m benchmarks.llama_cpp_cost [--precision bf16] [--rows 1,2,3,4,5,8,16] [--prefix 256] [--repeat 7]
 [--target GGUF] [--cpu CORE] [--out DIR]``: converts the packaged SmolLM2 (llama.cpp's converter, as
-:mod:`benchmarks.llama_cpp_check`) unless ``--target`` names a GGUF, starts a plain server with prompt caching, sends a fixed prefix once,
-then for each n asks for the prefix plus n fresh tokens (1 token predicted): the server evaluates only the n
-new rows against the cached prefix, which is what verifying a chain of n-1 drafts costs (the server's own
+:mod:`benchmarks.llama_cpp_check`) unless ``--target`` names a GGUF, starts a plain server with prompt
+caching, sends a fixed prefix once, then for each n asks for the prefix plus n fresh tokens (1 token
+predicted): the server evaluates only the n new rows against the cached prefix, which is what verifying a chain of n-1 drafts costs (the server's own
 ``prompt_ms``; verification also computes the logits of every row, prompt evaluation only of the last).
 Prints ms per forward by rows and the ratio to one row, writes ``OUT/cost.json``; with ``--accept`` (the
 accepted rate per draft position, comma-separated) and ``--draft-ms`` (one drafter pass) it also prints the
@@ -51,14 +51,15 @@ def row_costs(port: int, prefix: list[int], rows: list[int], repeat: int, vocab_
             fresh += n
             t = timed_prompt(port, prefix + tail)
             if t["prompt_n"] != n:
-                raise RuntimeError(f"the server evaluated {t['prompt_n']} tokens for {n} new ones: the prefix "
-                                   f"was not reused")
+                raise RuntimeError(f"the server evaluated {t['prompt_n']} tokens for {n} new ones: "
+                                   f"the prefix was not reused")
             times.append(t["prompt_ms"])
         out[n] = {"ms_median": statistics.median(times), "ms_all": times}
     return out
 
 
-def chain_bound(costs: dict[int, dict[str, Any]], accept: list[float], draft_ms: float) -> list[dict[str, Any]]:
+def chain_bound(costs: dict[int, dict[str, Any]], accept: list[float], draft_ms: float
+                ) -> list[dict[str, Any]]:
     """For each k with a measured k+1-row cost: the most a chain of k can gain over plain, given the accepted
     rate at each position (accepted at position i / steps) and one drafter pass of ``draft_ms``."""
     one = costs[1]["ms_median"]
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     one = costs[1]["ms_median"]
     report: dict[str, Any] = {"target": str(target), "precision": args.precision, "prefix": args.prefix,
                               "repeat": args.repeat,
-                              "rows": {n: {**c, "vs_one_row": c["ms_median"] / one} for n, c in costs.items()}}
+                              "rows": {n: {**c, "vs_one_row": c["ms_median"] / one}
+                                       for n, c in costs.items()}}
     print(f"| rows | ms (median of {args.repeat}) | vs one row |\n|---:|---:|---:|")
     for n, c in report["rows"].items():
         print(f"| {n} | {c['ms_median']:.2f} | {c['vs_one_row']:.2f}x |")

@@ -66,8 +66,8 @@ def _best_path(ok: torch.Tensor, dt: VerifyTree, score: torch.Tensor | None = No
 
 
 def first_max(logits: torch.Tensor) -> torch.Tensor:
-    """``logits [..., V]`` -> the index of each row's first maximum ``[...]``: ``argmax``'s answer, ties and NaN
-    included, through ``max``, whose CPU kernel is vectorised (``argmax`` over 14 rows of a 49,152-token
+    """``logits [..., V]`` -> the index of each row's first maximum ``[...]``: ``argmax``'s answer, ties and
+    NaN included, through ``max``, whose CPU kernel is vectorised (``argmax`` over 14 rows of a 49,152-token
     vocabulary in bfloat16: 2.7 ms on one core, ``max`` 0.6 ms)."""
     return logits.max(dim=-1).indices
 
@@ -245,4 +245,5 @@ class Scorer:
                               generator=self.generator)
 
 
-__all__ = ["Progress", "Rule", "Scorer", "first_max", "greedy_accept", "rows_at", "sample_accept", "typical_accept"]
+__all__ = ["Progress", "Rule", "Scorer", "first_max", "greedy_accept", "rows_at", "sample_accept",
+           "typical_accept"]

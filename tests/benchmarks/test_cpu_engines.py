@@ -1,7 +1,6 @@
 """benchmarks.cpu_engines without running either engine: rows from medusa bench's report and from
 llama_cpp_check's rows, and the table ranked by tokens/s against HF generate and llama.cpp plain."""
 
-import pytest
 
 from benchmarks.cpu_engines import llama_rows, markdown, our_rows
 

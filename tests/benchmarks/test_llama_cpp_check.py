@@ -6,8 +6,15 @@ import json
 
 import pytest
 
-from benchmarks.llama_cpp_check import (agreement, calibrated_depth, main, markdown, p_min_list, server_configs,
-                                        summarise)
+from benchmarks.llama_cpp_check import (
+    agreement,
+    calibrated_depth,
+    main,
+    markdown,
+    p_min_list,
+    server_configs,
+    summarise,
+)
 
 
 def _run(tokens, seconds, tps, drafted=0, accepted=0):
