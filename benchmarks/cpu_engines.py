@@ -3,10 +3,10 @@
 ``taskset -c CORE python -m benchmarks.cpu_engines [--heads DIR] [--per-category 1] [--max-tokens 128]
 [--llama-configs "ngram-mod,ngram-simple,eagle3 k=2 p=0.5"] [--cpu CORE] [--out DIR]``: the first
 ``--per-category`` Spec-Bench public prompts of each category, chat template, greedy, EOS ignored (every
-method writes ``--max-tokens`` tokens), bf16 weights, one thread. First ``medusa bench`` in this process
-(HF ``generate``, our plain decode, the drafter alone, with the lookup chain, the lookup chain alone,
-HF prompt lookup), then llama.cpp's pinned ``llama-server`` (:mod:`benchmarks.llama_cpp_check`; plain and
-the configs named) on the bf16 GGUF of the same base, one request at a time, pinned to ``--cpu`` (give the core this
+method writes ``--max-tokens`` tokens), bf16 weights, one thread. First ``medusa bench`` in this process (HF
+``generate``, our plain decode, the drafter alone, with the lookup chain, the lookup chain alone, HF prompt
+lookup), then llama.cpp's pinned ``llama-server`` (:mod:`benchmarks.llama_cpp_check`; plain and the configs
+named) on the bf16 GGUF of the same base, one request at a time, pinned to ``--cpu`` (give the core this
 process runs on). Tokens/s is end to end for both (new tokens over prefill and decode time: our bench times
 the whole call; llama.cpp's decode-only figure is printed beside it). Writes ``OUT/ours.json``,
 ``OUT/llama_cpp/bf16/rows.json``, ``OUT/table.md``.

@@ -5,12 +5,12 @@ one thread, the target at one precision, timed evaluating n new tokens after a c
 [--target GGUF] [--cpu CORE] [--out DIR]``: converts the packaged SmolLM2 (llama.cpp's converter, as
 :mod:`benchmarks.llama_cpp_check`) unless ``--target`` names a GGUF, starts a plain server with prompt
 caching, sends a fixed prefix once, then for each n asks for the prefix plus n fresh tokens (1 token
-predicted): the server evaluates only the n new rows against the cached prefix, which is what verifying a chain of n-1 drafts costs (the server's own
-``prompt_ms``; verification also computes the logits of every row, prompt evaluation only of the last).
-Prints ms per forward by rows and the ratio to one row, writes ``OUT/cost.json``; with ``--accept`` (the
-accepted rate per draft position, comma-separated) and ``--draft-ms`` (one drafter pass) it also prints the
-speed a chain of k can reach at most against plain: (1 + accepted) / (cost(k+1) + k drafter passes) *
-cost(1).
+predicted): the server evaluates only the n new rows against the cached prefix, which is what verifying a
+chain of n-1 drafts costs (the server's own ``prompt_ms``; verification also computes the logits of every row,
+prompt evaluation only of the last). Prints ms per forward by rows and the ratio to one row, writes
+``OUT/cost.json``; with ``--accept`` (the accepted rate per draft position, comma-separated) and
+``--draft-ms`` (one drafter pass) it also prints the speed a chain of k can reach at most against plain: (1 +
+accepted) / (cost(k+1) + k drafter passes) * cost(1).
 """
 
 from __future__ import annotations
