@@ -78,6 +78,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", default=None, help="the core llama-server is pinned to (this process's)")
     ap.add_argument("--out", type=Path, default=Path("out/cpu_engines"))
     args = ap.parse_args(argv)
+    from medusa.errors import MedusaError
+
+    wanted = [c.strip() for c in args.llama_configs.split(",") if c.strip()]
+    try:
+        p_mins = sorted({float(c.split("p=")[1]) for c in wanted if "p=" in c} | {0.0})
+        ks = sorted({int(c.split("k=")[1].split()[0]) for c in wanted if "k=" in c})
+    except (ValueError, IndexError):
+        raise MedusaError(f"--llama-configs {args.llama_configs!r}: names such as 'plain', 'ngram-mod', "
+                          "'eagle3 k=2', 'eagle3 k=2 p=0.5'") from None
+    known = {c.name for c in server_configs(Path("draft.gguf"), ks, p_mins)}
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        raise MedusaError(f"--llama-configs: unknown {', '.join(map(repr, unknown))} (known: "
+                          f"{', '.join(sorted(known))})")
     from medusa.cli import main as medusa_main
     from medusa.export import export_checkpoint
 
@@ -95,16 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         return code
     summary = export_checkpoint(args.heads, args.out / "export", "gguf", overwrite=True)
     draft, base = Path(summary["out"]) / "draft.gguf", summary["backbone"]
-    wanted = [c.strip() for c in args.llama_configs.split(",") if c.strip()]
-    p_mins = sorted({float(c.split("p=")[1]) for c in wanted if "p=" in c} | {0.0})
-    ks = sorted({int(c.split("k=")[1].split()[0]) for c in wanted if "k=" in c})
-    known = {c.name for c in server_configs(draft, ks, p_mins)}
-    unknown = [c for c in wanted if c not in known]
-    if unknown:
-        from medusa.errors import MedusaError
-
-        raise MedusaError(f"--llama-configs: unknown {', '.join(map(repr, unknown))} (known: "
-                          f"{', '.join(sorted(known))})")
     ids = chat_ids(base, [p["prompt"] for p in prompts])
     work = args.out / "llama_cpp" / "bf16"
     work.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """benchmarks.cpu_engines without running either engine: rows from medusa bench's report and from
 llama_cpp_check's rows, and the table ranked by tokens/s against HF generate and llama.cpp plain."""
 
+import pytest
 
-from benchmarks.cpu_engines import llama_rows, markdown, our_rows
+from benchmarks.cpu_engines import llama_rows, main, markdown, our_rows
 
 REPORT = {"baseline_tokens_per_s": 10.0, "medusa_tokens_per_s": 25.0,
           "own_plain": {"tokens_per_s": 20.0}, "hybrid": {"tokens_per_s": 35.0},
@@ -33,3 +34,12 @@ def test_table_ranks_by_tokens_per_s_against_hf_and_llama_plain():
 
 def test_table_without_llama_rows_says_so():
     assert "| medusa | our plain decode | 20.0 | 2.00x | - | - |" in markdown(our_rows(REPORT))
+
+
+@pytest.mark.parametrize("configs", ["eagle3 k=x", "eagle3 k=2 p=", "eagle3 k=9 p=0.5 extra", "ngram-huge"])
+def test_bad_llama_configs_refused_before_anything_runs(tmp_path, configs):
+    from medusa.errors import MedusaError
+
+    with pytest.raises(MedusaError, match="--llama-configs"):
+        main(["--llama-configs", configs, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
