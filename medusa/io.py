@@ -43,6 +43,12 @@ OVERWRITE_HINT = "pass --overwrite to replace the files this command wrote there
 
 
 # ------------------------------------------------------------------------------------------ modes
+def cache_root() -> Path:
+    """Where medusa keeps what it builds once per machine: ``$MEDUSA_CACHE``, else ``~/.cache/medusa``
+    (converted models under ``models/``, the native library under ``kernels/``)."""
+    return Path(os.environ.get("MEDUSA_CACHE", Path.home() / ".cache" / "medusa"))
+
+
 def give_umask_mode(path: str | Path) -> None:
     """``path`` (a file, or a directory and everything in it) gets the mode a plain create would give:
     0666 / 0777 less the umask."""

@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("modeling",),
     ("decoding",),
     ("tree", "data"),
-    ("config", "errors", "io", "manifest"),
+    ("config", "errors", "io", "manifest", "native"),
 )
 IMPORTABLE_BY_ALL = {"errors", "io", "manifest"}
 # The repository's top level (git-tracked names). benchmarks/ holds the benchmark pipelines: it imports

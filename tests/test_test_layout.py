@@ -34,6 +34,7 @@ NO_TEST_MODULE: dict[str, str] = {
     "medusa/decoding/__init__.py": "re-exports medusa_generate and the acceptance rules",
     "medusa/eval/__init__.py": "a docstring only",
     "medusa/demo/__init__.py": "a docstring only",
+    "medusa/native/__init__.py": "a docstring only",
     "benchmarks/__init__.py": "a docstring only",
     "benchmarks/speculators_worker.py": "runs inside the speculators venv (its imports are not ours): "
                                         "tests/benchmarks/test_speculators_check.py runs it end to end",

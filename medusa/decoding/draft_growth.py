@@ -27,19 +27,22 @@ from typing import Any
 import torch
 
 from medusa.decoding.trees import RowTrees, TreeNodes, tree_structure
+from medusa.native import pick
 
 FLOOR = -1e300  # keys start above -inf, so every clamp below a parent stays strict
 
-# (draft logits [B, E, N], parents' scores [B, E]) -> scores, draft ids [B, E * c], q_r [B, E * c, N] | None
+# (draft logits [B, E, N] in the drafter's dtype, parents' scores [B, E] float32)
+#   -> scores [B, E * c] float32, draft ids [B, E * c], q_r [B, E * c, N] | None
 ChildrenOf = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
 def top_children(branch: int) -> ChildrenOf:
-    """Each node's top-``branch`` children by draft log-probability (deterministic drafts: no ``q_r``)."""
+    """Each node's top-``branch`` children by draft log-probability (deterministic drafts: no ``q_r``;
+    bfloat16 logits through the native library, :func:`medusa.native.pick.top_log_softmax`)."""
 
     def children(logits: torch.Tensor, base_score: torch.Tensor):
-        top = torch.log_softmax(logits, dim=-1).topk(branch, dim=-1)
-        return (base_score.unsqueeze(-1) + top.values).flatten(1), top.indices.flatten(1), None
+        values, indices = pick.top_log_softmax(logits, branch)  # [B, E, c] each
+        return (base_score.unsqueeze(-1) + values).flatten(1), indices.flatten(1), None
 
     return children
 
@@ -59,7 +62,7 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
     b, c = root.shape[0], shape.branch
     device = root.device
     s0 = context.cache.get_seq_length()
-    root_logits = drafter.logits(context.g_root.unsqueeze(1)).float()  # [B, 1, N]
+    root_logits = drafter.logits(context.g_root.unsqueeze(1))  # [B, 1, N]
     score, token, q = children(root_logits, torch.zeros(b, 1, device=device))
     pool_score, pool_token, pool_q = [score], [token], [q]  # each [B, c_l] (q: [B, c_l, N])
     pool_parent = [torch.full((b, c), -1, dtype=torch.long, device=device)]  # pool index, -1 = root
@@ -75,7 +78,7 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
                                drafter.to_target(pool_token[-1].gather(1, sel)),
                                (context.pos + depth - 1).view(b, 1).expand(b, e),
                                float_mask(allowed, drafter.dtype), context.cache)  # [B, e, d]
-        score, token, q = children(drafter.logits(g).float(), pool_score[-1].gather(1, sel))
+        score, token, q = children(drafter.logits(g), pool_score[-1].gather(1, sel))
         pool_parent.append((level_start + sel).repeat_interleave(c, dim=1))  # [B, e * c]
         entries = anc.shape[1] - e + torch.arange(e, device=device)  # [e] the new draft entries
         entry_of_parent = entries.repeat_interleave(c).expand(b, -1)

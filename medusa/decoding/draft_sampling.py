@@ -32,7 +32,7 @@ def sampled_children(branch: int, sampling: DraftSampling) -> ChildrenOf:
     """Each node's ``branch`` children sampled without replacement, with each child's ``q_r``."""
 
     def children(logits: torch.Tensor, base_score: torch.Tensor):
-        logq = torch.log_softmax(logits / sampling.temperature, dim=-1)  # [B, E, N]
+        logq = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)  # [B, E, N]
         u = torch.rand(logq.shape, generator=sampling.generator, device=logq.device)
         gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
         picked = (logq + gumbel).topk(branch, dim=-1).indices  # [B, E, c] a sample without replacement

@@ -81,6 +81,16 @@ class GrowingLayer(CacheLayerMixin):
         cols = -(-(start + n) // self.pad) * self.pad
         return self._key_buffer[:, :, :cols], self._value_buffer[:, :, :cols]
 
+    def append_slots(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Room for ``n`` new entries that the caller writes straight into the buffers (a native op, instead
+        of :meth:`update`); they count as held from now on. Returns the key and value buffers ``[B, H,
+        capacity, hd]``, the first new column and the columns :meth:`update` would return (padded)."""
+        self._room(n + self.pad - 1)
+        end = self.keys.shape[2] + n
+        kb, vb = self._key_buffer, self._value_buffer
+        self.keys, self.values = kb[:, :, :end], vb[:, :, :end]
+        return kb, vb, end - n, -(-end // self.pad) * self.pad
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
 

@@ -9,41 +9,22 @@ result does not depend on which rows share the call (AMX multiplies each row of 
 output is the same chain of tile products): a tree's root, and a chain laid out in depth order, compute
 exactly what one-token steps would.
 
-It is C, built once per machine with the system's C compiler (``$CC``, else ``cc``) into
-``$MEDUSA_CACHE/kernels`` (``~/.cache/medusa/kernels``; the file is named by a hash of source, flags and
-compiler, written to a temporary name and renamed, so concurrent builders are safe) and called through
-``ctypes``. Used where the CPU has AMX-BF16 (Linux ``/proc/cpuinfo``), the compiler builds it and the kernel
-grants the tile state; :func:`unavailable_reason` says why not otherwise, and callers keep oneDNN's path.
-``MEDUSA_AMX_KERNEL=0`` turns it off (to compare).
+It is C in the library :mod:`medusa.native.library` builds once per machine and loads (its ``available``,
+``library``, ``unavailable_reason``, ``kernel_dir`` and ``ENV`` are re-exported here); where it is not
+available, callers keep oneDNN's path. ``MEDUSA_AMX_KERNEL=0`` turns it off (to compare).
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from medusa.modeling.packaged_models import default_cache
+from medusa.native.library import ENV, available, kernel_dir, library, unavailable_reason  # noqa: F401
 
-# the matmul, and the decoder layer's small ops between matmuls (:mod:`medusa.modeling.native_body`)
-SOURCES = tuple(Path(__file__).with_name("kernels") / name
-                for name in ("amx_bf16_rows.c", "bf16_decoder_ops.c"))
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
-         "-shared", "-fPIC")
 MAX_ROWS = 32  # rows per call through the kernel (two A tiles); more rows: the caller's stock product
 K_MULTIPLE = 32  # the input width must be a whole number of A-tile columns (32 bfloat16)
-ENV = "MEDUSA_AMX_KERNEL"
-_C_LONG, _PTR = ctypes.c_long, ctypes.c_void_p
 
 
 @dataclass(frozen=True)
@@ -63,108 +44,6 @@ class PackedBf16:
     max_elements: int  # k * MAX_ROWS: the input sizes the kernel takes in one call
 
 
-def kernel_dir() -> Path:
-    """``$MEDUSA_CACHE/kernels`` (``~/.cache/medusa/kernels``), beside the converted models."""
-    return default_cache().parent / "kernels"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        return set()
-    return set()
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "cc"))
-
-
-def _build(cc: str) -> Path:
-    """Compile the kernel (once per source, flags and compiler) and return the shared library's path."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    texts = [source.read_text() for source in SOURCES]
-    digest = hashlib.sha256("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
-    target = kernel_dir() / f"amx_bf16_rows-{digest}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".amx_bf16_rows-", suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
-                              timeout=300)
-        if done.returncode != 0:
-            last = done.stderr.strip().splitlines()[-1:]
-            raise OSError(f"{cc} failed on {', '.join(s.name for s in SOURCES)}: {last}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
-
-
-@functools.lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL | None, str]:
-    """The loaded kernel, or None and why not (asked once per process)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"{ENV}=0"
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"not an x86-64 Linux host ({platform.system()} {platform.machine()})"
-    missing = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw"} - _cpu_flags()
-    if missing:
-        return None, f"this CPU lacks {', '.join(sorted(missing))}"
-    cc = _compiler()
-    if cc is None:
-        return None, "no C compiler ($CC or cc) to build the kernel"
-    try:
-        lib = ctypes.CDLL(str(_build(cc)))
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"building the kernel failed: {e}"
-    if lib.medusa_amx_init() != 0:
-        return None, "the OS refused the AMX tile state (arch_prctl)"
-    lib.medusa_bf16_pack.argtypes = [_PTR, _C_LONG, _C_LONG, _C_LONG, _PTR, _C_LONG, _C_LONG]
-    lib.medusa_bf16_pack.restype = None
-    lib.medusa_bf16_rows_amx.argtypes = [_PTR, _C_LONG, _C_LONG, _PTR, _C_LONG, _C_LONG, _PTR, _PTR, _C_LONG,
-                                         _C_LONG]
-    lib.medusa_bf16_rows_amx.restype = None
-    _declare_decoder_ops(lib)
-    return lib, ""
-
-
-def _declare_decoder_ops(lib: ctypes.CDLL) -> None:
-    """The argument types of ``kernels/bf16_decoder_ops.c``'s entry points (pointers, longs, floats)."""
-    f, n, p = ctypes.c_float, _C_LONG, _PTR
-    signatures = {
-        "medusa_rms_norm": [p, n, n, p, f, p],
-        "medusa_add_rms_norm": [p, p, n, n, p, f, p, p],
-        "medusa_rope": [p, n, n, n, n, p, p, n],
-        "medusa_attention": [p, n, n, n, n, n, n, p, p, n, n, n, n, p, n, n, f, p, n, p],
-        "medusa_silu_mul": [p, n, n, n, p, n],
-    }
-    for name, args in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
-
-
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library (the matmul and the decoder ops), None where :func:`available` is False."""
-    return _library()[0]
-
-
-def available() -> bool:
-    """Whether the kernel is built, loaded and allowed on this machine."""
-    return _library()[0] is not None
-
-
-def unavailable_reason() -> str:
-    """Why :func:`available` is False ("" when it is True)."""
-    return _library()[1]
-
-
 def fits(weight: torch.Tensor) -> bool:
     """Whether ``weight`` (``[n, k]``) can go through the kernel: bfloat16 on the CPU, ``k`` a multiple of
     :data:`K_MULTIPLE`, and the kernel available."""
@@ -174,7 +53,7 @@ def fits(weight: torch.Tensor) -> bool:
 
 def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedBf16:
     """Pack a ``[n, k]`` bfloat16 weight (see :func:`fits`) and its bias for :func:`rows_matmul`."""
-    lib = _library()[0]
+    lib = library()
     if lib is None or not fits(weight):
         raise ValueError(f"weight {tuple(weight.shape)} {weight.dtype} does not fit the AMX kernel "
                          f"({unavailable_reason() or f'k must be a multiple of {K_MULTIPLE}'})")

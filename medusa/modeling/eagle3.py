@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from medusa.decoding.growing_cache import GrowingLayer
-from medusa.modeling import head_methods, native_draft
+from medusa.modeling import head_methods, native_draft, rotary_table
 from medusa.modeling.base import decoder_of, text_config, unwrap
 from medusa.modeling.draft_vocab import DraftVocab
 from medusa.modeling.heads import BaseRef
@@ -82,6 +82,16 @@ class DraftKV:
             self.key = torch.cat([self.key, key], dim=2)
             self.value = torch.cat([self.value, value], dim=2)
         return self.key, self.value
+
+    def append_slots(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+        """Room for ``n`` entries a native pass writes straight into the in-place buffers (decoding, after
+        the first entries): :meth:`GrowingLayer.append_slots`'s answer; None where entries are concatenated
+        (training) or none are held yet (then :meth:`update`)."""
+        if self._buffer is None or self.key is None or self.key.dtype != torch.bfloat16:
+            return None
+        slots = self._buffer.append_slots(n)
+        self.key, self.value = self._buffer.keys, self._buffer.values
+        return slots
 
     def truncate(self, length: int) -> None:
         """Drop every entry past ``length`` (a step's draft nodes)."""
@@ -209,7 +219,7 @@ class Eagle3Heads(nn.Module):
         bf16 = embeds.dtype == torch.bfloat16  # (float32 never runs natively: the C ops are bfloat16)
         native = native_draft.native_layer_for(self, layer, embeds, mask) if bf16 else None
         if native is not None:  # bfloat16 on AMX, a few rows: the C ops (medusa.modeling.native_draft)
-            cos_sin = self._rotary.module(embeds, positions)
+            cos_sin = rotary_table.cos_sin(self._rotary.module, embeds, positions)
             return native_draft.forward(native, embeds, hidden, cos_sin, mask, cache, at)
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
         cos_sin = self._rotary.module(x, positions)
@@ -222,7 +232,7 @@ class Eagle3Heads(nn.Module):
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """``g [..., d]`` -> draft logits ``[..., N]`` over the draft vocabulary."""
-        return self.lm_head(self.norm(g))
+        return self.lm_head(native_draft.final_norm(self.norm, g))
 
     # ------------------------------------------------------------------ the decoder's passes
     def context_pass(self, features: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,

@@ -27,12 +27,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from medusa.decoding.growing_cache import GrowingLayer
 from medusa.decoding.hf import AttentionCache
-from medusa.modeling import amx_kernel
+from medusa.modeling import amx_kernel, rotary_table
 
 ENV = "MEDUSA_NATIVE_BODY"
 MODEL_TYPES = ("llama", "qwen2")  # RMSNorm (weight * x), rotary q / k, SiLU-gated MLP, full attention
 MAX_ROWS = amx_kernel.MAX_ROWS  # tokens (batch x tree nodes) one native forward takes
+PLAN_FIELDS = 22  # per layer: (data, np, k, bias, n) of q/k/v, o, gate/up, down; input and post norms
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class NativeBody:
     hd: int
     inter: int
     lib: Any  # the kernel library (ctypes)
+    plan: torch.Tensor  # [L, PLAN_FIELDS] int64: each layer's weights as the one-call body reads them
     sources: tuple[torch.Tensor, ...]  # every weight packed here, in order
     versions: tuple[tuple[int, int], ...]  # (data_ptr, _version) of each source when packed
 
@@ -139,8 +142,22 @@ def build(body: nn.Module, config: Any) -> NativeBody:
         layers=tuple(layers), embed=body.embed_tokens, rotary=body.rotary_emb,
         final_norm=body.norm.weight.detach(), eps=float(body.norm.variance_epsilon),
         hq=config.num_attention_heads, hkv=config.num_key_value_heads, hd=attn.head_dim,
-        inter=config.intermediate_size, lib=amx_kernel.library(), sources=tuple(sources),
-        versions=versions_of(tuple(sources)))
+        inter=config.intermediate_size, lib=amx_kernel.library(), plan=_plan(layers),
+        sources=tuple(sources), versions=versions_of(tuple(sources)))
+
+
+def _plan(layers: list[NativeLayer]) -> torch.Tensor:
+    """``[L, PLAN_FIELDS]`` int64: each layer's packed matrices and norm weights as addresses and sizes
+    (``kernels/bf16_layers.c``; the tensors stay alive in ``layers``)."""
+    rows = [[v for m in (layer.qkv, layer.o, layer.gate_up, layer.down) for v in plan_row(m)]
+            + [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()] for layer in layers]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def plan_row(m: amx_kernel.PackedBf16) -> list[int]:
+    """A packed matrix as the one-call passes read it: data address, padded outputs, inputs, bias address
+    (0: none), outputs."""
+    return [m.data_ptr, m.np, m.k, m.bias_ptr or 0, m.n]
 
 
 def applies(input_ids: Any, mask: Any, cache: Any) -> bool:
@@ -179,11 +196,14 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
     ``hidden_states``, the model's ``hidden_states`` tuple (embeddings, each layer's input, the last)."""
     lib, b, t = native.lib, input_ids.shape[0], input_ids.shape[1]
     h = native.embed(input_ids)  # [B, T, d]
-    cos, sin = native.rotary(h, position_ids.expand(b, t))  # [B, T, hd] each
-    cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = (rotary_table.row_major(c)
+                for c in rotary_table.cos_sin(native.rotary, h, position_ids.expand(b, t)))  # [B, T, hd]
     x = rms_norm(lib, h, native.layers[0].input_norm, native.eps)
-    collected = [h] if hidden_states else None
     scratch = attention_scratch(mask, native.hd)
+    slots = _append_slots(cache, len(native.layers), t)
+    if slots is not None:  # the decoder's growing cache: every layer in one C call
+        return _one_call(native, h, x, cos, sin, mask, slots, scratch, hidden_states)
+    collected = [h] if hidden_states else None
     for i, layer in enumerate(native.layers):
         attn = attend(lib, x, layer.qkv, cos, sin, mask, cache, i, scratch, native.hq, native.hkv,
                       native.hd)  # [B, T, Hq hd]
@@ -194,6 +214,48 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
         if collected is not None:
             collected.append(x if last else h)
     return x, None if collected is None else tuple(collected)
+
+
+def _append_slots(cache: Any, layers: int, t: int) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+    """Room for ``t`` new entries in every layer of a cache of :class:`GrowingLayer`s (:func:`_growing_layer`)
+    holding the same columns: ``(kv [2L] int64 buffer addresses, a key buffer (its strides hold for all),
+    start column, columns held)``; None (nothing reserved) for any other cache."""
+    grown = [_growing_layer(cache, i) for i in range(layers)]
+    if any(layer is None for layer in grown) or len(getattr(cache, "layers", ())) != layers:
+        return None
+    length, stride = grown[0].keys.shape[2], grown[0].keys.stride()
+    if any(layer.keys.shape[2] != length or layer.keys.stride() != stride for layer in grown):
+        return None
+    slots = [layer.append_slots(t) for layer in grown]
+    if any(k.stride() != slots[0][0].stride() for k, _, _, _ in slots):  # a buffer grew unlike the others
+        for layer in grown:
+            layer.crop(-t)
+        return None
+    kv = torch.tensor([p for k, v, _, _ in slots for p in (k.data_ptr(), v.data_ptr())], dtype=torch.int64)
+    return kv, slots[0][0], slots[0][2], slots[0][3]
+
+
+def _one_call(native: NativeBody, h: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              mask: torch.Tensor, slots: tuple, scratch: torch.Tensor, hidden_states: bool
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """:func:`forward`'s layers as one ``medusa_body_forward`` call (``kernels/bf16_layers.c``): the same ops
+    in the same order, so the same bits, without the Python between them."""
+    kv, keys, start, held = slots
+    b, t, d = h.shape
+    rows, hq, hkv, hd, inter = b * t, native.hq, native.hkv, native.hd, native.inter
+    work = torch.empty(rows * ((hq + 2 * hkv) * hd + hq * hd + 2 * d + 3 * inter), dtype=torch.bfloat16)
+    h = h.contiguous()  # the residual stream (the embedding's fresh output), updated in place
+    states = None
+    if hidden_states:
+        states = torch.empty(len(native.layers) + 1, b, t, d, dtype=torch.bfloat16)  # [L + 1, B, T, d]
+        states[0] = h
+    native.lib.medusa_body_forward(
+        native.plan.data_ptr(), len(native.layers), b, t, d, hq, hkv, hd, inter, native.eps, h.data_ptr(),
+        x.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.stride(-2), mask.data_ptr(), mask.stride(0),
+        mask.stride(2), min(held, mask.shape[-1]), kv.data_ptr(), keys.stride(0), keys.stride(1),
+        keys.stride(2), start, hd ** -0.5, work.data_ptr(), scratch.data_ptr(),
+        None if states is None else states.data_ptr(), native.final_norm.data_ptr())
+    return x, None if states is None else tuple(states.unbind(0))
 
 
 def attention_scratch(mask: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -207,20 +269,42 @@ def attend(lib: Any, x: torch.Tensor, qkv_weight: amx_kernel.PackedBf16, cos: to
     """A layer's attention before o_proj: ``x [B, T, k]`` (normed) -> q / k / v in one product, rotary
     embedding (``cos``, ``sin`` ``[B, T, hd]``) on q and k in place, k / v appended to ``cache``'s layer
     ``layer_idx`` (its ``update`` gives back every column), attention under ``mask [B, 1, T, S]`` ->
-    ``[B, T, hq hd]``."""
+    ``[B, T, hq hd]``. ``cos`` / ``sin``: unit stride along ``hd``, rows ``stride(-2)`` apart
+    (:func:`rotary_table.row_major`)."""
     b, t = x.shape[0], x.shape[1]
     qd, kd = hq * hd, hkv * hd
     qkv = amx_kernel.rows_matmul(x, qkv_weight)  # [B, T, qd + 2 kd]
-    lib.medusa_rope(qkv.data_ptr(), b * t, qkv.shape[-1], hq + hkv, hd, cos.data_ptr(), sin.data_ptr(), hd)
-    k = qkv[..., qd:qd + kd].view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
-    v = qkv[..., qd + kd:].view(b, t, hkv, hd).transpose(1, 2)
-    keys, values = cache.update(k, v, layer_idx)  # [B, Hkv, S', hd]
-    cols = min(keys.shape[2], mask.shape[-1])
+    lib.medusa_rope(qkv.data_ptr(), b * t, qkv.shape[-1], hq + hkv, hd, cos.data_ptr(), sin.data_ptr(),
+                    cos.stride(-2))
+    layer = _growing_layer(cache, layer_idx)
+    if layer is not None:  # the decoder's cache: k / v written into its buffers in C (no update plumbing)
+        keys, values, start, held = layer.append_slots(t)  # [B, Hkv, capacity, hd] buffers
+        lib.medusa_kv_append(qkv.data_ptr(), qkv.shape[-1], b, t, hkv, hd, qd, keys.data_ptr(),
+                             values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), start)
+    else:
+        k = qkv[..., qd:qd + kd].view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
+        v = qkv[..., qd + kd:].view(b, t, hkv, hd).transpose(1, 2)
+        keys, values = cache.update(k, v, layer_idx)  # [B, Hkv, S', hd]
+        held = keys.shape[2]
+    cols = min(held, mask.shape[-1])
     out = torch.empty(b, t, qd, dtype=torch.bfloat16)
     lib.medusa_attention(qkv.data_ptr(), qkv.shape[-1], b, t, hq, hkv, hd, keys.data_ptr(), values.data_ptr(),
                          keys.stride(0), keys.stride(1), keys.stride(2), cols, mask.data_ptr(),
                          mask.stride(0), mask.stride(2), hd ** -0.5, out.data_ptr(), qd, scratch.data_ptr())
     return out
+
+
+def _growing_layer(cache: Any, layer_idx: int) -> GrowingLayer | None:
+    """The cache's layer ``layer_idx`` where k / v can be written into its buffers directly: a
+    :class:`GrowingLayer` already holding entries, keys and values laid out alike (else None: ``update``)."""
+    layers = getattr(cache, "layers", None)
+    layer = layers[layer_idx] if isinstance(layers, list) and layer_idx < len(layers) else None
+    if type(layer) is not GrowingLayer or not layer.is_initialized or layer.keys is None:
+        return None
+    keys, values = layer.keys, layer.values
+    if keys.dtype != torch.bfloat16 or keys.stride() != values.stride() or keys.stride(3) != 1:
+        return None
+    return layer
 
 
 def mlp(lib: Any, x: torch.Tensor, gate_up: amx_kernel.PackedBf16, down: amx_kernel.PackedBf16,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.errors import CheckpointError, MedusaError, first_line
-from medusa.io import atomic_directory, build_lock
+from medusa.io import atomic_directory, build_lock, cache_root
 
 MARKER = "medusa_source.json"
 
@@ -89,7 +88,7 @@ DEFAULT = SMOLLM2.name
 
 
 def default_cache() -> Path:
-    return Path(os.environ.get("MEDUSA_CACHE", Path.home() / ".cache" / "medusa")) / "models"
+    return cache_root() / "models"
 
 
 def packaged(name: str) -> PackagedModel:

@@ -98,6 +98,31 @@ def test_every_node_of_a_tree_gets_what_one_token_forwards_give_it(past, seed):
             assert torch.equal(tree[0, node], last[0, 0]), (node, path)
 
 
+@pytest.mark.parametrize("arch,extra", [("llama", {}), ("qwen2", {}), ("llama", {"attention_bias": True})])
+def test_the_one_call_body_computes_the_layer_by_layer_bits(arch, extra):
+    """A cache of growing layers takes every layer in one C call (kernels/bf16_layers.c); any other cache
+    (transformers' own here) the layer-by-layer path: the same outputs, hidden states and cache entries."""
+    from transformers import DynamicCache
+
+    model = _bf16(_model(arch, **extra))
+    native = _native(model)
+    prompt = torch.randint(3, 96, (1, 41), generator=torch.Generator().manual_seed(8))
+    nodes = torch.tensor([[5, 17, 22, 40, 9, 3, 60, 61]])
+    mask, positions = tree_mask(41, [-1, 0, 0, 1, 2, 3, 5, 6])
+    with torch.no_grad():
+        grown = _cache(model, prompt)
+        stock = DynamicCache(config=model.config)
+        model(input_ids=prompt, past_key_values=stock, use_cache=True)
+        assert native_body._append_slots(stock, len(native.layers), 1) is None  # the stepwise path
+        one, one_states = native_body.forward(native, nodes, mask, positions, grown, hidden_states=True)
+        each, each_states = native_body.forward(native, nodes, mask, positions, stock, hidden_states=True)
+    assert torch.equal(one, each)
+    assert all(torch.equal(a, b) for a, b in zip(one_states, each_states, strict=True))
+    for a, b in zip(grown.layers, stock.layers, strict=True):
+        assert a.keys.shape == b.keys.shape
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_decoding_with_drafts_equals_plain_decoding_through_it():
     medusa = MedusaModel.from_base(_bf16(_model()), num_heads=3)
     ids = torch.randint(3, 96, (1, 20), generator=torch.Generator().manual_seed(5))

@@ -73,6 +73,26 @@ def test_as_close_to_float32_as_the_layers_own_bf16_code(monkeypatch):
     assert at.shape == (1, 128) and torch.equal(at, ours[1][:, 3])  # the MLP at one entry: that entry's
 
 
+@pytest.mark.parametrize("at", [None, torch.tensor([3])])
+def test_the_one_call_pass_computes_the_stepwise_bits(monkeypatch, at):
+    """Decoding's cache (in-place buffers holding entries) takes the pass in one C call
+    (kernels/bf16_layers.c); without it the ops run one by one: the same outputs and cache entries."""
+    bf16 = _drafter(torch.bfloat16)
+    calls = []
+    one_call = native_draft._one_call
+    monkeypatch.setattr(native_draft, "_one_call", lambda *a: calls.append(1) or one_call(*a))
+    with torch.no_grad():
+        fused_cache, stepwise_cache = DraftKV(), DraftKV()
+        fused = _pass(bf16, fused_cache, at=at)
+        assert calls == [1]  # the context pass fills the cache, the level goes in one call
+        monkeypatch.setattr(DraftKV, "append_slots", lambda self, n: None)
+        stepwise = _pass(bf16, stepwise_cache, at=at)
+    assert calls == [1]
+    assert all(torch.equal(a, b) for a, b in zip(fused, stepwise, strict=True))
+    assert torch.equal(fused_cache.key, stepwise_cache.key) and torch.equal(fused_cache.value,
+                                                                               stepwise_cache.value)
+
+
 def test_taken_only_for_inference_in_bf16_on_a_few_rows():
     bf16, f32 = _drafter(torch.bfloat16), _drafter(torch.float32)
     mask = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)

@@ -15,10 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline __m512 load16(const uint16_t *p) { /* 16 bfloat16 -> float32 */
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
+#include "bf16_simd.h"
 
 static inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); } /* round to nearest even */
 
@@ -30,23 +27,6 @@ static inline void store16(uint16_t *p, __m512 x) { _mm256_storeu_si256((__m256i
 
 static inline __m512 negate(__m512 x) {
     return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000)));
-}
-
-/* e^x in float32 (Cephes' polynomial, ~1 ulp), x clamped to [-87.3, 88.7]. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, n);
 }
 
 /* out = w * bf16(h * rsqrt(mean(h^2) + eps)) for one row of d values. */
@@ -289,4 +269,26 @@ void medusa_silu_mul(const uint16_t *gu, long rows, long inter, long ldg, uint16
             store16(o + i, _mm512_mul_ps(round16(act), load16(u + i)));
         }
     }
+}
+
+/* The keys and values of t new entries per batch row appended to a cache held in buffers kb / vb
+ * [B, hkv, capacity, hd] (strides sb, sh, ss; hd contiguous; both laid out alike) at columns start ..
+ * start + t - 1: from the fused q/k/v rows qkv [B * t, ldq] (after the rotary embedding), k at column qd,
+ * v at qd + hkv * hd. */
+void medusa_kv_append(const uint16_t *qkv, long ldq, long batch, long t, long hkv, long hd, long qd,
+                      uint16_t *kb, uint16_t *vb, long sb, long sh, long ss, long start) {
+    for (long b = 0; b < batch; b++)
+        for (long i = 0; i < t; i++) {
+            const uint16_t *row = qkv + (b * t + i) * ldq + qd;
+            for (long h = 0; h < hkv; h++) {
+                long at = b * sb + h * sh + (start + i) * ss;
+                memcpy(kb + at, row + h * hd, hd * 2);
+                memcpy(vb + at, row + (hkv + h) * hd, hd * 2);
+            }
+        }
+}
+
+/* out = bf16(a + b) over n values (n a multiple of 16), as torch adds two bfloat16 tensors. */
+void medusa_add(const uint16_t *a, const uint16_t *b, long n, uint16_t *out) {
+    for (long i = 0; i < n; i += 16) store16(out + i, _mm512_add_ps(load16(a + i), load16(b + i)));
 }

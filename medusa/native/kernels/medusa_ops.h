@@ -1,0 +1,23 @@
+/* The native library's entry points that other sources of it call (bf16_layers.c drives the others). */
+#ifndef MEDUSA_OPS_H
+#define MEDUSA_OPS_H
+
+#include <stdint.h>
+
+void medusa_bf16_rows_amx(const uint16_t *x, long M, long ldx, const uint16_t *wp, long np, long kp,
+                          const float *bias, uint16_t *y, long n, long ldy);
+void medusa_rms_norm(const uint16_t *x, long rows, long d, const uint16_t *w, float eps, uint16_t *out);
+void medusa_add_rms_norm(const uint16_t *h, const uint16_t *delta, long rows, long d, const uint16_t *w,
+                         float eps, uint16_t *h_out, uint16_t *out);
+void medusa_rope(uint16_t *x, long rows, long ldx, long heads, long hd, const uint16_t *cos,
+                 const uint16_t *sin, long ldc);
+void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, long hkv, long hd,
+                      const uint16_t *kc, const uint16_t *vc, long sb, long sh, long ss, long cols,
+                      const uint16_t *mask, long mb, long mt, float scale, uint16_t *out, long ldo,
+                      float *scratch);
+void medusa_silu_mul(const uint16_t *gu, long rows, long inter, long ldg, uint16_t *out, long ldo);
+void medusa_kv_append(const uint16_t *qkv, long ldq, long batch, long t, long hkv, long hd, long qd,
+                      uint16_t *kb, uint16_t *vb, long sb, long sh, long ss, long start);
+void medusa_add(const uint16_t *a, const uint16_t *b, long n, uint16_t *out);
+
+#endif
