@@ -259,8 +259,9 @@ def _one_call(native: NativeBody, h: torch.Tensor, x: torch.Tensor, cos: torch.T
 
 
 def attention_scratch(mask: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """The float32 scratch :func:`attend` needs under ``mask [B, 1, T, S]``."""
-    return torch.empty(mask.shape[-1] * (head_dim + 16) + 512, dtype=torch.float32)
+    """The float32 scratch :func:`attend` needs under ``mask [B, 1, T, S]``: 16 queries' scores, each row
+    ``S`` rounded up to 16 plus 16 wide (``head_dim``: kept for callers; the values are read as they lie)."""
+    return torch.empty(16 * mask.shape[-1] + 512, dtype=torch.float32)
 
 
 def attend(lib: Any, x: torch.Tensor, qkv_weight: amx_kernel.PackedBf16, cos: torch.Tensor, sin: torch.Tensor,

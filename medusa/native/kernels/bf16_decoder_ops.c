@@ -80,18 +80,19 @@ void medusa_rope(uint16_t *x, long rows, long ldx, long heads, long hd, const ui
     }
 }
 
-/* acc[0 .. hd/16-1] += sum over columns j of p[j] * v_j (values vf: float32 rows of hd), skipping p[j] == 0;
+/* acc[0 .. hd/16-1] += sum over columns j of p[j] * v_j (values vb: bfloat16 rows of hd, ss apart, each
+ * value taken as the float32 it converts to exactly), skipping p[j] == 0;
  * returns the sum of the p[j], added in column order (a sum over lanes would depend on where each column
  * falls in its 16-column block: a tree's node and the same token decoded alone would round it differently).
  * (head_dim 64 goes four queries at a time: weigh4_64.) */
-static float weigh_values(const float *p, const float *vf, long hd, long cols, __m512 *acc) {
+static float weigh_values(const float *p, const uint16_t *vb, long ss, long hd, long cols, __m512 *acc) {
     float total = 0.0f;
     for (long j = 0; j < cols; j++) {
         if (p[j] == 0.0f) continue;
         total += p[j];
         __m512 w = _mm512_set1_ps(p[j]);
         for (long v = 0; v < hd / 16; v++)
-            acc[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vf + j * hd + 16 * v), acc[v]);
+            acc[v] = _mm512_fmadd_ps(w, load16(vb + j * ss + 16 * v), acc[v]);
     }
     return total;
 }
@@ -120,7 +121,7 @@ static void store_scaled(uint16_t *out, const __m512 *acc, long nv, float sum) {
  * query's accumulators and sum take the same adds, in the same order, as weigh_values gives it alone (a
  * zero probability adds nothing); the four independent chains and the shared value loads keep the core
  * busy where one query waits on its FMA latency. */
-static void weigh4_64(const float *p, long stride, long nq, const float *vf, long cols,
+static void weigh4_64(const float *p, long stride, long nq, const uint16_t *vb, long ss, long cols,
                       uint16_t *const *outs) {
     __m512 z = _mm512_setzero_ps();
     __m512 a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
@@ -131,9 +132,8 @@ static void weigh4_64(const float *p, long stride, long nq, const float *vf, lon
     for (long j = 0; j < cols; j++) {
         float q0 = p0[j], q1 = p1 ? p1[j] : 0.0f, q2 = p2 ? p2[j] : 0.0f, q3 = p3 ? p3[j] : 0.0f;
         if (q0 == 0.0f && q1 == 0.0f && q2 == 0.0f && q3 == 0.0f) continue;
-        const float *vj = vf + j * 64;
-        __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16), v2 = _mm512_loadu_ps(vj + 32),
-               v3 = _mm512_loadu_ps(vj + 48);
+        const uint16_t *vj = vb + j * ss;
+        __m512 v0 = load16(vj), v1 = load16(vj + 16), v2 = load16(vj + 32), v3 = load16(vj + 48);
 #define WEIGH(q, t, x0, x1, x2, x3)                                                                       \
     if (q != 0.0f) {                                                                                      \
         __m512 w = _mm512_set1_ps(q);                                                                     \
@@ -152,19 +152,19 @@ static void weigh4_64(const float *p, long stride, long nq, const float *vf, lon
     for (long e = 0; e < nq; e++) store_scaled(outs[e], acc[e], 4, sums[e]);
 }
 
-/* n queries' scores (query i at sc + i * stride; -inf where skipped) -> out[i] = softmax . values (vf). */
-static void softmax_values(float *sc, long stride, long n, const float *vf, long hd, long cols,
+/* n queries' scores (query i at sc + i * stride; -inf where skipped) -> out[i] = softmax . values (vb). */
+static void softmax_values(float *sc, long stride, long n, const uint16_t *vb, long ss, long hd, long cols,
                            uint16_t *const *outs) {
     for (long i = 0; i < n; i++) probabilities(sc + i * stride, cols);
     if (hd == 64) {
         for (long i = 0; i < n; i += 4)
-            weigh4_64(sc + i * stride, stride, n - i < 4 ? n - i : 4, vf, cols, outs + i);
+            weigh4_64(sc + i * stride, stride, n - i < 4 ? n - i : 4, vb, ss, cols, outs + i);
         return;
     }
     for (long i = 0; i < n; i++) {
         __m512 acc[16];
         for (long v = 0; v < 16; v++) acc[v] = _mm512_setzero_ps();
-        store_scaled(outs[i], acc, hd / 16, weigh_values(sc + i * stride, vf, hd, cols, acc));
+        store_scaled(outs[i], acc, hd / 16, weigh_values(sc + i * stride, vb, ss, hd, cols, acc));
     }
 }
 
@@ -198,14 +198,12 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                       const uint16_t *mask, long mb, long mt, float scale, uint16_t *out, long ldo,
                       float *scratch) {
     long group = hq / hkv, nq = t * group, width = (cols + 15) / 16 * 16 + 16, chunks = hd / 32;
-    float *vf = scratch, *sc = scratch + cols * hd, ct[256];
+    float *sc = scratch, ct[256]; /* scores of 16 queries: scratch holds 16 * width floats */
     uint16_t qt[256 * 16], tail[16 * 256];
     configure_score_tiles();
     for (long bi = 0; bi < batch; bi++)
         for (long g = 0; g < hkv; g++) {
             const uint16_t *kb = kc + bi * sb + g * sh, *vb = vc + bi * sb + g * sh;
-            for (long j = 0; j < cols; j++) /* the values in float32, once for every query */
-                for (long v = 0; v < hd; v += 16) _mm512_storeu_ps(vf + j * hd + v, load16(vb + j * ss + v));
             for (long q0 = 0; q0 < nq; q0 += 16) { /* query i: row i / group, head g * group + i % group */
                 long n = nq - q0 < 16 ? nq - q0 : 16;
                 memset(qt, 0, sizeof qt);
@@ -252,7 +250,7 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                     long qi = q0 + i;
                     outs[i] = out + (bi * t + qi / group) * ldo + (g * group + qi % group) * hd;
                 }
-                softmax_values(sc, width, n, vf, hd, cols, outs);
+                softmax_values(sc, width, n, vb, ss, hd, cols, outs);
             }
         }
     _tile_release();
