@@ -21,7 +21,7 @@ import torch
 from medusa.decoding.processors import Generation, Warp, apply_processors, process_nodes, warp_scores
 from medusa.decoding.trees import VerifyTree
 from medusa.errors import MedusaError
-from medusa.native import pick
+from medusa.native.pick import first_max  # argmax's answer; bfloat16 through the C library (re-exported)
 
 # (logits [B, N, V], tokens [B, N], tree) -> (path [B, D+1], n_accepted [B], next_token [B])
 Rule = Callable[[torch.Tensor, torch.Tensor, VerifyTree], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -64,14 +64,6 @@ def _best_path(ok: torch.Tensor, dt: VerifyTree, score: torch.Tensor | None = No
         path = dt.retrieve.index_select(0, best)  # [B, D+1]
     last = path.gather(1, n.view(b, 1)).view(b)  # [B]
     return path, n, last
-
-
-def first_max(logits: torch.Tensor) -> torch.Tensor:
-    """``logits [..., V]`` -> the index of each row's first maximum ``[...]``: ``argmax``'s answer, ties and
-    NaN included. bfloat16 on the CPU through the native library (:func:`medusa.native.pick.first_max`: 14
-    rows of a 49,152-token vocabulary in ~0.05 ms), else through ``max``, whose CPU kernel is vectorised
-    (``argmax`` over those rows in bfloat16: 2.7 ms on one core, ``max`` 0.6 ms)."""
-    return pick.first_max(logits)
 
 
 def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, dt: VerifyTree

@@ -277,17 +277,10 @@ def attend(lib: Any, x: torch.Tensor, qkv_weight: amx_kernel.PackedBf16, cos: to
     qkv = amx_kernel.rows_matmul(x, qkv_weight)  # [B, T, qd + 2 kd]
     lib.medusa_rope(qkv.data_ptr(), b * t, qkv.shape[-1], hq + hkv, hd, cos.data_ptr(), sin.data_ptr(),
                     cos.stride(-2))
-    layer = _growing_layer(cache, layer_idx)
-    if layer is not None:  # the decoder's cache: k / v written into its buffers in C (no update plumbing)
-        keys, values, start, held = layer.append_slots(t)  # [B, Hkv, capacity, hd] buffers
-        lib.medusa_kv_append(qkv.data_ptr(), qkv.shape[-1], b, t, hkv, hd, qd, keys.data_ptr(),
-                             values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), start)
-    else:
-        k = qkv[..., qd:qd + kd].view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
-        v = qkv[..., qd + kd:].view(b, t, hkv, hd).transpose(1, 2)
-        keys, values = cache.update(k, v, layer_idx)  # [B, Hkv, S', hd]
-        held = keys.shape[2]
-    cols = min(held, mask.shape[-1])
+    k = qkv[..., qd:qd + kd].view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
+    v = qkv[..., qd + kd:].view(b, t, hkv, hd).transpose(1, 2)
+    keys, values = cache.update(k, v, layer_idx)  # [B, Hkv, S', hd]
+    cols = min(keys.shape[2], mask.shape[-1])
     out = torch.empty(b, t, qd, dtype=torch.bfloat16)
     lib.medusa_attention(qkv.data_ptr(), qkv.shape[-1], b, t, hq, hkv, hd, keys.data_ptr(), values.data_ptr(),
                          keys.stride(0), keys.stride(1), keys.stride(2), cols, mask.data_ptr(),
