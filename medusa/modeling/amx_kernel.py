@@ -4,7 +4,8 @@ matmul (one-token step, tree verification, drafting, LM heads) at the memory's s
 oneDNN's packed bfloat16 linear streams a weight at ~6 GB/s when one to 32 rows multiply it on one core
 of an Intel Xeon with AMX; stock ``F.linear`` at ~5. This kernel (``kernels/amx_bf16_rows.c``) reads the
 weight once, in order, as AMX B tiles straight from a copy packed at load time, and reaches ~11 GB/s for 1 to
-16 rows (SmolLM2-135M's 30 layers: 20 ms against oneDNN's 36; ``docs/results/bf16-step.md``). A row's
+16 rows (SmolLM2-135M's 30 layers: 20 ms against oneDNN's 36; ``docs/results/bf16-step.md``); from 64 rows
+(a prompt's prefill) it streams the weight once for all of them, in panels kept in the core's caches. A row's
 result does not depend on which rows share the call (AMX multiplies each row of a tile on its own and every
 output is the same chain of tile products): a tree's root, and a chain laid out in depth order, compute
 exactly what one-token steps would.
@@ -23,7 +24,6 @@ import torch
 
 from medusa.native.library import ENV, available, kernel_dir, library, unavailable_reason  # noqa: F401
 
-MAX_ROWS = 32  # rows per call through the kernel (two A tiles); more rows: the caller's stock product
 K_MULTIPLE = 32  # the input width must be a whole number of A-tile columns (32 bfloat16)
 
 
@@ -41,7 +41,6 @@ class PackedBf16:
     call: Any  # the kernel's entry point (ctypes)
     data_ptr: int
     bias_ptr: int | None
-    max_elements: int  # k * MAX_ROWS: the input sizes the kernel takes in one call
 
 
 def fits(weight: torch.Tensor) -> bool:
@@ -64,13 +63,12 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedBf16:
     lib.medusa_bf16_pack(w.data_ptr(), n, k, k, data.data_ptr(), np_, k)
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
     return PackedBf16(data=data, bias=b, n=n, k=k, np=np_, call=lib.medusa_bf16_rows_amx,
-                      data_ptr=data.data_ptr(), bias_ptr=None if b is None else b.data_ptr(),
-                      max_elements=k * MAX_ROWS)
+                      data_ptr=data.data_ptr(), bias_ptr=None if b is None else b.data_ptr())
 
 
 def rows_matmul(x: torch.Tensor, packed: PackedBf16) -> torch.Tensor:
     """``x [..., k] @ W.T + bias`` in bfloat16 (float32 accumulation), ``[..., n]``; ``x`` bfloat16 on the CPU
-    (made contiguous if it is not), any number of rows (the kernel takes 32 at a time)."""
+    (made contiguous if it is not), any number of rows."""
     if not x.is_contiguous():
         x = x.contiguous()
     rows = x.numel() // packed.k
@@ -80,6 +78,6 @@ def rows_matmul(x: torch.Tensor, packed: PackedBf16) -> torch.Tensor:
     return y
 
 
-__all__ = ["ENV", "K_MULTIPLE", "MAX_ROWS", "PackedBf16", "available", "fits", "kernel_dir", "library",
+__all__ = ["ENV", "K_MULTIPLE", "PackedBf16", "available", "fits", "kernel_dir", "library",
            "pack",
            "rows_matmul", "unavailable_reason"]

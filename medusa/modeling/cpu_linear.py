@@ -122,7 +122,7 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         amx = self.amx
         if (amx is not None and x.dtype == torch.bfloat16 and x.is_cpu and not torch.is_grad_enabled()
-                and x.numel() <= amx.max_elements and not torch.compiler.is_compiling()
+                and not torch.compiler.is_compiling()
                 and self._key() == self.packed_key):
             # the decoder's bfloat16 path, kept short (it runs ~200 times per token): the AMX kernel
             return amx_kernel.rows_matmul(x, amx)  # [..., out]
@@ -137,9 +137,7 @@ class PackedLinear(nn.Module):
             return F.linear(x, w, self.bias)
         if self._key() != self.packed_key:
             self.repack()
-        if self.amx is not None:  # bfloat16 through the AMX kernel; more rows than it takes: stock
-            if rows > amx_kernel.MAX_ROWS:
-                return F.linear(x, w, self.bias)
+        if self.amx is not None:  # bfloat16 through the AMX kernel, any row count
             return amx_kernel.rows_matmul(x, self.amx)  # [..., out]
         bias = None if self.bias is None else self.bias.detach()
         y = packed_matmul(x.reshape(rows, x.shape[-1]), self.packed, bias)  # [rows, out]

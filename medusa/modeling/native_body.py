@@ -33,7 +33,7 @@ from medusa.modeling import amx_kernel, rotary_table
 
 ENV = "MEDUSA_NATIVE_BODY"
 MODEL_TYPES = ("llama", "qwen2")  # RMSNorm (weight * x), rotary q / k, SiLU-gated MLP, full attention
-MAX_ROWS = amx_kernel.MAX_ROWS  # tokens (batch x tree nodes) one native forward takes
+MAX_ROWS = 32  # tokens (batch x tree nodes) one native forward takes (its scratch is sized for them)
 PLAN_FIELDS = 22  # per layer: (data, np, k, bias, n) of q/k/v, o, gate/up, down; input and post norms
 
 

@@ -31,17 +31,17 @@ def test_products_are_rounded_float32_products_and_rows_do_not_depend_on_their_b
     w = torch.randn(n, k, generator=g).bfloat16()
     bias = torch.randn(n, generator=g).bfloat16() if with_bias else None
     packed = amx_kernel.pack(w, bias)
-    x = torch.randn(70, k, generator=g).bfloat16()
-    alone = torch.cat([amx_kernel.rows_matmul(x[i:i + 1], packed) for i in range(70)])  # [70, n]
+    x = torch.randn(150, k, generator=g).bfloat16()
+    alone = torch.cat([amx_kernel.rows_matmul(x[i:i + 1], packed) for i in range(150)])  # [150, n]
     ref = _reference(x, w, bias)
-    scale = x.float().abs() @ w.float().abs().T + (0 if bias is None else bias.float().abs())  # [70, n]
+    scale = x.float().abs() @ w.float().abs().T + (0 if bias is None else bias.float().abs())  # [150, n]
     # float32 accumulation over k products, then one bfloat16 rounding (2^-8 relative)
     assert ((alone.float() - ref).abs() <= scale * 2e-6 * k ** 0.5 + ref.abs() * 2 ** -8 + 1e-6).all()
-    for m in (1, 2, 5, 16, 17, 31, 32, 33, 70):
+    for m in (1, 2, 5, 16, 17, 31, 32, 33, 63, 64, 70, 96, 150):  # from 64 rows: the panel path
         y = amx_kernel.rows_matmul(x[:m], packed)
         assert y.shape == (m, n) and y.dtype == torch.bfloat16
         assert torch.equal(y, alone[:m]), m  # bit for bit
-    shuffled = torch.randperm(70, generator=g)
+    shuffled = torch.randperm(150, generator=g)
     assert torch.equal(amx_kernel.rows_matmul(x[shuffled], packed), alone[shuffled])
     batched = amx_kernel.rows_matmul(x[:12].view(3, 4, k), packed)  # any leading shape
     assert torch.equal(batched.view(12, n), alone[:12])

@@ -137,12 +137,56 @@ static void rows32(const uint16_t *xa, long ldx, int ra, int rb, const uint16_t 
     }
 }
 
+/* Whole groups of 32 rows against the weight in panels: each pass of two output blocks (their B tiles a few
+ * tens of KB, kept in the core's caches) runs over every group before the next pass, so the weight streams
+ * from memory once for all of them (a prompt's prefill: compute-bound instead of one weight stream per 32
+ * rows). Each output is the same chain of tile products over k as in rows32: the same bits. */
+static void rows_panel(const uint16_t *x, long ldx, long groups, const uint16_t *wp, long pairs, long blocks,
+                       const float *bias, uint16_t *y, long n, long ldy) {
+    const int rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    configure(rows);
+    for (long j0 = 0; j0 < blocks; j0 += 2) {
+        int two = j0 + 1 < blocks;
+        const uint16_t *w0 = wp + j0 * pairs * 32, *w1 = w0 + pairs * 32;
+        for (long g = 0; g < groups; g++) {
+            const uint16_t *xa = x + g * 32 * ldx;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (long p0 = 0; p0 < pairs; p0 += 16) {
+                long off = p0 * 32;
+                _tile_loadd(4, xa + 2 * p0, ldx * 2);
+                _tile_loadd(5, xa + 16 * ldx + 2 * p0, ldx * 2);
+                _tile_loadd(6, w0 + off, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(2, 5, 6);
+                if (two) {
+                    _tile_loadd(7, w1 + off, 64);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            write_tile(0, 16, g * 32, j0 * 16, n, bias, y, ldy);
+            write_tile(2, 16, g * 32 + 16, j0 * 16, n, bias, y, ldy);
+            if (two) {
+                write_tile(1, 16, g * 32, (j0 + 1) * 16, n, bias, y, ldy);
+                write_tile(3, 16, g * 32 + 16, (j0 + 1) * 16, n, bias, y, ldy);
+            }
+        }
+    }
+}
+
 /* x [M, K] (row stride ldx elements; K = kp, a multiple of 32), packed weight [np/16][kp/2][16][2], bias NULL
- * or float32 [N], y [M, N] (row stride ldy elements). Rows go 32 at a time. */
+ * or float32 [N], y [M, N] (row stride ldy elements), any M. Up to 63 rows go 32 at a time (the weight
+ * streams once per 32: the decoder's steps); from 64 rows the whole groups of 32 go through rows_panel (one
+ * stream for all), the rest as before. A row's outputs are the same bits either way. */
 void medusa_bf16_rows_amx(const uint16_t *x, long M, long ldx, const uint16_t *wp, long np, long kp,
                           const float *bias, uint16_t *y, long n, long ldy) {
-    long pairs = kp / 2, blocks = np / 16;
-    for (long m0 = 0; m0 < M; m0 += 32) {
+    long pairs = kp / 2, blocks = np / 16, start = 0;
+    if (M >= 64) {
+        long groups = M / 32;
+        rows_panel(x, ldx, groups, wp, pairs, blocks, bias, y, n, ldy);
+        start = groups * 32;
+    }
+    for (long m0 = start; m0 < M; m0 += 32) {
         long left = M - m0;
         int ra = (int)(left < 16 ? left : 16), rb = (int)(left > 32 ? 16 : (left > 16 ? left - 16 : 0));
         if (rb == 0)
