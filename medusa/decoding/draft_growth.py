@@ -22,6 +22,7 @@ or :func:`medusa.decoding.draft_sampling.sampled_children` ("sample" acceptance)
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,15 +37,29 @@ FLOOR = -1e300  # keys start above -inf, so every clamp below a parent stays str
 ChildrenOf = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
-def top_children(branch: int) -> ChildrenOf:
+@dataclass(frozen=True)
+class TopChildren:
     """Each node's top-``branch`` children by draft log-probability (deterministic drafts: no ``q_r``;
-    bfloat16 logits through the native library, :func:`medusa.native.pick.top_log_softmax`)."""
+    bfloat16 logits through the native library, :func:`medusa.native.pick.top_log_softmax`). A
+    :data:`ChildrenOf`; :func:`grow` asks the drafter for the top-k itself instead (its ``draft_top`` /
+    ``top_log_probs``: a whole level in one C call where it can) and scores them with :meth:`scored`."""
 
-    def children(logits: torch.Tensor, base_score: torch.Tensor):
-        values, indices = pick.top_log_softmax(logits, branch)  # [B, E, c] each
+    branch: int
+
+    def __call__(self, logits: torch.Tensor, base_score: torch.Tensor):
+        values, indices = pick.top_log_softmax(logits, self.branch)  # [B, E, c] each
+        return self.scored(values, indices, base_score)
+
+    @staticmethod
+    def scored(values: torch.Tensor, indices: torch.Tensor, base_score: torch.Tensor):
+        """Top-k ``values, indices [B, E, c]`` under parents scored ``base_score [B, E]`` -> the children's
+        scores and draft ids ``[B, E * c]`` (no ``q_r``)."""
         return (base_score.unsqueeze(-1) + values).flatten(1), indices.flatten(1), None
 
-    return children
+
+def top_children(branch: int) -> TopChildren:
+    """:class:`TopChildren` of ``branch``."""
+    return TopChildren(branch)
 
 
 def float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -62,8 +77,13 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
     b, c = root.shape[0], shape.branch
     device = root.device
     s0 = context.cache.get_seq_length()
-    root_logits = drafter.logits(context.g_root.unsqueeze(1))  # [B, 1, N]
-    score, token, q = children(root_logits, torch.zeros(b, 1, device=device))
+    top = isinstance(children, TopChildren)  # deterministic top-k: the drafter picks them (one call a level)
+    if top:
+        score, token, q = children.scored(*drafter.top_log_probs(context.g_root.unsqueeze(1), c),
+                                          torch.zeros(b, 1, device=device))
+    else:
+        root_logits = drafter.logits(context.g_root.unsqueeze(1))  # [B, 1, N]
+        score, token, q = children(root_logits, torch.zeros(b, 1, device=device))
     pool_score, pool_token, pool_q = [score], [token], [q]  # each [B, c_l] (q: [B, c_l, N])
     pool_parent = [torch.full((b, c), -1, dtype=torch.long, device=device)]  # pool index, -1 = root
     level_g = context.g_root.unsqueeze(1).expand(b, c, -1)  # [B, c, d] hidden input of each new node
@@ -74,11 +94,16 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
         sel = pool_score[-1].topk(e, dim=-1).indices  # [B, e] within the last level
         anc, rows = _ancestry(anc, entry_of_parent.gather(1, sel))  # [B, E', E'], [B, e, E']
         allowed = torch.cat([context.valid.view(b, 1, s0).expand(b, e, s0), rows], dim=-1)
-        g = drafter.draft_pass(level_g.gather(1, sel.unsqueeze(-1).expand(-1, -1, level_g.shape[-1])),
-                               drafter.to_target(pool_token[-1].gather(1, sel)),
-                               (context.pos + depth - 1).view(b, 1).expand(b, e),
-                               float_mask(allowed, drafter.dtype), context.cache)  # [B, e, d]
-        score, token, q = children(drafter.logits(g), pool_score[-1].gather(1, sel))
+        parent_g = level_g.gather(1, sel.unsqueeze(-1).expand(-1, -1, level_g.shape[-1]))  # [B, e, d]
+        tokens = drafter.to_target(pool_token[-1].gather(1, sel))  # [B, e]
+        positions = (context.pos + depth - 1).view(b, 1).expand(b, e)
+        mask, base = float_mask(allowed, drafter.dtype), pool_score[-1].gather(1, sel)
+        if top:
+            g, values, indices = drafter.draft_top(parent_g, tokens, positions, mask, context.cache, c)
+            score, token, q = children.scored(values, indices, base)
+        else:
+            g = drafter.draft_pass(parent_g, tokens, positions, mask, context.cache)  # [B, e, d]
+            score, token, q = children(drafter.logits(g), base)
         pool_parent.append((level_start + sel).repeat_interleave(c, dim=1))  # [B, e * c]
         entries = anc.shape[1] - e + torch.arange(e, device=device)  # [e] the new draft entries
         entry_of_parent = entries.repeat_interleave(c).expand(b, -1)
@@ -172,5 +197,5 @@ def pick_tree(root: torch.Tensor, key: torch.Tensor, token: torch.Tensor, parent
     return tree_structure(nodes.tokens, nodes.parents, nodes.depths, depth, kmax, dtype), picked
 
 
-__all__ = ["FLOOR", "ChildrenOf", "closed_keys", "float_mask", "grow", "pick_nodes", "pick_tree",
+__all__ = ["FLOOR", "ChildrenOf", "TopChildren", "closed_keys", "float_mask", "grow", "pick_nodes", "pick_tree",
            "top_children"]

@@ -67,6 +67,16 @@ class Drafter(Protocol):
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """Outputs ``[..., d]`` -> logits over the draft vocabulary ``[..., N]``."""
 
+    def top_log_probs(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Outputs ``[..., d]`` -> the ``k`` largest draft log-probabilities ``[..., k]`` (float32, descending;
+        :func:`medusa.native.pick.top_log_softmax` of :meth:`logits`) and their draft ids ``[..., k]``."""
+
+    def draft_top(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                  mask: torch.Tensor, cache: DraftCache, k: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`draft_pass` then :meth:`top_log_probs` of its outputs (a drafter may do both at once):
+        ``(g [B, E, d], values [B, E, k], draft ids [B, E, k])``."""
+
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids (any shape) -> target ids."""
 

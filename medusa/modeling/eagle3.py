@@ -32,6 +32,7 @@ from medusa.modeling import head_methods, native_draft, rotary_table
 from medusa.modeling.base import decoder_of, text_config, unwrap
 from medusa.modeling.draft_vocab import DraftVocab
 from medusa.modeling.heads import BaseRef
+from medusa.native import pick
 
 LLAMA_STYLE = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 
@@ -234,12 +235,26 @@ class Eagle3Heads(nn.Module):
         """``g [..., d]`` -> draft logits ``[..., N]`` over the draft vocabulary."""
         return self.lm_head(native_draft.final_norm(self.norm, g))
 
+    def top_log_probs(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``g [..., d]`` -> each row's ``k`` largest draft log-probabilities ``[..., k]`` (float32,
+        descending) and their draft ids ``[..., k]``: :meth:`logits` then
+        :func:`medusa.native.pick.top_log_softmax`, in one C call where :func:`native_draft.drafter_for`."""
+        native = native_draft.drafter_for(self, k)
+        if native is not None:
+            return native_draft.top(native, g, k)
+        return pick.top_log_softmax(self.logits(g), k)
+
     # ------------------------------------------------------------------ the decoder's passes
     def context_pass(self, features: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
                      mask: torch.Tensor, cache: DraftKV, last: torch.Tensor) -> torch.Tensor:
         """Context entries: the base's features ``[B, M, F]`` with the tokens after them ``[B, M]`` at
         ``positions [B, M]`` (``mask [B, 1, M, S + M]``); appends M entries and returns the output at each
         row's entry ``last [B]`` ``[B, d]`` (the only one read: the MLP runs there alone)."""
+        native = native_draft.drafter_for(self, 0)
+        done = None if native is None else native_draft.step(native, next_tokens, positions, features, mask,
+                                                              cache, last, True, 0)
+        if done is not None:  # the same pass in one C call
+            return done[0]
         return self.layer(self.embed(next_tokens), self.fuse(features), positions, mask, cache, at=last)
 
     def draft_pass(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
@@ -247,6 +262,20 @@ class Eagle3Heads(nn.Module):
         """One tree level: each node's parent output ``hidden [B, E, d]`` with its token ``[B, E]`` (target
         ids) -> ``g [B, E, d]``; appends E entries (the caller truncates them after the step)."""
         return self.layer(self.embed(tokens), hidden, positions, mask, cache)
+
+    def draft_top(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                  mask: torch.Tensor, cache: DraftKV, k: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`draft_pass` then :meth:`top_log_probs` of its outputs: ``(g [B, E, d], values [B, E, k],
+        draft ids [B, E, k])``; one C call (a whole drafting level) where :func:`native_draft.drafter_for`."""
+        native = native_draft.drafter_for(self, k)
+        done = None if native is None else native_draft.step(native, tokens, positions, hidden, mask, cache,
+                                                              None, False, k)
+        if done is not None:
+            return done
+        g = self.draft_pass(hidden, tokens, positions, mask, cache)
+        values, ids = self.top_log_probs(g, k)
+        return g, values, ids
 
 
 def base_states(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

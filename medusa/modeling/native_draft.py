@@ -6,6 +6,12 @@ the ``2d`` join -> rotary embedding -> the drafter's cache -> attention -> o_pro
 gate/up -> SiLU * up -> down -> residual; what :meth:`medusa.modeling.eagle3.Eagle3Heads.layer` computes,
 rounded where it rounds. Used there for inference-only bfloat16 passes of at most 32 rows on a CPU whose
 kernel is available (the prompt's context pass and training run the layer's own code).
+
+:func:`step` and :func:`top` go further for a decoding drafter (:class:`NativeDrafter`): a whole drafting
+level -- the tokens' embedding rows, the rotary rows, the layer, the final RMSNorm, the draft LM head and each
+row's top-k log-softmax -- or a context pass (the fused features' product, the layer at each row's last
+entry) in one ``kernels/bf16_draft_step.c`` call, the same ops on the same values (the same bits as the
+stepwise path: ``tests/modeling/test_native_draft.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch
 from torch import nn
 
 from medusa.modeling import amx_kernel, native_body, rotary_table
+from medusa.native import pick
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,11 @@ def native_layer_for(drafter: nn.Module, layer: nn.Module, embeds: torch.Tensor,
             > native_body.MAX_ROWS or mask.dim() != 4 or mask.dtype != torch.bfloat16 or mask.stride(-1) != 1
             or native_body.disabled()):
         return None
+    return _layer_of(drafter, layer)
+
+
+def _layer_of(drafter: nn.Module, layer: nn.Module) -> NativeDraftLayer | None:
+    """``drafter``'s draft ``layer`` packed (once; again when its weights changed), None where unsupported."""
     packed = _PACKED.get(drafter, False)
     if packed is False or (packed is not None and not packed.fresh()):
         packed = _build(layer) if _supported(layer) else None
@@ -150,4 +162,126 @@ def final_norm(norm: nn.Module, g: torch.Tensor) -> torch.Tensor:
                                 float(norm.variance_epsilon))
 
 
-__all__ = ["NativeDraftLayer", "final_norm", "forward", "native_layer_for"]
+
+
+@dataclass(frozen=True)
+class NativeDrafter:
+    """What a one-call drafting pass reads besides the draft layer: the fused features' product ``fc``
+    (``[d, F]``), the draft LM head (``[N, d]``), the final norm's weight ``[d]``, the base's input embedding
+    weight ``[V, d]`` and rotary module; the matrices as plan rows (int64 ``[5]``), and the tensors (and
+    versions) packed from."""
+
+    layer: NativeDraftLayer
+    fc: amx_kernel.PackedBf16
+    head: amx_kernel.PackedBf16
+    final_norm: torch.Tensor
+    eps: float
+    embedding: torch.Tensor
+    rotary: nn.Module
+    fc_plan: torch.Tensor
+    head_plan: torch.Tensor
+    sources: tuple[torch.Tensor, ...]
+    versions: tuple[tuple[int, int], ...]
+
+    def fresh(self) -> bool:
+        return self.layer.fresh() and native_body.versions_of(self.sources) == self.versions
+
+
+# drafter -> its packed parts (None: it cannot run in one call), built at its first one-call pass
+_DRAFTERS: weakref.WeakKeyDictionary[nn.Module, NativeDrafter | None] = weakref.WeakKeyDictionary()
+
+
+def _drafter_parts(drafter: nn.Module) -> NativeDrafter | None:
+    layer = _layer_of(drafter, drafter.layers[0])
+    emb, rotary, norm = drafter._embedding.module, drafter._rotary.module, drafter.norm
+    weights = (drafter.fc.weight, drafter.lm_head.weight, emb.weight, getattr(norm, "weight", None))
+    if (layer is None or type(emb) is not nn.Embedding or rotary is None
+            or not rotary_table.tabled(rotary) or not hasattr(norm, "variance_epsilon")
+            or drafter.fc.bias is not None or drafter.lm_head.bias is not None
+            or not all(isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.device.type == "cpu"
+                       for w in weights)
+            or not (amx_kernel.fits(drafter.fc.weight) and amx_kernel.fits(drafter.lm_head.weight))
+            or drafter.hidden_size % 16 or not emb.weight.is_contiguous()):
+        return None
+    fc, head = amx_kernel.pack(drafter.fc.weight), amx_kernel.pack(drafter.lm_head.weight)
+    sources = tuple(w for w in weights)
+    return NativeDrafter(
+        layer=layer, fc=fc, head=head, final_norm=norm.weight.detach(), eps=float(norm.variance_epsilon),
+        embedding=emb.weight.detach(), rotary=rotary,
+        fc_plan=torch.tensor(native_body.plan_row(fc), dtype=torch.int64),
+        head_plan=torch.tensor(native_body.plan_row(head), dtype=torch.int64),
+        sources=sources, versions=native_body.versions_of(sources))
+
+
+def drafter_for(drafter: nn.Module, k: int) -> NativeDrafter | None:
+    """``drafter`` (an :class:`~medusa.modeling.eagle3.Eagle3Heads`) packed for :func:`step` / :func:`top`
+    (inference in bfloat16 on a CPU whose kernel is available, a plain embedding, a static rotary kind, ``k``
+    children at most :data:`medusa.native.pick.MAX_K` and the draft vocabulary), else None."""
+    if (torch.is_grad_enabled() or drafter.dtype != torch.bfloat16 or native_body.disabled()
+            or not amx_kernel.available() or k > min(pick.MAX_K, drafter.lm_head.out_features)):
+        return None
+    packed = _DRAFTERS.get(drafter, False)
+    if packed is False or (packed is not None and not packed.fresh()):
+        packed = _DRAFTERS[drafter] = _drafter_parts(drafter)
+    return packed
+
+
+def top(native: NativeDrafter, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``g [..., d]`` -> each row's ``k`` largest draft log-probabilities ``[..., k]`` (float32, descending)
+    and their draft ids ``[..., k]``: the final norm, the LM head and the top-k log-softmax in one call."""
+    g = g.contiguous()
+    rows, d = g.numel() // g.shape[-1], g.shape[-1]
+    values = torch.empty(*g.shape[:-1], k, dtype=torch.float32)
+    indices = torch.empty(*g.shape[:-1], k, dtype=torch.long)
+    work = torch.empty(rows * (d + native.head.n), dtype=torch.bfloat16)
+    native.layer.lib.medusa_draft_top(g.data_ptr(), rows, d, native.final_norm.data_ptr(), native.eps,
+                                      native.head_plan.data_ptr(), k, values.data_ptr(), indices.data_ptr(),
+                                      work.data_ptr())
+    return values, indices
+
+
+def step(native: NativeDrafter, tokens: torch.Tensor, positions: torch.Tensor, inputs: torch.Tensor,
+         mask: torch.Tensor, cache: Any, at: torch.Tensor | None, fuse: bool, k: int
+         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+    """One draft-layer pass in one call: the entries of ``tokens [B, T]`` (target ids) at ``positions [B, T]``
+    with the hidden input ``inputs [B, T, d]`` or, ``fuse``, the base features ``inputs [B, T, F]`` through
+    ``fc``, under ``mask [B, 1, T, S + T]``, appended to ``cache`` -> ``(g, values, ids)``: ``g [B, T, d]`` (or
+    ``[B, d]`` at each row's entry ``at [B]``) and, for ``k > 0``, each output row's top-``k`` draft
+    log-probabilities and ids ``[..., k]`` (else None). None (nothing done) where the pass cannot run in
+    one call (more than :data:`native_body.MAX_ROWS` entries, a cache without in-place room, another mask)."""
+    b, t = tokens.shape
+    layer = native.layer
+    if (b * t > native_body.MAX_ROWS or b * t == 0 or mask.dim() != 4 or mask.dtype != torch.bfloat16
+            or mask.stride(-1) != 1 or not hasattr(cache, "append_slots")):
+        return None
+    table = rotary_table.table_for(native.rotary, torch.bfloat16, int(positions.max()))
+    slots = cache.append_slots(t)
+    if slots is None:
+        return None
+    keys, values_cache, start, held = slots
+    d, hd, hq, hkv, inter = native.final_norm.shape[0], layer.hd, layer.hq, layer.hkv, layer.inter
+    rows = b * t
+    out_rows = b if at is not None else rows
+    inputs = inputs.to(torch.bfloat16).contiguous()
+    ids = tokens.to(torch.int64).contiguous()
+    where = positions.to(torch.int64).contiguous()
+    work = torch.empty(rows * (2 * d + 2 * hd) + rows * (7 * d + (hq + 2 * hkv) * hd + hq * hd + 3 * inter)
+                       + out_rows * (d + native.head.n), dtype=torch.bfloat16)
+    out = torch.empty((b, d) if at is not None else (b, t, d), dtype=torch.bfloat16)
+    last = None if at is None else at.to(torch.int64).contiguous()
+    top_values = torch.empty(*out.shape[:-1], k, dtype=torch.float32) if k else None
+    top_ids = torch.empty(*out.shape[:-1], k, dtype=torch.long) if k else None
+    scratch = native_body.attention_scratch(mask, hd)
+    layer.lib.medusa_draft_step(
+        layer.plan.data_ptr(), native.fc_plan.data_ptr() if fuse else None, native.head_plan.data_ptr(),
+        native.final_norm.data_ptr(), b, t, d, hq, hkv, hd, inter, layer.eps, native.embedding.data_ptr(),
+        ids.data_ptr(), table.rows.data_ptr(), where.data_ptr(), inputs.data_ptr(), mask.data_ptr(),
+        mask.stride(0), mask.stride(2), min(held, mask.shape[-1]), keys.data_ptr(), values_cache.data_ptr(),
+        keys.stride(0), keys.stride(1), keys.stride(2), start, hd ** -0.5,
+        None if last is None else last.data_ptr(), work.data_ptr(), scratch.data_ptr(), out.data_ptr(), k,
+        None if top_values is None else top_values.data_ptr(), None if top_ids is None else top_ids.data_ptr())
+    return out, top_values, top_ids
+
+
+__all__ = ["NativeDraftLayer", "NativeDrafter", "drafter_for", "final_norm", "forward", "native_layer_for", "step",
+           "top"]

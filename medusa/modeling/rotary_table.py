@@ -57,6 +57,18 @@ def _build(module: nn.Module, dtype: torch.dtype, rows: int) -> RotaryTable:
     return RotaryTable(torch.cat([cos[0], sin[0]], dim=-1).contiguous(), dtype, _key(module))
 
 
+def table_for(module: nn.Module, dtype: torch.dtype, top: int) -> RotaryTable:
+    """``module``'s table in ``dtype`` covering positions ``0 .. top`` (built, rebuilt or doubled as needed;
+    ``module`` must be :func:`tabled`)."""
+    per_dtype = _TABLES.setdefault(module, {})
+    table = per_dtype.get(dtype)
+    if table is None or table.key != _key(module) or top >= table.rows.shape[0]:
+        size = max(FIRST_ROWS, 1 << top.bit_length()) if table is None else max(
+            table.rows.shape[0], 1 << top.bit_length())
+        table = per_dtype[dtype] = _build(module, dtype, size)
+    return table
+
+
 def cos_sin(module: nn.Module, like: torch.Tensor, positions: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """What ``module(like, positions)`` returns: cos and sin ``[B, T, hd]`` at ``positions [B, T]`` in
@@ -64,13 +76,7 @@ def cos_sin(module: nn.Module, like: torch.Tensor, positions: torch.Tensor
     the module."""
     if not tabled(module) or positions.device.type != "cpu" or positions.numel() == 0:
         return module(like, positions)
-    per_dtype = _TABLES.setdefault(module, {})
-    table = per_dtype.get(like.dtype)
-    top = int(positions.max())
-    if table is None or table.key != _key(module) or top >= table.rows.shape[0]:
-        size = max(FIRST_ROWS, 1 << top.bit_length()) if table is None else max(
-            table.rows.shape[0], 1 << top.bit_length())
-        table = per_dtype[like.dtype] = _build(module, like.dtype, size)
+    table = table_for(module, like.dtype, int(positions.max()))
     hd = table.rows.shape[1] // 2
     picked = table.rows.index_select(0, positions.reshape(-1)).view(*positions.shape, 2 * hd)  # [B, T, 2hd]
     return picked[..., :hd], picked[..., hd:]
@@ -85,4 +91,4 @@ def row_major(t: torch.Tensor) -> torch.Tensor:
     return t if flat_ok and rows else t.contiguous()
 
 
-__all__ = ["FIRST_ROWS", "STATIC_KINDS", "RotaryTable", "cos_sin", "row_major", "tabled"]
+__all__ = ["FIRST_ROWS", "STATIC_KINDS", "RotaryTable", "cos_sin", "row_major", "table_for", "tabled"]

@@ -29,7 +29,8 @@ from pathlib import Path
 from medusa.io import cache_root
 
 SOURCES = tuple(Path(__file__).with_name("kernels") / name
-                for name in ("amx_bf16_rows.c", "bf16_decoder_ops.c", "bf16_pick_ops.c", "bf16_layers.c"))
+                for name in ("amx_bf16_rows.c", "bf16_decoder_ops.c", "bf16_pick_ops.c", "bf16_layers.c",
+                             "bf16_draft_step.c"))
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
          "-shared", "-fPIC")
 # included by the sources: hashed with them
@@ -126,6 +127,9 @@ def _declare_ops(lib: ctypes.CDLL) -> None:
         "medusa_body_forward": [p, *[n] * 8, f, p, p, p, p, n, p, n, n, n, p, n, n, n, n, f, p, p, p, p],
         "medusa_first_max": [p, n, n, n, p],
         "medusa_top_log_softmax": [p, n, n, n, n, p, p],
+        "medusa_draft_top": [p, n, n, p, f, p, n, p, p, p],
+        "medusa_draft_step": [p, p, p, p, *[n] * 7, f, *[p] * 6, n, n, n, p, p, n, n, n, n, f, p, p, p, p, n,
+                              p, p],
     }
     for name, args in signatures.items():
         fn = getattr(lib, name)

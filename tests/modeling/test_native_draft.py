@@ -118,3 +118,55 @@ def test_the_in_place_cache_holds_what_the_concatenating_one_does():
             concatenated.truncate(6)
     assert in_place.get_seq_length() == concatenated.get_seq_length() == 12
     assert in_place._buffer is not None and concatenated._buffer is None  # training keeps autograd's tensors
+
+
+def _decode_passes(heads, cache: DraftKV, k: int):
+    """What decoding asks of the drafter: a context pass over 12 entries (the prompt's: stepwise), a context
+    pass over 3 more (at each row's last real entry), the root's top-k, then a 4-node level's top-k."""
+    g = torch.Generator().manual_seed(7)
+    d, f = heads.hidden_size, heads.fc.in_features
+    features = torch.randn(2, 15, f, generator=g).bfloat16()
+    tokens = torch.randint(0, heads.vocab_size, (2, 15), generator=g)
+    causal = torch.full((15, 15), NEG).triu(1).bfloat16().view(1, 1, 15, 15).expand(2, 1, 15, 15)
+    positions = torch.arange(1, 16).view(1, 15).expand(2, 15)
+    heads.context_pass(features[:, :12], tokens[:, :12], positions[:, :12],
+                       causal[..., :12, :12].contiguous(), cache, torch.tensor([11, 11]))
+    g_root = heads.context_pass(features[:, 12:], tokens[:, 12:], positions[:, 12:],
+                                causal[..., 12:, :].contiguous(), cache, torch.tensor([2, 1]))
+    root_top = heads.top_log_probs(g_root.unsqueeze(1), k)
+    level = torch.full((2, 1, 4, 19), NEG, dtype=torch.bfloat16)
+    level[..., :15] = 0
+    for i in range(4):
+        level[:, 0, i, 15 + i] = 0
+    level[1, 0, 2, 15] = 0  # row 1's node 2 also sees its node 0
+    hidden = torch.randn(2, 4, d, generator=g).bfloat16()
+    node_tokens = torch.randint(0, heads.vocab_size, (2, 4), generator=g)
+    drafted = heads.draft_top(hidden, node_tokens, torch.full((2, 4), 16), level, cache, k)
+    return (g_root, *root_top, *drafted)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_drafting_level_in_one_call_computes_the_stepwise_bits(monkeypatch, k):
+    """The context pass (fused features, the layer at each row's last entry) and a drafting level (embedding,
+    rotary rows, layer, final norm, LM head, top-k log-softmax) in one kernels/bf16_draft_step.c call give
+    the bits of the pass followed by the LM head and medusa.native.pick.top_log_softmax, and the same cache."""
+    bf16 = _drafter(torch.bfloat16)
+    bf16._embedding.module = copy.deepcopy(bf16._embedding.module).bfloat16()  # a bf16 base's, as decoding has
+    taken = []
+    step, top = native_draft.step, native_draft.top
+    monkeypatch.setattr(native_draft, "step", lambda *a: taken.append("step") or step(*a))
+    monkeypatch.setattr(native_draft, "top", lambda *a: taken.append("top") or top(*a))
+    with torch.no_grad():
+        fused_cache, stepwise_cache = DraftKV(), DraftKV()
+        fused = _decode_passes(bf16, fused_cache, k)
+        assert taken == ["step", "step", "top", "step"]  # the prompt's pass: no in-place room yet
+        monkeypatch.setattr(native_draft, "drafter_for", lambda drafter, k: None)
+        stepwise = _decode_passes(bf16, stepwise_cache, k)
+        logits = bf16.logits(fused[3])  # the level's draft logits
+    assert [tuple(t.shape) for t in fused] == [(2, 128), (2, 1, k), (2, 1, k), (2, 4, 128), (2, 4, k), (2, 4, k)]
+    assert all(torch.equal(a, b) for a, b in zip(fused, stepwise, strict=True))
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # what the picks stand for
+    torch.testing.assert_close(fused[4], values, rtol=0, atol=1e-5)
+    assert torch.equal(logits.gather(-1, fused[5]), logits.gather(-1, ids))  # the same ranks (ties: lower id)
+    assert torch.equal(fused_cache.key, stepwise_cache.key) and torch.equal(fused_cache.value,
+                                                                               stepwise_cache.value)

@@ -1,4 +1,5 @@
-/* The native library's entry points that other sources of it call (bf16_layers.c drives the others). */
+/* The native library's entry points that other sources of it call (bf16_layers.c and bf16_draft_step.c
+ * drive the others). */
 #ifndef MEDUSA_OPS_H
 #define MEDUSA_OPS_H
 
@@ -19,5 +20,13 @@ void medusa_silu_mul(const uint16_t *gu, long rows, long inter, long ldg, uint16
 void medusa_kv_append(const uint16_t *qkv, long ldq, long batch, long t, long hkv, long hd, long qd,
                       uint16_t *kb, uint16_t *vb, long sb, long sh, long ss, long start);
 void medusa_add(const uint16_t *a, const uint16_t *b, long n, uint16_t *out);
+void medusa_top_log_softmax(const uint16_t *x, long rows, long n, long ld, long k, float *values,
+                            int64_t *idx);
+void medusa_draft_layer(const int64_t *plan, long batch, long t, long d, long hq, long hkv, long hd,
+                        long inter, float eps, const uint16_t *embeds, const uint16_t *hidden,
+                        const uint16_t *cos, const uint16_t *sin, long ldc, const uint16_t *mask, long mb,
+                        long mt, long cols, uint16_t *kb, uint16_t *vb, long sb, long sh, long ss,
+                        long start, float scale, const int64_t *at, uint16_t *work, float *scratch,
+                        uint16_t *out);
 
 #endif
