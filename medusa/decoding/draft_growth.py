@@ -197,5 +197,6 @@ def pick_tree(root: torch.Tensor, key: torch.Tensor, token: torch.Tensor, parent
     return tree_structure(nodes.tokens, nodes.parents, nodes.depths, depth, kmax, dtype), picked
 
 
-__all__ = ["FLOOR", "ChildrenOf", "TopChildren", "closed_keys", "float_mask", "grow", "pick_nodes", "pick_tree",
+__all__ = ["FLOOR", "ChildrenOf", "TopChildren", "closed_keys", "float_mask", "grow", "pick_nodes",
+           "pick_tree",
            "top_children"]

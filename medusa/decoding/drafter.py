@@ -68,8 +68,9 @@ class Drafter(Protocol):
         """Outputs ``[..., d]`` -> logits over the draft vocabulary ``[..., N]``."""
 
     def top_log_probs(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Outputs ``[..., d]`` -> the ``k`` largest draft log-probabilities ``[..., k]`` (float32, descending;
-        :func:`medusa.native.pick.top_log_softmax` of :meth:`logits`) and their draft ids ``[..., k]``."""
+        """Outputs ``[..., d]`` -> the ``k`` largest draft log-probabilities ``[..., k]`` (float32,
+        descending; :func:`medusa.native.pick.top_log_softmax` of :meth:`logits`) and their draft ids
+        ``[..., k]``."""
 
     def draft_top(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                   mask: torch.Tensor, cache: DraftCache, k: int

@@ -245,8 +245,8 @@ def step(native: NativeDrafter, tokens: torch.Tensor, positions: torch.Tensor, i
          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
     """One draft-layer pass in one call: the entries of ``tokens [B, T]`` (target ids) at ``positions [B, T]``
     with the hidden input ``inputs [B, T, d]`` or, ``fuse``, the base features ``inputs [B, T, F]`` through
-    ``fc``, under ``mask [B, 1, T, S + T]``, appended to ``cache`` -> ``(g, values, ids)``: ``g [B, T, d]`` (or
-    ``[B, d]`` at each row's entry ``at [B]``) and, for ``k > 0``, each output row's top-``k`` draft
+    ``fc``, under ``mask [B, 1, T, S + T]``, appended to ``cache`` -> ``(g, values, ids)``: ``g [B, T, d]``
+    (or ``[B, d]`` at each row's entry ``at [B]``) and, for ``k > 0``, each output row's top-``k`` draft
     log-probabilities and ids ``[..., k]`` (else None). None (nothing done) where the pass cannot run in
     one call (more than :data:`native_body.MAX_ROWS` entries, a cache without in-place room, another mask)."""
     b, t = tokens.shape
@@ -279,9 +279,10 @@ def step(native: NativeDrafter, tokens: torch.Tensor, positions: torch.Tensor, i
         mask.stride(0), mask.stride(2), min(held, mask.shape[-1]), keys.data_ptr(), values_cache.data_ptr(),
         keys.stride(0), keys.stride(1), keys.stride(2), start, hd ** -0.5,
         None if last is None else last.data_ptr(), work.data_ptr(), scratch.data_ptr(), out.data_ptr(), k,
-        None if top_values is None else top_values.data_ptr(), None if top_ids is None else top_ids.data_ptr())
+        None if top_values is None else top_values.data_ptr(),
+        None if top_ids is None else top_ids.data_ptr())
     return out, top_values, top_ids
 
 
-__all__ = ["NativeDraftLayer", "NativeDrafter", "drafter_for", "final_norm", "forward", "native_layer_for", "step",
-           "top"]
+__all__ = ["NativeDraftLayer", "NativeDrafter", "drafter_for", "final_norm", "forward", "native_layer_for",
+           "step", "top"]

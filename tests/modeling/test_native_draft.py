@@ -149,9 +149,10 @@ def _decode_passes(heads, cache: DraftKV, k: int):
 def test_a_drafting_level_in_one_call_computes_the_stepwise_bits(monkeypatch, k):
     """The context pass (fused features, the layer at each row's last entry) and a drafting level (embedding,
     rotary rows, layer, final norm, LM head, top-k log-softmax) in one kernels/bf16_draft_step.c call give
-    the bits of the pass followed by the LM head and medusa.native.pick.top_log_softmax, and the same cache."""
+    the bits of the pass followed by the LM head and medusa.native.pick.top_log_softmax, and the same
+    cache."""
     bf16 = _drafter(torch.bfloat16)
-    bf16._embedding.module = copy.deepcopy(bf16._embedding.module).bfloat16()  # a bf16 base's, as decoding has
+    bf16._embedding.module = copy.deepcopy(bf16._embedding.module).bfloat16()  # a bf16 base's (decoding)
     taken = []
     step, top = native_draft.step, native_draft.top
     monkeypatch.setattr(native_draft, "step", lambda *a: taken.append("step") or step(*a))
@@ -163,7 +164,8 @@ def test_a_drafting_level_in_one_call_computes_the_stepwise_bits(monkeypatch, k)
         monkeypatch.setattr(native_draft, "drafter_for", lambda drafter, k: None)
         stepwise = _decode_passes(bf16, stepwise_cache, k)
         logits = bf16.logits(fused[3])  # the level's draft logits
-    assert [tuple(t.shape) for t in fused] == [(2, 128), (2, 1, k), (2, 1, k), (2, 4, 128), (2, 4, k), (2, 4, k)]
+    shapes = [(2, 128), (2, 1, k), (2, 1, k), (2, 4, 128), (2, 4, k), (2, 4, k)]
+    assert [tuple(t.shape) for t in fused] == shapes
     assert all(torch.equal(a, b) for a, b in zip(fused, stepwise, strict=True))
     values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # what the picks stand for
     torch.testing.assert_close(fused[4], values, rtol=0, atol=1e-5)
