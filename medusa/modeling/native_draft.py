@@ -166,10 +166,10 @@ def final_norm(norm: nn.Module, g: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class NativeDrafter:
-    """What a one-call drafting pass reads besides the draft layer: the fused features' product ``fc``
-    (``[d, F]``), the draft LM head (``[N, d]``), the final norm's weight ``[d]``, the base's input embedding
-    weight ``[V, d]`` and rotary module; the matrices as plan rows (int64 ``[5]``), and the tensors (and
-    versions) packed from."""
+    """What a one-call drafting pass reads besides the draft layer: the AMX-packed copies the drafter's own
+    ``fc`` (``[d, F]``) and draft LM head (``[N, d]``) ``PackedLinear``s hold (the stepwise path's very
+    products; no second copy), the final norm's weight ``[d]``, the base's input embedding weight ``[V, d]``
+    and rotary module, the matrices as plan rows (int64 ``[5]``), and ``key``: what it was built from."""
 
     layer: NativeDraftLayer
     fc: amx_kernel.PackedBf16
@@ -180,49 +180,70 @@ class NativeDrafter:
     rotary: nn.Module
     fc_plan: torch.Tensor
     head_plan: torch.Tensor
-    sources: tuple[torch.Tensor, ...]
-    versions: tuple[tuple[int, int], ...]
-
-    def fresh(self) -> bool:
-        return self.layer.fresh() and native_body.versions_of(self.sources) == self.versions
+    key: tuple
 
 
-# drafter -> its packed parts (None: it cannot run in one call), built at its first one-call pass
-_DRAFTERS: weakref.WeakKeyDictionary[nn.Module, NativeDrafter | None] = weakref.WeakKeyDictionary()
+# drafter -> its packed parts, rebuilt when what they were built from changed (a refusal is not kept)
+_DRAFTERS: weakref.WeakKeyDictionary[nn.Module, NativeDrafter] = weakref.WeakKeyDictionary()
 
 
-def _drafter_parts(drafter: nn.Module) -> NativeDrafter | None:
+def _amx_of(linear: nn.Module) -> amx_kernel.PackedBf16 | None:
+    """The AMX-packed weight a ``PackedLinear`` computes through (bf16, kernel on, freshly packed, no
+    bias), else None: only then does the stepwise path run the kernel the one-call pass runs."""
+    amx = getattr(linear, "amx", None)
+    if (amx is None or getattr(linear, "stock", True) or not getattr(linear, "kernel", False)
+            or linear.bias is not None or linear._key() != linear.packed_key):
+        return None
+    return amx
+
+
+def _key(drafter: nn.Module) -> tuple:
+    """The identities and versions of everything a :class:`NativeDrafter` is built from: the draft layer's
+    tensors, the two packed products, the final norm, the embedding and the rotary module."""
+    layer, emb, norm = drafter.layers[0], drafter._embedding.module, drafter.norm
+    tensors = [p for p in layer.parameters()] + [getattr(emb, "weight", None), getattr(norm, "weight", None)]
+    packed = (_amx_of(drafter.fc), _amx_of(drafter.lm_head))
+    return (tuple((t.data_ptr(), t._version) if isinstance(t, torch.Tensor) else None for t in tensors),
+            tuple(None if m is None else m.data_ptr for m in packed), id(drafter._rotary.module), id(emb),
+            id(norm), id(layer))
+
+
+def _drafter_parts(drafter: nn.Module, key: tuple) -> NativeDrafter | None:
     layer = _layer_of(drafter, drafter.layers[0])
     emb, rotary, norm = drafter._embedding.module, drafter._rotary.module, drafter.norm
-    weights = (drafter.fc.weight, drafter.lm_head.weight, emb.weight, getattr(norm, "weight", None))
-    if (layer is None or type(emb) is not nn.Embedding or rotary is None
+    fc, head = _amx_of(drafter.fc), _amx_of(drafter.lm_head)
+    weights = (emb.weight, getattr(norm, "weight", None))
+    if (layer is None or fc is None or head is None or type(emb) is not nn.Embedding or rotary is None
             or not rotary_table.tabled(rotary) or not hasattr(norm, "variance_epsilon")
-            or drafter.fc.bias is not None or drafter.lm_head.bias is not None
+            or float(norm.variance_epsilon) != layer.eps  # the C pass takes one epsilon for both norms
             or not all(isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.device.type == "cpu"
                        for w in weights)
-            or not (amx_kernel.fits(drafter.fc.weight) and amx_kernel.fits(drafter.lm_head.weight))
             or drafter.hidden_size % 16 or not emb.weight.is_contiguous()):
         return None
-    fc, head = amx_kernel.pack(drafter.fc.weight), amx_kernel.pack(drafter.lm_head.weight)
-    sources = tuple(w for w in weights)
     return NativeDrafter(
         layer=layer, fc=fc, head=head, final_norm=norm.weight.detach(), eps=float(norm.variance_epsilon),
         embedding=emb.weight.detach(), rotary=rotary,
         fc_plan=torch.tensor(native_body.plan_row(fc), dtype=torch.int64),
-        head_plan=torch.tensor(native_body.plan_row(head), dtype=torch.int64),
-        sources=sources, versions=native_body.versions_of(sources))
+        head_plan=torch.tensor(native_body.plan_row(head), dtype=torch.int64), key=key)
 
 
 def drafter_for(drafter: nn.Module, k: int) -> NativeDrafter | None:
-    """``drafter`` (an :class:`~medusa.modeling.eagle3.Eagle3Heads`) packed for :func:`step` / :func:`top`
-    (inference in bfloat16 on a CPU whose kernel is available, a plain embedding, a static rotary kind, ``k``
-    children at most :data:`medusa.native.pick.MAX_K` and the draft vocabulary), else None."""
+    """``drafter`` (an :class:`~medusa.modeling.eagle3.Eagle3Heads`) ready for :func:`step` / :func:`top`
+    (inference in bfloat16 on a CPU whose kernel is available, ``fc`` and the LM head computing through the
+    AMX kernel -- packed by ``pack_linears``, as the stepwise path then runs them --, a plain embedding, a
+    static rotary kind, ``k`` children at most :data:`medusa.native.pick.MAX_K` and the draft vocabulary),
+    else None. Rebuilt whenever a module or weight it reads was replaced or changed."""
     if (torch.is_grad_enabled() or drafter.dtype != torch.bfloat16 or native_body.disabled()
             or not amx_kernel.available() or k > min(pick.MAX_K, drafter.lm_head.out_features)):
         return None
-    packed = _DRAFTERS.get(drafter, False)
-    if packed is False or (packed is not None and not packed.fresh()):
-        packed = _DRAFTERS[drafter] = _drafter_parts(drafter)
+    key = _key(drafter)
+    packed = _DRAFTERS.get(drafter)
+    if packed is None or packed.key != key:
+        packed = _drafter_parts(drafter, key)
+        if packed is None:
+            _DRAFTERS.pop(drafter, None)
+            return None
+        _DRAFTERS[drafter] = packed
     return packed
 
 

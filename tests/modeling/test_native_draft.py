@@ -172,3 +172,23 @@ def test_a_drafting_level_in_one_call_computes_the_stepwise_bits(monkeypatch, k)
     assert torch.equal(logits.gather(-1, fused[5]), logits.gather(-1, ids))  # the same ranks (ties: lower id)
     assert torch.equal(fused_cache.key, stepwise_cache.key) and torch.equal(fused_cache.value,
                                                                                stepwise_cache.value)
+
+
+def test_the_one_call_pass_follows_the_drafters_modules_and_packing():
+    """Taken only where the stepwise path runs the same AMX products (fc and the LM head packed), and
+    rebuilt when a module it reads is replaced (a new LM head: restrict_vocab) -- never a stale copy."""
+    bf16 = _drafter(torch.bfloat16)
+    bf16._embedding.module = copy.deepcopy(bf16._embedding.module).bfloat16()
+    with torch.no_grad():
+        first = native_draft.drafter_for(bf16, 2)
+        assert first is not None and first.head is bf16.lm_head.amx  # the PackedLinear's own copy
+        smaller = torch.nn.Linear(128, 64, bias=False).bfloat16()
+        bf16.lm_head = smaller  # not packed: the stepwise path runs F.linear, so must the drafter
+        assert native_draft.drafter_for(bf16, 2) is None
+        pack_linears(bf16)
+        again = native_draft.drafter_for(bf16, 2)
+        assert again is not None and again.head is bf16.lm_head.amx and again.head.n == 64
+        g = torch.randn(3, 128).bfloat16()
+        values, ids = native_draft.top(again, g, 2)
+        logits = bf16.logits(g)
+        assert int(ids.max()) < 64 and torch.equal(logits.gather(-1, ids), logits.topk(2).values)
