@@ -88,14 +88,14 @@ def head_cost(n: int, hidden: int, rows: int = 8, dtype: torch.dtype | None = No
     out: dict[str, Any] = {"draft_vocab": n, "params_m": round(n * hidden / 1e6, 2),
                            "mmac_per_token": round(n * hidden / 1e6, 2)}
     if repeats:
-        from medusa.modeling import amx_kernel
+        from medusa.modeling import bf16_kernel
 
         dtype = dtype or torch.float32
         w, x = torch.randn(n, hidden, dtype=dtype), torch.randn(rows, hidden, dtype=dtype)
         out[f"ms_{rows}_rows"] = _median_ms(lambda: torch.nn.functional.linear(x, w), repeats)
-        if dtype == torch.bfloat16 and amx_kernel.available() and amx_kernel.fits(w):
-            packed = amx_kernel.pack(w)  # what a bf16 decode runs: the drafter's head packed like the target
-            out[f"ms_{rows}_rows_packed"] = _median_ms(lambda: amx_kernel.rows_matmul(x, packed), repeats)
+        if dtype == torch.bfloat16 and bf16_kernel.available() and bf16_kernel.fits(w):
+            packed = bf16_kernel.pack(w)  # what a bf16 decode runs: the drafter's head packed like the target
+            out[f"ms_{rows}_rows_packed"] = _median_ms(lambda: bf16_kernel.rows_matmul(x, packed), repeats)
     return out
 
 

@@ -61,9 +61,9 @@ def format_floor(floor: dict[str, float], packed_one: float | None, native_one: 
 def stock_vs_packed(base: Any, sizes: Sequence[int] = SIZES, rounds: int = 3, repeats: int = 5,
                     cache_len: int = 200) -> dict[str, dict[int, float]]:
     """``{"stock": {n: seconds}, "packed": {n: seconds}}`` (packed empty where oneDNN's reorder is missing),
-    plus ``"onednn"`` where the packed layers use the AMX kernel (:mod:`medusa.modeling.amx_kernel`): oneDNN's
-    reorder for the same weights, to compare, and ``"native"`` in bfloat16 there: the native body's tree step
-    (:func:`native_curve`), what the decoder runs. ``base`` is left with its linears as it came."""
+    plus ``"onednn"`` where the packed layers use the native kernel (:mod:`medusa.modeling.bf16_kernel`):
+    oneDNN's reorder for the same weights, to compare, and ``"native"`` in bfloat16 there: the native body's
+    tree step (:func:`native_curve`), what the decoder runs. ``base`` is left with its linears as it came."""
     was_packed = unpack_linears(base) > 0
     kernel = any(getattr(m, "amx", None) is not None for m in _packed_probe(base))
     names = ("stock", "packed", "onednn") if kernel else ("stock", "packed")

@@ -122,7 +122,7 @@ class DynamicKV:
     masked): attention sums its scores in 16-lane vectors plus a scalar tail, so a one-token step and a
     tree whose key lengths end in different 16-column chunks would round a row's sums differently; padded,
     a chain of drafts computes bit for bit what one-token steps do (with row-independent linears:
-    :mod:`medusa.modeling.amx_kernel`)."""
+    :mod:`medusa.modeling.bf16_kernel`)."""
 
     hf: Any  # transformers Cache (GrowingLayers): [B, H, past_len, hd] per layer
     mask: torch.Tensor  # [B, 1, N, capacity] float; columns < past_len: 0 real token / dtype-min pad or hole

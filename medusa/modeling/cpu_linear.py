@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa.modeling import amx_kernel
+from medusa.modeling import bf16_kernel
 
 MIN_ROWS, MAX_ROWS = 3, 64  # float32: rows (tokens) per call that use the packed weight (2 rows: no gain)
 PACKED_DTYPES = (torch.float32, torch.bfloat16)  # bfloat16: every row count (1 row: 2.3x stock on AMX)
@@ -93,10 +93,10 @@ class PackedLinear(nn.Module):
         self.weight = linear.weight  # the same Parameters: state-dict keys and tied weights unchanged
         self.bias = linear.bias
         self.packed: torch.Tensor | None = None  # oneDNN's reordered weight (not a buffer: never saved)
-        self.amx: amx_kernel.PackedBf16 | None = None  # or the AMX kernel's packed weight (bfloat16)
+        self.native: bf16_kernel.PackedBf16 | None = None  # or the native kernel's packed weight (bfloat16)
         self.packed_key: tuple[int, ...] = (0, -1)  # (weight data_ptr, _version, bias _version) when packed
         self.stock = False  # True inside stock_linears(): F.linear always
-        self.kernel = kernel  # bfloat16 through the AMX kernel where it fits (False: oneDNN's reorder)
+        self.kernel = kernel  # bf16 through the native kernel where it fits (False: oneDNN's reorder)
         self.repack()
 
     def packable(self) -> bool:
@@ -106,10 +106,10 @@ class PackedLinear(nn.Module):
     def repack(self) -> None:
         """Reorder the current weight (it changed since it was packed: loaded, trained, moved)."""
         w = self.weight
-        if self.kernel and amx_kernel.fits(w):
-            self.packed, self.amx = None, amx_kernel.pack(w, self.bias)
+        if self.kernel and bf16_kernel.fits(w):
+            self.packed, self.native = None, bf16_kernel.pack(w, self.bias)
         else:
-            self.packed, self.amx = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT), None
+            self.packed, self.native = torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT), None
         self.packed_key = self._key()
 
     def _key(self) -> tuple[int, ...]:
@@ -120,12 +120,12 @@ class PackedLinear(nn.Module):
         """``F.linear(x, weight, bias)``, through the packed weight where it pays."""
         if self.stock:
             return F.linear(x, self.weight, self.bias)
-        amx = self.amx
-        if (amx is not None and x.dtype == torch.bfloat16 and x.is_cpu and not torch.is_grad_enabled()
+        native = self.native
+        if (native is not None and x.dtype == torch.bfloat16 and x.is_cpu and not torch.is_grad_enabled()
                 and not torch.compiler.is_compiling()
                 and self._key() == self.packed_key):
-            # the decoder's bfloat16 path, kept short (it runs ~200 times per token): the AMX kernel
-            return amx_kernel.rows_matmul(x, amx)  # [..., out]
+            # the decoder's bfloat16 path, kept short (it runs ~200 times per token): the native kernel
+            return bf16_kernel.rows_matmul(x, native)  # [..., out]
         return self._general(x)
 
     def _general(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,8 +137,8 @@ class PackedLinear(nn.Module):
             return F.linear(x, w, self.bias)
         if self._key() != self.packed_key:
             self.repack()
-        if self.amx is not None:  # bfloat16 through the AMX kernel, any row count
-            return amx_kernel.rows_matmul(x, self.amx)  # [..., out]
+        if self.native is not None:  # bfloat16 through the native kernel, any row count
+            return bf16_kernel.rows_matmul(x, self.native)  # [..., out]
         bias = None if self.bias is None else self.bias.detach()
         y = packed_matmul(x.reshape(rows, x.shape[-1]), self.packed, bias)  # [rows, out]
         return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -170,8 +170,8 @@ def _swap(module: nn.Module, pick: Any, make: Any) -> int:
 def pack_linears(module: nn.Module, kernel: bool = True) -> int:
     """Swap every float32 / bfloat16 CPU ``nn.Linear`` inside ``module`` for a :class:`PackedLinear` (in
     place; a layer packed before is re-packed); returns how many. No-op (0) where :func:`packing_supported`
-    is False. ``kernel``: bfloat16 weights through the AMX kernel where it fits (:mod:`amx_kernel`); False:
-    oneDNN's reorder for every dtype (to compare)."""
+    is False. ``kernel``: bfloat16 weights through the native kernel where it fits (:mod:`bf16_kernel`);
+    False: oneDNN's reorder for every dtype (to compare)."""
     if not packing_supported():
         return 0
     repacked = 0

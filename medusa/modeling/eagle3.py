@@ -219,7 +219,7 @@ class Eagle3Heads(nn.Module):
         layer = self.layers[0]
         bf16 = embeds.dtype == torch.bfloat16  # (float32 never runs natively: the C ops are bfloat16)
         native = native_draft.native_layer_for(self, layer, embeds, mask) if bf16 else None
-        if native is not None:  # bfloat16 on AMX, a few rows: the C ops (medusa.modeling.native_draft)
+        if native is not None:  # bfloat16, a few rows: the native C ops (medusa.modeling.native_draft)
             cos_sin = rotary_table.cos_sin(self._rotary.module, embeds, positions)
             return native_draft.forward(native, embeds, hidden, cos_sin, mask, cache, at)
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]

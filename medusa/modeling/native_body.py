@@ -1,5 +1,5 @@
-"""A Llama-family decoder body in bfloat16 run layer by layer through the AMX kernel and its small ops: the
-decode step's target forward (one token, a chain or a tree of up to 32) at the memory's speed.
+"""A Llama-family decoder body in bfloat16 run layer by layer through the native bf16 kernel and its small
+ops: the decode step's target forward (one token, a chain or a tree of up to 32) at the memory's speed.
 
 Hugging Face's module code spends ~20 ms of a ~40 ms SmolLM2-135M one-token forward around its matmuls
 (~1,500 small tensor ops and the module plumbing: docs/results/bf16-step.md). Here each layer is nine calls:
@@ -29,7 +29,7 @@ from torch import nn
 
 from medusa.decoding.growing_cache import GrowingLayer
 from medusa.decoding.hf import AttentionCache
-from medusa.modeling import amx_kernel, rotary_table
+from medusa.modeling import bf16_kernel, rotary_table
 
 ENV = "MEDUSA_NATIVE_BODY"
 MODEL_TYPES = ("llama", "qwen2")  # RMSNorm (weight * x), rotary q / k, SiLU-gated MLP, full attention
@@ -41,10 +41,10 @@ PLAN_FIELDS = 22  # per layer: (data, np, k, bias, n) of q/k/v, o, gate/up, down
 class NativeLayer:
     """One decoder layer's packed weights (``[out, in]`` before packing) and norm weights ``[d]``."""
 
-    qkv: amx_kernel.PackedBf16  # [(Hq + 2 Hkv) hd, d]: q_proj, k_proj, v_proj stacked
-    o: amx_kernel.PackedBf16  # [d, Hq hd]
-    gate_up: amx_kernel.PackedBf16  # [2 I, d]: gate_proj, up_proj stacked
-    down: amx_kernel.PackedBf16  # [d, I]
+    qkv: bf16_kernel.PackedBf16  # [(Hq + 2 Hkv) hd, d]: q_proj, k_proj, v_proj stacked
+    o: bf16_kernel.PackedBf16  # [d, Hq hd]
+    gate_up: bf16_kernel.PackedBf16  # [2 I, d]: gate_proj, up_proj stacked
+    down: bf16_kernel.PackedBf16  # [d, I]
     input_norm: torch.Tensor  # [d] bfloat16
     post_norm: torch.Tensor  # [d] bfloat16
 
@@ -86,8 +86,8 @@ def unsupported_reason(body: nn.Module, config: Any) -> str:
     """Why ``body`` (a decoder body, ``config`` its text config) cannot run natively ("" when it can)."""
     if disabled():
         return f"{ENV}=0"
-    if not amx_kernel.available():
-        return f"the AMX kernel is unavailable: {amx_kernel.unavailable_reason()}"
+    if not bf16_kernel.available():
+        return f"the native bf16 kernel is unavailable: {bf16_kernel.unavailable_reason()}"
     if getattr(config, "model_type", None) not in MODEL_TYPES:
         return f"model_type {getattr(config, 'model_type', None)!r} is not one of {MODEL_TYPES}"
     if getattr(config, "hidden_act", None) not in ("silu", "swish"):
@@ -100,8 +100,8 @@ def unsupported_reason(body: nn.Module, config: Any) -> str:
         return f"{type(body).__name__} has no layers / rotary_emb / embed_tokens"
     hd = getattr(layers[0].self_attn, "head_dim", 0)
     widths = (config.hidden_size, config.intermediate_size, hd)
-    if any(w % amx_kernel.K_MULTIPLE for w in widths):
-        return f"widths {widths} are not multiples of {amx_kernel.K_MULTIPLE}"
+    if any(w % bf16_kernel.K_MULTIPLE for w in widths):
+        return f"widths {widths} are not multiples of {bf16_kernel.K_MULTIPLE}"
     if hd > 256:
         return f"head_dim {hd} > 256"
     every = [lin for layer in layers for lin in linears(layer)]
@@ -116,14 +116,14 @@ def linears(layer: nn.Module) -> tuple[nn.Module, ...]:
     return a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj
 
 
-def stacked(*linears: nn.Module) -> amx_kernel.PackedBf16:
+def stacked(*linears: nn.Module) -> bf16_kernel.PackedBf16:
     """One packed weight for several linears of the same input, their outputs side by side."""
     weight = torch.cat([lin.weight.detach() for lin in linears])  # [sum out, in]
     biases = [lin.bias for lin in linears]
     bias = None if all(b is None for b in biases) else torch.cat(
         [torch.zeros(lin.out_features) if b is None else b.detach().float()
          for lin, b in zip(linears, biases)])
-    return amx_kernel.pack(weight, bias)
+    return bf16_kernel.pack(weight, bias)
 
 
 def build(body: nn.Module, config: Any) -> NativeBody:
@@ -142,7 +142,7 @@ def build(body: nn.Module, config: Any) -> NativeBody:
         layers=tuple(layers), embed=body.embed_tokens, rotary=body.rotary_emb,
         final_norm=body.norm.weight.detach(), eps=float(body.norm.variance_epsilon),
         hq=config.num_attention_heads, hkv=config.num_key_value_heads, hd=attn.head_dim,
-        inter=config.intermediate_size, lib=amx_kernel.library(), plan=_plan(layers),
+        inter=config.intermediate_size, lib=bf16_kernel.library(), plan=_plan(layers),
         sources=tuple(sources), versions=versions_of(tuple(sources)))
 
 
@@ -154,7 +154,7 @@ def _plan(layers: list[NativeLayer]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def plan_row(m: amx_kernel.PackedBf16) -> list[int]:
+def plan_row(m: bf16_kernel.PackedBf16) -> list[int]:
     """A packed matrix as the one-call passes read it: data address, padded outputs, inputs, bias address
     (0: none), outputs."""
     return [m.data_ptr, m.np, m.k, m.bias_ptr or 0, m.n]
@@ -207,7 +207,7 @@ def forward(native: NativeBody, input_ids: torch.Tensor, mask: torch.Tensor, pos
     for i, layer in enumerate(native.layers):
         attn = attend(lib, x, layer.qkv, cos, sin, mask, cache, i, scratch, native.hq, native.hkv,
                       native.hd)  # [B, T, Hq hd]
-        h, x = add_norm(lib, h, amx_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
+        h, x = add_norm(lib, h, bf16_kernel.rows_matmul(attn, layer.o), layer.post_norm, native.eps)
         last = i + 1 == len(native.layers)
         norm = native.final_norm if last else native.layers[i + 1].input_norm
         h, x = add_norm(lib, h, mlp(lib, x, layer.gate_up, layer.down, native.inter), norm, native.eps)
@@ -264,9 +264,9 @@ def attention_scratch(mask: torch.Tensor, head_dim: int) -> torch.Tensor:
     return torch.empty(16 * mask.shape[-1] + 512, dtype=torch.float32)
 
 
-def attend(lib: Any, x: torch.Tensor, qkv_weight: amx_kernel.PackedBf16, cos: torch.Tensor, sin: torch.Tensor,
-           mask: torch.Tensor, cache: Any, layer_idx: int, scratch: torch.Tensor, hq: int, hkv: int, hd: int
-           ) -> torch.Tensor:
+def attend(lib: Any, x: torch.Tensor, qkv_weight: bf16_kernel.PackedBf16, cos: torch.Tensor,
+           sin: torch.Tensor, mask: torch.Tensor, cache: Any, layer_idx: int, scratch: torch.Tensor, hq: int,
+           hkv: int, hd: int) -> torch.Tensor:
     """A layer's attention before o_proj: ``x [B, T, k]`` (normed) -> q / k / v in one product, rotary
     embedding (``cos``, ``sin`` ``[B, T, hd]``) on q and k in place, k / v appended to ``cache``'s layer
     ``layer_idx`` (its ``update`` gives back every column), attention under ``mask [B, 1, T, S]`` ->
@@ -274,7 +274,7 @@ def attend(lib: Any, x: torch.Tensor, qkv_weight: amx_kernel.PackedBf16, cos: to
     (:func:`rotary_table.row_major`)."""
     b, t = x.shape[0], x.shape[1]
     qd, kd = hq * hd, hkv * hd
-    qkv = amx_kernel.rows_matmul(x, qkv_weight)  # [B, T, qd + 2 kd]
+    qkv = bf16_kernel.rows_matmul(x, qkv_weight)  # [B, T, qd + 2 kd]
     lib.medusa_rope(qkv.data_ptr(), b * t, qkv.shape[-1], hq + hkv, hd, cos.data_ptr(), sin.data_ptr(),
                     cos.stride(-2))
     k = qkv[..., qd:qd + kd].view(b, t, hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
@@ -301,13 +301,13 @@ def _growing_layer(cache: Any, layer_idx: int) -> GrowingLayer | None:
     return layer
 
 
-def mlp(lib: Any, x: torch.Tensor, gate_up: amx_kernel.PackedBf16, down: amx_kernel.PackedBf16,
+def mlp(lib: Any, x: torch.Tensor, gate_up: bf16_kernel.PackedBf16, down: bf16_kernel.PackedBf16,
         inter: int) -> torch.Tensor:
     """``down(SiLU(gate(x)) * up(x))`` for ``x [..., d]`` (normed) -> ``[..., d]``."""
-    gu = amx_kernel.rows_matmul(x, gate_up)  # [..., 2 I]
+    gu = bf16_kernel.rows_matmul(x, gate_up)  # [..., 2 I]
     act = torch.empty(*x.shape[:-1], inter, dtype=torch.bfloat16)
     lib.medusa_silu_mul(gu.data_ptr(), x.numel() // x.shape[-1], inter, 2 * inter, act.data_ptr(), inter)
-    return amx_kernel.rows_matmul(act, down)
+    return bf16_kernel.rows_matmul(act, down)
 
 
 def rms_norm(lib: Any, h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The EAGLE-3 draft layer's pass in bfloat16 through the AMX kernel and its C ops (:mod:`native_body`'s
-attention and MLP blocks): a drafting level of at most 32 nodes without the HF layer's module code.
+"""The EAGLE-3 draft layer's pass in bfloat16 through the native bf16 kernel and its C ops
+(:mod:`native_body`'s attention and MLP blocks): a drafting level of at most 32 nodes without the HF layer's
+module code.
 
 Per pass: two RMSNorms (the token's embedding, the hidden input) side by side -> one fused q/k/v product over
 the ``2d`` join -> rotary embedding -> the drafter's cache -> attention -> o_proj -> residual + RMSNorm ->
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from medusa.modeling import amx_kernel, native_body, rotary_table
+from medusa.modeling import bf16_kernel, native_body, rotary_table
 from medusa.native import pick
 
 
@@ -31,10 +32,10 @@ from medusa.native import pick
 class NativeDraftLayer:
     """The draft layer's packed weights and norms (``[d]``), and the tensors (and versions) packed from."""
 
-    qkv: amx_kernel.PackedBf16  # [(Hq + 2 Hkv) hd, 2d]
-    o: amx_kernel.PackedBf16  # [d, Hq hd]
-    gate_up: amx_kernel.PackedBf16  # [2 I, d]
-    down: amx_kernel.PackedBf16  # [d, I]
+    qkv: bf16_kernel.PackedBf16  # [(Hq + 2 Hkv) hd, 2d]
+    o: bf16_kernel.PackedBf16  # [d, Hq hd]
+    gate_up: bf16_kernel.PackedBf16  # [2 I, d]
+    down: bf16_kernel.PackedBf16  # [d, I]
     input_norm: torch.Tensor
     hidden_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -61,8 +62,8 @@ def _supported(layer: nn.Module) -> bool:
     linears = native_body.linears(layer)
     widths = (attn.q_proj.in_features, m.down_proj.in_features, attn.head_dim)
     act = type(m.act_fn).__name__.lower()
-    return (amx_kernel.available() and all(amx_kernel.fits(lin.weight) for lin in linears)
-            and not any(w % amx_kernel.K_MULTIPLE for w in widths) and attn.head_dim <= 256
+    return (bf16_kernel.available() and all(bf16_kernel.fits(lin.weight) for lin in linears)
+            and not any(w % bf16_kernel.K_MULTIPLE for w in widths) and attn.head_dim <= 256
             and ("silu" in act or "swish" in act) and hasattr(layer, "hidden_norm"))
 
 
@@ -83,7 +84,8 @@ def _build(layer: nn.Module) -> NativeDraftLayer:
         post_norm=norms[2],
         eps=float(layer.input_layernorm.variance_epsilon),
         hq=attn.q_proj.out_features // attn.head_dim, hkv=attn.k_proj.out_features // attn.head_dim,
-        hd=attn.head_dim, inter=m.down_proj.in_features, lib=amx_kernel.library(), plan=plan, sources=sources,
+        hd=attn.head_dim, inter=m.down_proj.in_features, lib=bf16_kernel.library(), plan=plan,
+        sources=sources,
         versions=native_body.versions_of(sources))
 
 
@@ -123,7 +125,7 @@ def forward(native: NativeDraftLayer, embeds: torch.Tensor, hidden: torch.Tensor
     attn = native_body.attend(lib, x, native.qkv, cos, sin, mask, cache, 0,
                               native_body.attention_scratch(mask, native.hd), native.hq, native.hkv,
                               native.hd)
-    h, normed = native_body.add_norm(lib, hidden, amx_kernel.rows_matmul(attn, native.o), native.post_norm,
+    h, normed = native_body.add_norm(lib, hidden, bf16_kernel.rows_matmul(attn, native.o), native.post_norm,
                                      native.eps)  # [B, T, d] each
     if at is not None:
         rows = torch.arange(h.shape[0], device=h.device)
@@ -156,9 +158,9 @@ def final_norm(norm: nn.Module, g: torch.Tensor) -> torch.Tensor:
     weight = getattr(norm, "weight", None)
     if (torch.is_grad_enabled() or g.dtype != torch.bfloat16 or not isinstance(weight, torch.Tensor)
             or weight.dtype != torch.bfloat16 or g.shape[-1] % 16 or not hasattr(norm, "variance_epsilon")
-            or not amx_kernel.available() or native_body.disabled()):
+            or not bf16_kernel.available() or native_body.disabled()):
         return norm(g)
-    return native_body.rms_norm(amx_kernel.library(), g.contiguous(), weight.detach(),
+    return native_body.rms_norm(bf16_kernel.library(), g.contiguous(), weight.detach(),
                                 float(norm.variance_epsilon))
 
 
@@ -166,14 +168,14 @@ def final_norm(norm: nn.Module, g: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class NativeDrafter:
-    """What a one-call drafting pass reads besides the draft layer: the AMX-packed copies the drafter's own
+    """What a one-call drafting pass reads besides the draft layer: the kernel-packed copies the drafter's own
     ``fc`` (``[d, F]``) and draft LM head (``[N, d]``) ``PackedLinear``s hold (the stepwise path's very
     products; no second copy), the final norm's weight ``[d]``, the base's input embedding weight ``[V, d]``
     and rotary module, the matrices as plan rows (int64 ``[5]``), and ``key``: what it was built from."""
 
     layer: NativeDraftLayer
-    fc: amx_kernel.PackedBf16
-    head: amx_kernel.PackedBf16
+    fc: bf16_kernel.PackedBf16
+    head: bf16_kernel.PackedBf16
     final_norm: torch.Tensor
     eps: float
     embedding: torch.Tensor
@@ -187,14 +189,14 @@ class NativeDrafter:
 _DRAFTERS: weakref.WeakKeyDictionary[nn.Module, NativeDrafter] = weakref.WeakKeyDictionary()
 
 
-def _amx_of(linear: nn.Module) -> amx_kernel.PackedBf16 | None:
-    """The AMX-packed weight a ``PackedLinear`` computes through (bf16, kernel on, freshly packed, no
+def _native_of(linear: nn.Module) -> bf16_kernel.PackedBf16 | None:
+    """The kernel-packed weight a ``PackedLinear`` computes through (bf16, kernel on, freshly packed, no
     bias), else None: only then does the stepwise path run the kernel the one-call pass runs."""
-    amx = getattr(linear, "amx", None)
-    if (amx is None or getattr(linear, "stock", True) or not getattr(linear, "kernel", False)
+    native = getattr(linear, "native", None)
+    if (native is None or getattr(linear, "stock", True) or not getattr(linear, "kernel", False)
             or linear.bias is not None or linear._key() != linear.packed_key):
         return None
-    return amx
+    return native
 
 
 def _key(drafter: nn.Module) -> tuple:
@@ -202,7 +204,7 @@ def _key(drafter: nn.Module) -> tuple:
     tensors, the two packed products, the final norm, the embedding and the rotary module."""
     layer, emb, norm = drafter.layers[0], drafter._embedding.module, drafter.norm
     tensors = [p for p in layer.parameters()] + [getattr(emb, "weight", None), getattr(norm, "weight", None)]
-    packed = (_amx_of(drafter.fc), _amx_of(drafter.lm_head))
+    packed = (_native_of(drafter.fc), _native_of(drafter.lm_head))
     return (tuple((t.data_ptr(), t._version) if isinstance(t, torch.Tensor) else None for t in tensors),
             tuple(None if m is None else m.data_ptr for m in packed), id(drafter._rotary.module), id(emb),
             id(norm), id(layer))
@@ -211,7 +213,7 @@ def _key(drafter: nn.Module) -> tuple:
 def _drafter_parts(drafter: nn.Module, key: tuple) -> NativeDrafter | None:
     layer = _layer_of(drafter, drafter.layers[0])
     emb, rotary, norm = drafter._embedding.module, drafter._rotary.module, drafter.norm
-    fc, head = _amx_of(drafter.fc), _amx_of(drafter.lm_head)
+    fc, head = _native_of(drafter.fc), _native_of(drafter.lm_head)
     weights = (emb.weight, getattr(norm, "weight", None))
     if (layer is None or fc is None or head is None or type(emb) is not nn.Embedding or rotary is None
             or not rotary_table.tabled(rotary) or not hasattr(norm, "variance_epsilon")
@@ -230,11 +232,11 @@ def _drafter_parts(drafter: nn.Module, key: tuple) -> NativeDrafter | None:
 def drafter_for(drafter: nn.Module, k: int) -> NativeDrafter | None:
     """``drafter`` (an :class:`~medusa.modeling.eagle3.Eagle3Heads`) ready for :func:`step` / :func:`top`
     (inference in bfloat16 on a CPU whose kernel is available, ``fc`` and the LM head computing through the
-    AMX kernel -- packed by ``pack_linears``, as the stepwise path then runs them --, a plain embedding, a
+    native kernel -- packed by ``pack_linears``, as the stepwise path then runs them --, a plain embedding, a
     static rotary kind, ``k`` children at most :data:`medusa.native.pick.MAX_K` and the draft vocabulary),
     else None. Rebuilt whenever a module or weight it reads was replaced or changed."""
     if (torch.is_grad_enabled() or drafter.dtype != torch.bfloat16 or native_body.disabled()
-            or not amx_kernel.available() or k > min(pick.MAX_K, drafter.lm_head.out_features)):
+            or not bf16_kernel.available() or k > min(pick.MAX_K, drafter.lm_head.out_features)):
         return None
     key = _key(drafter)
     packed = _DRAFTERS.get(drafter)

@@ -1,14 +1,16 @@
 """The C library behind the decoder's native paths, built once per machine and loaded through ``ctypes``.
 
-Its sources (``kernels/``): the bfloat16 product of a few rows against an AMX-packed weight
-(``amx_bf16_rows.c``, driven by :mod:`medusa.modeling.amx_kernel`), the decoder layer's small ops between
-matmuls (``bf16_decoder_ops.c``, :mod:`medusa.modeling.native_body`) and the picks made from logits
+Its sources (``kernels/``): the bfloat16 product of a few rows against a packed weight -- through Intel AMX
+tiles (``amx_bf16_rows.c``) where the CPU has them, else through AVX-512 BF16 (``avx512_bf16_rows.c``: AMD
+Zen 4 / Zen 5, Intel Cooper Lake), chosen once per process behind one entry point (``bf16_rows.c``) and
+driven by :mod:`medusa.modeling.bf16_kernel` --, the decoder layer's small ops between matmuls
+(``bf16_decoder_ops.c``, :mod:`medusa.modeling.native_body`) and the picks made from logits
 (``bf16_pick_ops.c``, :mod:`medusa.native.pick`). It is built with the system's C compiler (``$CC``, else
 ``cc``) into ``$MEDUSA_CACHE/kernels`` (``~/.cache/medusa/kernels``; the file is named by a hash of sources,
-flags and compiler, written to a temporary name and renamed, so concurrent builders are safe). Used where
-the CPU has AMX-BF16 (Linux ``/proc/cpuinfo``), the compiler builds it and the kernel grants the tile state;
-:func:`unavailable_reason` says why not otherwise, and every caller keeps its torch path.
-``MEDUSA_AMX_KERNEL=0`` turns it off (to compare).
+flags and compiler, written to a temporary name and renamed, so concurrent builders are safe). Used where the CPU has
+AVX-512 BF16 (Linux ``/proc/cpuinfo``) and the compiler builds it; :func:`unavailable_reason` says why not
+otherwise, and every caller keeps its torch path; :func:`kind` says which matmul runs.
+``MEDUSA_BF16_KERNEL=0`` turns it off, ``=avx512`` takes AVX-512 BF16 on a CPU with AMX too (to compare).
 
 It sits at the bottom of the package (it imports nothing of medusa's but :mod:`medusa.io`), so the decode
 loop (:mod:`medusa.decoding`) and the models (:mod:`medusa.modeling`) both call it.
@@ -29,13 +31,14 @@ from pathlib import Path
 from medusa.io import cache_root
 
 SOURCES = tuple(Path(__file__).with_name("kernels") / name
-                for name in ("amx_bf16_rows.c", "bf16_decoder_ops.c", "bf16_pick_ops.c", "bf16_layers.c",
-                             "bf16_draft_step.c"))
+                for name in ("bf16_rows.c", "amx_bf16_rows.c", "avx512_bf16_rows.c", "bf16_decoder_ops.c",
+                             "bf16_pick_ops.c", "bf16_layers.c", "bf16_draft_step.c"))
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
          "-shared", "-fPIC")
 # included by the sources: hashed with them
 HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("bf16_simd.h", "medusa_ops.h"))
-ENV = "MEDUSA_AMX_KERNEL"
+ENV = "MEDUSA_BF16_KERNEL"  # "0": off; "avx512": AVX-512 BF16 even where AMX is (to compare)
+AMX, AVX512 = "amx", "avx512_bf16"  # what kind() answers
 _C_LONG, _PTR = ctypes.c_long, ctypes.c_void_p
 
 
@@ -64,11 +67,11 @@ def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [source.read_text() for source in (*SOURCES, *HEADERS)]
     digest = hashlib.sha256("\0".join([*texts, *FLAGS, version]).encode()).hexdigest()[:16]
-    target = kernel_dir() / f"amx_bf16_rows-{digest}.so"
+    target = kernel_dir() / f"medusa_kernels-{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".amx_bf16_rows-", suffix=".so", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".medusa_kernels-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         done = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
@@ -84,31 +87,36 @@ def _build(cc: str) -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL | None, str]:
-    """The loaded kernel, or None and why not (asked once per process)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"{ENV}=0"
+def _library() -> tuple[ctypes.CDLL | None, str, str]:
+    """The loaded kernel, the matmul it runs (:data:`AMX` or :data:`AVX512`) and why none ("" when loaded);
+    asked once per process."""
+    choice = os.environ.get(ENV, "1").strip().lower()
+    if choice in ("0", "false", "no", "off"):
+        return None, "", f"{ENV}=0"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"not an x86-64 Linux host ({platform.system()} {platform.machine()})"
-    missing = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw"} - _cpu_flags()
+        return None, "", f"not an x86-64 Linux host ({platform.system()} {platform.machine()})"
+    flags = _cpu_flags()
+    missing = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} - flags
     if missing:
-        return None, f"this CPU lacks {', '.join(sorted(missing))}"
+        return None, "", f"this CPU lacks {', '.join(sorted(missing))}"
     cc = _compiler()
     if cc is None:
-        return None, "no C compiler ($CC or cc) to build the kernel"
+        return None, "", "no C compiler ($CC or cc) to build the kernel"
     try:
         lib = ctypes.CDLL(str(_build(cc)))
     except (OSError, subprocess.SubprocessError) as e:
-        return None, f"building the kernel failed: {e}"
-    if lib.medusa_amx_init() != 0:
-        return None, "the OS refused the AMX tile state (arch_prctl)"
+        return None, "", f"building the kernel failed: {e}"
+    amx = {"amx_tile", "amx_bf16"} <= flags and choice != "avx512"
+    if lib.medusa_kernel_init(int(amx)) != 0:  # the OS refused the AMX tile state (arch_prctl)
+        amx = False
+        lib.medusa_kernel_init(0)
     lib.medusa_bf16_pack.argtypes = [_PTR, _C_LONG, _C_LONG, _C_LONG, _PTR, _C_LONG, _C_LONG]
     lib.medusa_bf16_pack.restype = None
-    lib.medusa_bf16_rows_amx.argtypes = [_PTR, _C_LONG, _C_LONG, _PTR, _C_LONG, _C_LONG, _PTR, _PTR, _C_LONG,
-                                         _C_LONG]
-    lib.medusa_bf16_rows_amx.restype = None
+    lib.medusa_bf16_rows.argtypes = [_PTR, _C_LONG, _C_LONG, _PTR, _C_LONG, _C_LONG, _PTR, _PTR, _C_LONG,
+                                     _C_LONG]
+    lib.medusa_bf16_rows.restype = None
     _declare_ops(lib)
-    return lib, ""
+    return lib, AMX if amx else AVX512, ""
 
 
 def _declare_ops(lib: ctypes.CDLL) -> None:
@@ -148,7 +156,14 @@ def available() -> bool:
 
 def unavailable_reason() -> str:
     """Why :func:`available` is False ("" when it is True)."""
+    return _library()[2]
+
+
+def kind() -> str:
+    """The matmul the kernel runs on this machine: :data:`AMX` or :data:`AVX512` ("" where unavailable)."""
     return _library()[1]
 
 
-__all__ = ["ENV", "FLAGS", "HEADERS", "SOURCES", "available", "kernel_dir", "library", "unavailable_reason"]
+__all__ = ["AMX", "AVX512", "ENV", "FLAGS", "HEADERS", "SOURCES", "available", "kernel_dir", "kind",
+           "library",
+           "unavailable_reason"]

@@ -40,11 +40,11 @@ def test_head_cost_counts_and_times():
 
 
 def test_head_cost_times_the_packed_head_in_bf16_where_the_kernel_runs():
-    from medusa.modeling import amx_kernel
+    from medusa.modeling import bf16_kernel
 
     cost = C.head_cost(256, 64, rows=4, dtype=torch.bfloat16, repeats=2)
     assert cost["ms_4_rows"] > 0
-    assert ("ms_4_rows_packed" in cost) == (amx_kernel.available() and amx_kernel.fits(torch.zeros(256, 64,
+    assert ("ms_4_rows_packed" in cost) == (bf16_kernel.available() and bf16_kernel.fits(torch.zeros(256, 64,
                                                                                              dtype=torch.bfloat16)))
 
 

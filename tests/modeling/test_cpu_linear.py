@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medusa import MedusaModel
-from medusa.modeling import amx_kernel, cpu_linear
+from medusa.modeling import bf16_kernel, cpu_linear
 from medusa.modeling.cpu_linear import (
     MAX_ROWS,
     MIN_ROWS,
@@ -99,13 +99,13 @@ def test_only_float32_and_native_bfloat16_cpu_linears_are_packed_and_shared_weig
 def kernel_calls(monkeypatch):
     """How many times the AMX kernel ran (rows per call)."""
     seen = []
-    real = amx_kernel.rows_matmul
+    real = bf16_kernel.rows_matmul
 
     def counting(x, packed):
         seen.append(x.shape[0])
         return real(x, packed)
 
-    monkeypatch.setattr(amx_kernel, "rows_matmul", counting)
+    monkeypatch.setattr(bf16_kernel, "rows_matmul", counting)
     return seen
 
 
@@ -127,7 +127,7 @@ def test_bfloat16_packs_every_row_count_one_included(calls, kernel_calls, bias, 
             y = layer(x)
             assert y.dtype == torch.bfloat16
             torch.testing.assert_close(y.float(), exact, rtol=2e-2, atol=2e-2)  # bf16 output rounding
-    if amx_kernel.available() and width % amx_kernel.K_MULTIPLE == 0:  # the kernel, any row count
+    if bf16_kernel.available() and width % bf16_kernel.K_MULTIPLE == 0:  # the kernel, any row count
         assert kernel_calls == list(row_counts) and calls == []
     else:
         assert calls == list(row_counts) and kernel_calls == []

@@ -12,15 +12,15 @@ from tree_masks import tree_mask
 
 from medusa.decoding.growing_cache import growing_cache
 from medusa.decoding.kv_cache import KV_PAD
-from medusa.modeling import amx_kernel, native_body
+from medusa.modeling import bf16_kernel, native_body
 from medusa.modeling.base import decoder_of, text_config
 from medusa.modeling.cpu_linear import pack_linears
 from medusa.modeling.model import MedusaModel
 
 from tiny_models import tiny_model
 
-pytestmark = pytest.mark.skipif(not amx_kernel.available(),
-                                reason=f"AMX kernel unavailable: {amx_kernel.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not bf16_kernel.available(),
+                                reason=f"AMX kernel unavailable: {bf16_kernel.unavailable_reason()}")
 
 
 def _model(arch: str = "llama", **kwargs) -> torch.nn.Module:
@@ -153,7 +153,7 @@ def test_a_changed_weight_is_repacked():
         second = native_body.native_for(medusa, body, text_config(medusa.base_model), ids, mask, cache)
     assert second is not None and second is not first and second.fresh()
     x = torch.ones(1, 256, dtype=torch.bfloat16)
-    assert torch.equal(amx_kernel.rows_matmul(x, second.layers[1].down), body.layers[1].mlp.down_proj(x))
+    assert torch.equal(bf16_kernel.rows_matmul(x, second.layers[1].down), body.layers[1].mlp.down_proj(x))
 
 
 def test_what_it_cannot_run_is_named_and_left_to_the_model(monkeypatch):

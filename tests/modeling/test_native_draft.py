@@ -8,15 +8,15 @@ import copy
 import pytest
 import torch
 
-from medusa.modeling import amx_kernel, native_body, native_draft
+from medusa.modeling import bf16_kernel, native_body, native_draft
 from medusa.modeling.cpu_linear import pack_linears
 from medusa.modeling.eagle3 import DraftKV
 from medusa.modeling.model import MedusaModel
 
 from tiny_models import tiny_model
 
-pytestmark = pytest.mark.skipif(not amx_kernel.available(),
-                                reason=f"AMX kernel unavailable: {amx_kernel.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not bf16_kernel.available(),
+                                reason=f"AMX kernel unavailable: {bf16_kernel.unavailable_reason()}")
 
 NEG = torch.finfo(torch.bfloat16).min
 
@@ -181,13 +181,13 @@ def test_the_one_call_pass_follows_the_drafters_modules_and_packing():
     bf16._embedding.module = copy.deepcopy(bf16._embedding.module).bfloat16()
     with torch.no_grad():
         first = native_draft.drafter_for(bf16, 2)
-        assert first is not None and first.head is bf16.lm_head.amx  # the PackedLinear's own copy
+        assert first is not None and first.head is bf16.lm_head.native  # the PackedLinear's own copy
         smaller = torch.nn.Linear(128, 64, bias=False).bfloat16()
         bf16.lm_head = smaller  # not packed: the stepwise path runs F.linear, so must the drafter
         assert native_draft.drafter_for(bf16, 2) is None
         pack_linears(bf16)
         again = native_draft.drafter_for(bf16, 2)
-        assert again is not None and again.head is bf16.lm_head.amx and again.head.n == 64
+        assert again is not None and again.head is bf16.lm_head.native and again.head.n == 64
         g = torch.randn(3, 128).bfloat16()
         values, ids = native_draft.top(again, g, 2)
         logits = bf16.logits(g)

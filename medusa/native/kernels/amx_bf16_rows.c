@@ -1,5 +1,5 @@
 /* y[M, N] = x[M, K] @ W[N, K]^T (+ bias[N]) for bfloat16 x, W, y with float32 accumulation, through Intel
- * AMX tiles (tdpbf16ps), one thread. Built once per machine by medusa/modeling/amx_kernel.py.
+ * AMX tiles (tdpbf16ps), one thread. Built once per machine by medusa/modeling/bf16_kernel.py.
  *
  * The weight is packed once (medusa_bf16_pack) into 16-column blocks of k-pairs: block j,
  * pair p holds (W[o][2p], W[o][2p+1]) for o = 16j .. 16j+15 -- 64 bytes, so 16 consecutive pairs of a block

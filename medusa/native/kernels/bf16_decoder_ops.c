@@ -1,7 +1,7 @@
 /* The bfloat16 decoder layer's small operations between its matmuls, one thread, AVX-512 (+ BF16 dot
  * products): RMSNorm (with the residual add before it), rotary embedding in place, grouped-query attention
  * of a few query rows over the KV cache, and SiLU(gate) * up. Built into the same library as
- * amx_bf16_rows.c by medusa/modeling/amx_kernel.py and driven by medusa/modeling/native_body.py.
+ * amx_bf16_rows.c by medusa/modeling/bf16_kernel.py and driven by medusa/modeling/native_body.py.
  *
  * Each op rounds to bfloat16 where Hugging Face's Llama code does (an op's output is a bfloat16 tensor) and
  * computes in float32 in between. Every output row depends on that row's inputs only, in one fixed order of
@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "bf16_simd.h"
+#include "medusa_ops.h"
 
 static inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); } /* round to nearest even */
 
@@ -186,11 +187,31 @@ static void configure_score_tiles(void) {
     _tile_loadconfig(&cfg);
 }
 
+/* Without AMX: the same C tile through AVX-512 BF16. ct[m][i] (16 x 16 float32) = key m (row m of a, stride
+ * lda elements) . query i over `pairs` pairs of head_dim, qt laid out [pairs][16 queries][2]; each score is
+ * one chain of vdpbf16ps over the pairs, whichever tile row and column it falls in. */
+static void scores16(const uint16_t *a, long lda, const uint16_t *qt, long pairs, float *ct) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+    for (long p = 0; p < pairs; p++) {
+        __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qt + p * 32));
+#pragma GCC unroll 16
+        for (int m = 0; m < 16; m++) {
+            __m512bh kv = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(a + m * lda + 2 * p));
+            acc[m] = _mm512_dpbf16_ps(acc[m], kv, qv);
+        }
+    }
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) _mm512_storeu_ps(ct + 16 * m, acc[m]);
+}
+
 /* Attention of batch x t query rows (row bi * t + ti of q, stride ldq; head h at column h * hd) over
  * `cols` cached columns of keys / values kc / vc ([B, Hkv, S, hd]: strides sb, sh, ss elements, the last 1),
  * query head h reading KV head h / (hq / hkv). mask [B, t, cols] bfloat16 additive (strides mb, mt): a column
  * below -1e30 is skipped. out [rows, hq * hd] (stride ldo) in bfloat16. scratch: cols * (hd + 16) + 512
- * floats. The scores of 16 keys x 16 queries are one pair of AMX tile products per 32 of head_dim (each score
+ * floats. The scores of 16 keys x 16 queries are one pair of AMX tile products per 32 of head_dim (without AMX
+ * the same through AVX-512 BF16, scores16; each score
  * the same chain of products whichever tile row and column it falls in), the softmax and the weighted sum of
  * values in float32 per query. */
 void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, long hkv, long hd,
@@ -200,7 +221,7 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
     long group = hq / hkv, nq = t * group, width = (cols + 15) / 16 * 16 + 16, chunks = hd / 32;
     float *sc = scratch, ct[256]; /* scores of 16 queries: scratch holds 16 * width floats */
     uint16_t qt[256 * 16], tail[16 * 256];
-    configure_score_tiles();
+    if (medusa_amx_on) configure_score_tiles();
     for (long bi = 0; bi < batch; bi++)
         for (long g = 0; g < hkv; g++) {
             const uint16_t *kb = kc + bi * sb + g * sh, *vb = vc + bi * sb + g * sh;
@@ -222,13 +243,17 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         a = tail;
                         lda = hd * 2;
                     }
-                    _tile_zero(0);
-                    for (long c = 0; c < chunks; c++) {
-                        _tile_loadd(1, a + 32 * c, lda);
-                        _tile_loadd(2, qt + c * 16 * 32, 64);
-                        _tile_dpbf16ps(0, 1, 2);
+                    if (medusa_amx_on) {
+                        _tile_zero(0);
+                        for (long c = 0; c < chunks; c++) {
+                            _tile_loadd(1, a + 32 * c, lda);
+                            _tile_loadd(2, qt + c * 16 * 32, 64);
+                            _tile_dpbf16ps(0, 1, 2);
+                        }
+                        _tile_stored(0, ct, 64);
+                    } else {
+                        scores16(a, lda / 2, qt, hd / 2, ct);
                     }
-                    _tile_stored(0, ct, 64);
                     __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
                     __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
                                                                          4, 3, 2, 1, 0), _mm512_set1_epi32(16));
@@ -253,7 +278,7 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                 softmax_values(sc, width, n, vb, ss, hd, cols, outs);
             }
         }
-    _tile_release();
+    if (medusa_amx_on) _tile_release();
 }
 
 /* out [rows, inter] = bf16(SiLU(gate)) * up, gate and up side by side in gu [rows, 2 * inter] (stride ldg). */

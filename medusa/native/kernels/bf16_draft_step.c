@@ -4,7 +4,7 @@
  * ctypes calls per drafting level (the embedding lookup, the rotary rows, the final RMSNorm, the LM head, the
  * top-k log-softmax), ~0.1 ms each once a step's weights have pushed the code and data out of the caches.
  * Here they are the same ops on the same values in the same order: the embedding rows and rotary rows are
- * copied (exact), the products go through medusa_bf16_rows_amx, the norms through medusa_rms_norm and the
+ * copied (exact), the products go through medusa_bf16_rows, the norms through medusa_rms_norm and the
  * picks through medusa_top_log_softmax, so the results are bit for bit the stepwise path's. */
 #include <stdint.h>
 #include <string.h>
@@ -12,7 +12,7 @@
 #include "medusa_ops.h"
 
 static void product(const uint16_t *x, long rows, const int64_t *p, uint16_t *y) {
-    medusa_bf16_rows_amx(x, rows, (long)p[2], (const uint16_t *)(intptr_t)p[0], (long)p[1], (long)p[2],
+    medusa_bf16_rows(x, rows, (long)p[2], (const uint16_t *)(intptr_t)p[0], (long)p[1], (long)p[2],
                          (const float *)(intptr_t)p[3], y, (long)p[4], (long)p[4]);
 }
 

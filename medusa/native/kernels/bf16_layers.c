@@ -23,7 +23,7 @@ static packed matrix(const int64_t *p) {
 }
 
 static void product(const uint16_t *x, long rows, packed m, uint16_t *y) {
-    medusa_bf16_rows_amx(x, rows, m.k, m.w, m.np, m.k, m.bias, y, m.n, m.n);
+    medusa_bf16_rows(x, rows, m.k, m.w, m.np, m.k, m.bias, y, m.n, m.n);
 }
 
 /* The body over rows = batch * t tokens. In: h [rows, d] the embeddings, x [rows, d] their RMSNorm by the

@@ -5,8 +5,15 @@
 
 #include <stdint.h>
 
+int medusa_amx_init(void);
 void medusa_bf16_rows_amx(const uint16_t *x, long M, long ldx, const uint16_t *wp, long np, long kp,
                           const float *bias, uint16_t *y, long n, long ldy);
+void medusa_bf16_rows_avx512(const uint16_t *x, long M, long ldx, const uint16_t *wp, long np, long kp,
+                             const float *bias, uint16_t *y, long n, long ldy);
+/* the chosen one of the two (bf16_rows.c); medusa_amx_on: whether it is AMX */
+extern int medusa_amx_on;
+void medusa_bf16_rows(const uint16_t *x, long M, long ldx, const uint16_t *wp, long np, long kp,
+                      const float *bias, uint16_t *y, long n, long ldy);
 void medusa_rms_norm(const uint16_t *x, long rows, long d, const uint16_t *w, float eps, uint16_t *out);
 void medusa_add_rms_norm(const uint16_t *h, const uint16_t *delta, long rows, long d, const uint16_t *w,
                          float eps, uint16_t *h_out, uint16_t *out);

@@ -1,18 +1,27 @@
-"""The bfloat16 product of a few rows against a packed weight through Intel AMX tiles: the decoder's every
-matmul (one-token step, tree verification, drafting, LM heads) at the memory's streaming speed.
+"""The bfloat16 product of a few rows against a packed weight, in C: the decoder's every matmul (one-token
+step, tree verification, drafting, LM heads) at the memory's streaming speed.
 
-oneDNN's packed bfloat16 linear streams a weight at ~6 GB/s when one to 32 rows multiply it on one core
-of an Intel Xeon with AMX; stock ``F.linear`` at ~5. This kernel (``kernels/amx_bf16_rows.c``) reads the
-weight once, in order, as AMX B tiles straight from a copy packed at load time, and reaches ~11 GB/s for 1 to
-16 rows (SmolLM2-135M's 30 layers: 20 ms against oneDNN's 36; ``docs/results/bf16-step.md``); from 64 rows
-(a prompt's prefill) it streams the weight once for all of them, in panels kept in the core's caches. A row's
-result does not depend on which rows share the call (AMX multiplies each row of a tile on its own and every
-output is the same chain of tile products): a tree's root, and a chain laid out in depth order, compute
-exactly what one-token steps would.
+Two implementations behind one entry point, chosen once per process (:mod:`medusa.native.library`):
 
-It is C in the library :mod:`medusa.native.library` builds once per machine and loads (its ``available``,
-``library``, ``unavailable_reason``, ``kernel_dir`` and ``ENV`` are re-exported here); where it is not
-available, callers keep oneDNN's path. ``MEDUSA_AMX_KERNEL=0`` turns it off (to compare).
+- **AMX tiles** (``kernels/amx_bf16_rows.c``, Intel Sapphire Rapids and later). oneDNN's packed bfloat16
+  linear streams a weight at ~6 GB/s when one to 32 rows multiply it on one core of such a Xeon; stock
+  ``F.linear`` at ~5. The kernel reads the weight once, in order, as AMX B tiles straight from a copy packed
+  at load time: ~11 GB/s for 1 to 16 rows (SmolLM2-135M's 30 layers: 20 ms against oneDNN's 36;
+  ``docs/results/bf16-step.md``).
+- **AVX-512 BF16** (``kernels/avx512_bf16_rows.c``, AMD Zen 4 / Zen 5, Intel Cooper Lake): one
+  ``vdpbf16ps`` per pair of inputs and 16 outputs, the weight in panels of 64 outputs that every group of six
+  rows runs over before the next (eight weight streams at once for one or two rows). On an AMD EPYC (Zen 5)
+  one row streams SmolLM2's 57 MB LM head at 38 GB/s against stock ``F.linear``'s 16; from 16 rows it
+  multiplies at ~450-490 GFLOP/s.
+
+From 64 rows (a prompt's prefill) both stream the weight once for all rows. A row's result does not depend
+on which rows share the call (every output is the same chain of products over k, whatever the batch): a
+tree's root, and a chain laid out in depth order, compute exactly what one-token steps would. The two
+implementations may round differently from each other; one machine always runs the same one.
+
+Its ``available``, ``library``, ``unavailable_reason``, ``kind``, ``kernel_dir`` and ``ENV`` are re-exported
+here from :mod:`medusa.native.library`; where it is not available, callers keep oneDNN's path.
+``MEDUSA_BF16_KERNEL=0`` turns it off (to compare).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from typing import Any
 
 import torch
 
-from medusa.native.library import ENV, available, kernel_dir, library, unavailable_reason  # noqa: F401
+from medusa.native.library import ENV, available, kernel_dir, kind, library, unavailable_reason  # noqa: F401
 
 K_MULTIPLE = 32  # the input width must be a whole number of A-tile columns (32 bfloat16)
 
@@ -54,7 +63,7 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedBf16:
     """Pack a ``[n, k]`` bfloat16 weight (see :func:`fits`) and its bias for :func:`rows_matmul`."""
     lib = library()
     if lib is None or not fits(weight):
-        raise ValueError(f"weight {tuple(weight.shape)} {weight.dtype} does not fit the AMX kernel "
+        raise ValueError(f"weight {tuple(weight.shape)} {weight.dtype} does not fit the native kernel "
                          f"({unavailable_reason() or f'k must be a multiple of {K_MULTIPLE}'})")
     w = weight.detach().contiguous()
     n, k = w.shape
@@ -62,7 +71,7 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedBf16:
     data = torch.empty(np_ * k, dtype=torch.bfloat16)
     lib.medusa_bf16_pack(w.data_ptr(), n, k, k, data.data_ptr(), np_, k)
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    return PackedBf16(data=data, bias=b, n=n, k=k, np=np_, call=lib.medusa_bf16_rows_amx,
+    return PackedBf16(data=data, bias=b, n=n, k=k, np=np_, call=lib.medusa_bf16_rows,
                       data_ptr=data.data_ptr(), bias_ptr=None if b is None else b.data_ptr())
 
 
@@ -78,6 +87,6 @@ def rows_matmul(x: torch.Tensor, packed: PackedBf16) -> torch.Tensor:
     return y
 
 
-__all__ = ["ENV", "K_MULTIPLE", "PackedBf16", "available", "fits", "kernel_dir", "library",
+__all__ = ["ENV", "K_MULTIPLE", "PackedBf16", "available", "fits", "kernel_dir", "kind", "library",
            "pack",
            "rows_matmul", "unavailable_reason"]
