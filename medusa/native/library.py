@@ -1,13 +1,13 @@
 """The C library behind the decoder's native paths, built once per machine and loaded through ``ctypes``.
 
 Its sources (``kernels/``): the bfloat16 product of a few rows against a packed weight -- through Intel AMX
-tiles (``amx_bf16_rows.c``) where the CPU has them, else through AVX-512 BF16 (``avx512_bf16_rows.c``: AMD
-Zen 4 / Zen 5, Intel Cooper Lake), chosen once per process behind one entry point (``bf16_rows.c``) and
-driven by :mod:`medusa.modeling.bf16_kernel` --, the decoder layer's small ops between matmuls
-(``bf16_decoder_ops.c``, :mod:`medusa.modeling.native_body`) and the picks made from logits
-(``bf16_pick_ops.c``, :mod:`medusa.native.pick`). It is built with the system's C compiler (``$CC``, else
-``cc``) into ``$MEDUSA_CACHE/kernels`` (``~/.cache/medusa/kernels``; the file is named by a hash of sources,
-flags and compiler, written to a temporary name and renamed, so concurrent builders are safe). Used where the CPU has
+tiles (``amx_bf16_rows.c``) where the CPU has them, else through AVX-512 BF16 (``avx512_bf16_rows.c``: AMD Zen
+4 / Zen 5, Intel Cooper Lake), chosen once per process behind one entry point (``bf16_rows.c``) and driven by
+:mod:`medusa.modeling.bf16_kernel` --, the decoder layer's small ops between matmuls (``bf16_decoder_ops.c``,
+:mod:`medusa.modeling.native_body`) and the picks made from logits (``bf16_pick_ops.c``,
+:mod:`medusa.native.pick`). It is built with the system's C compiler (``$CC``, else ``cc``) into
+``$MEDUSA_CACHE/kernels`` (``~/.cache/medusa/kernels``; the file is named by a hash of sources, flags and
+compiler, written to a temporary name and renamed, so concurrent builders are safe). Used where the CPU has
 AVX-512 BF16 (Linux ``/proc/cpuinfo``) and the compiler builds it; :func:`unavailable_reason` says why not
 otherwise, and every caller keeps its torch path; :func:`kind` says which matmul runs.
 ``MEDUSA_BF16_KERNEL=0`` turns it off, ``=avx512`` takes AVX-512 BF16 on a CPU with AMX too (to compare).
