@@ -14,6 +14,7 @@ from medusa.errors import MedusaError
 
 MIN_BUCKET = 64  # the smallest cache / context bucket (columns)
 KV_PAD = 16  # a tree step's keys / values span a multiple of this many columns (see DynamicKV)
+FIRST_PIECE = 16  # a prompt run in pieces: its first tokens in one forward that starts the cache
 
 
 def cache_bucket(length: int) -> int:
@@ -170,14 +171,45 @@ def dynamic_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, n
                     dtype: torch.dtype) -> tuple[DynamicKV, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the left-padded prompt ``[B, P]`` into a fresh ``DynamicCache`` as HF generate does; returns the
     cache (a ``dtype`` mask buffer of at least ``capacity`` columns), the last position's logits ``[B, V]``,
-    the base features at every prompt position ``[B, P, F]`` and at the last one ``[B, F]``."""
-    p = input_ids.shape[1]
+    the base features at every prompt position ``[B, P, F]`` and at the last one ``[B, F]``. Where the model
+    runs its prompt in pieces (``model.prefill_chunk()``: the native bfloat16 body) and the prompt is one
+    unpadded row, the first :data:`FIRST_PIECE` tokens go through one forward and the rest in pieces of that
+    many (:func:`pieces_prefill`)."""
+    b, p = input_ids.shape
     hf = new_cache()
-    last_position = torch.tensor([p - 1], device=input_ids.device)
-    out = model(input_ids=input_ids, attention_mask=mask2d, position_ids=prompt_position_ids(mask2d),
-                past_key_values=hf, use_cache=True, positions=last_position, compute_heads=False)
+    chunk = model.prefill_chunk() if hasattr(model, "prefill_chunk") else 0
+    first = p if not chunk or b != 1 or p <= FIRST_PIECE or not bool(mask2d.all()) else FIRST_PIECE
+    last_position = torch.tensor([first - 1], device=input_ids.device)
+    out = model(input_ids=input_ids[:, :first], attention_mask=mask2d[:, :first],
+                position_ids=prompt_position_ids(mask2d[:, :first]), past_key_values=hf, use_cache=True,
+                positions=last_position, compute_heads=False)
     pad = KV_PAD if all(isinstance(layer, GrowingLayer) for layer in hf.layers) else 1
     for layer in hf.layers:
         layer.pad = pad  # every later forward is a tree step with a mask of padded(..., pad) columns
+    last, features = out.logits[:, -1], out.hidden_states  # [B, V], [B, first, F]
+    if first < p:
+        last, features = pieces_prefill(model, input_ids, hf, first, chunk, features, dtype)
     mask = tree_mask_buffer(mask2d, num_nodes, max(capacity, padded(p + 2 * num_nodes, pad)), dtype)
-    return DynamicKV(hf, mask, p, pad), out.logits[:, -1], out.hidden_states, out.hidden_states[:, -1]
+    return DynamicKV(hf, mask, p, pad), last, features, features[:, -1]
+
+
+def pieces_prefill(model: Any, input_ids: torch.Tensor, hf: Any, start: int, chunk: int,
+                   features: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rest of a one-row prompt ``[1, P]`` from ``start`` in pieces of at most ``chunk`` tokens, each a
+    forward under a causal 4-D ``dtype`` mask over the cache ``hf`` (which holds the first ``start``), as
+    the native body runs a chain of that many nodes; returns the last position's logits ``[1, V]`` and the
+    features of every position ``[1, P, F]`` (``features``: the first ``start``'s)."""
+    p, device = input_ids.shape[1], input_ids.device
+    neg = torch.finfo(dtype).min
+    parts, last = [features], None
+    for s in range(start, p, chunk):
+        t = min(chunk, p - s)
+        cols = torch.arange(padded(s + t), device=device)  # [S]
+        rows = torch.arange(s, s + t, device=device)  # [t]: each sees the columns up to its own
+        mask = torch.where(cols.view(1, -1) <= rows.view(-1, 1), 0.0, neg).to(dtype)[None, None]  # [1,1,t,S]
+        out = model(input_ids=input_ids[:, s:s + t], attention_mask=mask, position_ids=rows.view(1, t),
+                    past_key_values=hf, use_cache=True, positions=torch.tensor([t - 1], device=device),
+                    compute_heads=False)
+        parts.append(out.hidden_states)  # [1, t, F]
+        last = out.logits[:, -1]  # [1, V]
+    return last, torch.cat(parts, dim=1)

@@ -14,7 +14,9 @@ from medusa.decoding.drafter import Drafter
 from medusa.decoding.generate import compute_dtype, medusa_generate
 from medusa.errors import CheckpointError, ConfigError
 from medusa.io import atomic_directory, save_safetensors
+from medusa.modeling import native_body
 from medusa.modeling.base import (
+    decoder_of,
     dtype_name,
     lm_head_of,
     lm_head_weight,
@@ -175,6 +177,17 @@ class MedusaModel(nn.Module):
         base = self.base_model
         return TreeVerifier(body_parts(base, self.heads, windowed=window_layout(base).window is not None,
                                        native=compute_dtype(self) == torch.bfloat16), self.heads)
+
+    def prefill_chunk(self) -> int:
+        """Tokens per forward when a decoding run's prompt goes in pieces: the native bfloat16 body's
+        :data:`~medusa.modeling.native_body.MAX_ROWS` where it runs this base (a piece computes each row as
+        the chain of one-token steps would, the matmuls at the matrix unit's speed and attention in C), else
+        0 (the prompt in one forward, as HF ``generate`` runs it)."""
+        base = self.base_model
+        if compute_dtype(self) != torch.bfloat16 or native_body.unsupported_reason(
+                decoder_of(base), text_config(base)):
+            return 0
+        return native_body.MAX_ROWS
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  max_new_tokens: int = 64, acceptance: str = "greedy", temperature: float | None = None,

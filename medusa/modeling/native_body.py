@@ -33,7 +33,7 @@ from medusa.modeling import bf16_kernel, rotary_table
 
 ENV = "MEDUSA_NATIVE_BODY"
 MODEL_TYPES = ("llama", "qwen2")  # RMSNorm (weight * x), rotary q / k, SiLU-gated MLP, full attention
-MAX_ROWS = 32  # tokens (batch x tree nodes) one native forward takes (its scratch is sized for them)
+MAX_ROWS = 128  # tokens (batch x tree nodes, or a piece of a prompt) one native forward takes
 PLAN_FIELDS = 22  # per layer: (data, np, k, bias, n) of q/k/v, o, gate/up, down; input and post norms
 
 

@@ -11,7 +11,7 @@ import torch
 from tree_masks import tree_mask
 
 from medusa.decoding.growing_cache import growing_cache
-from medusa.decoding.kv_cache import KV_PAD
+from medusa.decoding.kv_cache import FIRST_PIECE, KV_PAD, dynamic_prefill, new_cache, pieces_prefill
 from medusa.modeling import bf16_kernel, native_body
 from medusa.modeling.base import decoder_of, text_config
 from medusa.modeling.cpu_linear import pack_linears
@@ -136,6 +136,33 @@ def test_decoding_with_drafts_equals_plain_decoding_through_it():
             out = medusa.generate(ids, max_new_tokens=40, **kwargs)
             calls.append(torch.equal(out, plain))
     assert calls == [True, True]
+
+
+def test_a_prompt_in_pieces_computes_what_one_token_steps_give_it():
+    """A one-row bfloat16 prompt goes in pieces of up to MAX_ROWS tokens through the native body after its
+    first FIRST_PIECE: every position's features, the last logits and the cache are bit for bit those of the
+    same prompt fed one token at a time after that first piece. A float32 model runs its prompt whole."""
+    medusa = MedusaModel.from_base(_bf16(_model()), num_heads=2)
+    assert medusa.prefill_chunk() == native_body.MAX_ROWS
+    assert MedusaModel.from_base(_model(), num_heads=2).prefill_chunk() == 0
+    p = FIRST_PIECE + native_body.MAX_ROWS + 21  # two pieces after the first
+    ids = torch.randint(3, 96, (1, p), generator=torch.Generator().manual_seed(11))
+    ones = torch.ones_like(ids)
+    with torch.no_grad():
+        cache, last, features, hidden = dynamic_prefill(medusa, ids, ones, num_nodes=4, capacity=0,
+                                                        dtype=torch.bfloat16)
+        steps = new_cache()
+        first = medusa(input_ids=ids[:, :FIRST_PIECE], attention_mask=ones[:, :FIRST_PIECE],
+                       position_ids=torch.arange(FIRST_PIECE).view(1, -1), past_key_values=steps,
+                       use_cache=True, positions=torch.tensor([FIRST_PIECE - 1]), compute_heads=False)
+        for layer in steps.layers:
+            layer.pad = KV_PAD
+        one_last, one_features = pieces_prefill(medusa, ids, steps, FIRST_PIECE, 1, first.hidden_states,
+                                                torch.bfloat16)
+    assert features.shape == (1, p, 128) and torch.equal(hidden, features[:, -1])
+    assert torch.equal(features, one_features) and torch.equal(last, one_last)
+    for a, b in zip(cache.hf.layers, steps.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 def test_a_changed_weight_is_repacked():
