@@ -173,8 +173,8 @@ def dynamic_prefill(model: Any, input_ids: torch.Tensor, mask2d: torch.Tensor, n
     cache (a ``dtype`` mask buffer of at least ``capacity`` columns), the last position's logits ``[B, V]``,
     the base features at every prompt position ``[B, P, F]`` and at the last one ``[B, F]``. Where the model
     runs its prompt in pieces (``model.prefill_chunk()``: the native bfloat16 body) and the prompt is one
-    unpadded row, the first :data:`FIRST_PIECE` tokens go through one forward and the rest in pieces of that
-    many (:func:`pieces_prefill`)."""
+    unpadded row, the first :data:`FIRST_PIECE` tokens go through one forward and the rest in pieces of
+    ``model.prefill_chunk()`` tokens (:func:`pieces_prefill`)."""
     b, p = input_ids.shape
     hf = new_cache()
     chunk = model.prefill_chunk() if hasattr(model, "prefill_chunk") else 0

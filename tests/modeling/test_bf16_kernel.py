@@ -47,6 +47,11 @@ def test_products_are_rounded_float32_products_and_rows_do_not_depend_on_their_b
     assert torch.equal(batched.view(12, n), alone[:12])
 
 
+def test_no_rows_give_an_empty_product():
+    packed = bf16_kernel.pack(torch.randn(40, 64).bfloat16())
+    assert bf16_kernel.rows_matmul(torch.empty(0, 64, dtype=torch.bfloat16), packed).shape == (0, 40)
+
+
 def test_what_the_kernel_cannot_take_is_refused():
     assert bf16_kernel.fits(torch.zeros(8, 64, dtype=torch.bfloat16))
     assert not bf16_kernel.fits(torch.zeros(8, 48, dtype=torch.bfloat16))  # k not a multiple of 32

@@ -122,6 +122,7 @@ static void group(const uint16_t *x, long ldx, long m0, int R, const uint16_t *w
  * ceil(M / 14) groups of nearly equal size. Each panel runs over every group before the next panel. */
 void medusa_bf16_rows_avx512(const uint16_t *x, long M, long ldx, const uint16_t *wp, long np, long kp,
                              const float *bias, uint16_t *y, long n, long ldy) {
+    if (M <= 0) return; /* no rows: nothing to read or write (group() has no 0-row tile) */
     long pairs = kp / 2, blocks = np / 16, groups = M <= ROWS ? 1 : (M + GROUP_ROWS - 1) / GROUP_ROWS;
     for (long j0 = 0; j0 < blocks; j0 += PANEL) {
         long end = j0 + PANEL < blocks ? j0 + PANEL : blocks;
