@@ -26,6 +26,7 @@ from medusa.decoding.static_cache import static_capacity, static_prefill
 from medusa.decoding.step import DecodeState, PhaseClock, StepFns, decode_loop, record
 from medusa.decoding.tree_option import DynamicTreeOption, TreeChoice, resolve_tree
 from medusa.errors import MedusaError
+from medusa.native import fixed_weights
 from medusa.tree import MedusaTree
 
 # (model, input_ids [B, P], mask2d [B, P]) -> (cache, last logits [B, V], features [B, P, F], last [B, F])
@@ -181,6 +182,7 @@ def _check_compile(choice: TreeChoice, compile: bool) -> TreeChoice:
     return choice
 
 
+@fixed_weights.during()  # the packed weights are checked once for the whole call
 def _timed_decode(model: Any, proposer: Proposer, scorer: Scorer, input_ids: torch.Tensor,
                   mask2d: torch.Tensor, streamer: Any, new_cache: NewCache, fns: StepFns,
                   max_new_tokens: int) -> MedusaGenerateOutput:

@@ -40,6 +40,7 @@ class GrowingLayer(CacheLayerMixin):
         super().__init__()
         self._key_buffer: torch.Tensor | None = None  # [B, H, capacity, hd], zeros where never written
         self._value_buffer: torch.Tensor | None = None
+        self._views: tuple[torch.Tensor, torch.Tensor] | None = None  # the keys / values last set here
         self.pad = 1  # update returns views of a multiple of pad columns (the caller masks the extra ones)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -52,7 +53,9 @@ class GrowingLayer(CacheLayerMixin):
         """Make the buffers hold the current entries plus ``extra`` columns, views of their first columns."""
         k, v = self.keys, self.values
         length = k.shape[2]
-        if (_is_prefix_view(k, self._key_buffer) and _is_prefix_view(v, self._value_buffer)
+        # views this layer made itself are prefix views of its buffers (the common case: no check needed)
+        own = self._views is not None and k is self._views[0] and v is self._views[1]
+        if ((own or (_is_prefix_view(k, self._key_buffer) and _is_prefix_view(v, self._value_buffer)))
                 and length + extra <= self._key_buffer.shape[2]):
             return
         capacity = max(MIN_CAPACITY, 2 * (length + extra + self.pad))
@@ -61,7 +64,12 @@ class GrowingLayer(CacheLayerMixin):
         kb[:, :, :length].copy_(k)
         vb[:, :, :length].copy_(v)
         self._key_buffer, self._value_buffer = kb, vb
-        self.keys, self.values = kb[:, :, :length], vb[:, :, :length]
+        self._set_views(length)
+
+    def _set_views(self, end: int) -> None:
+        """``keys`` / ``values``: the buffers' first ``end`` columns (remembered as this layer's own views)."""
+        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        self._views = (self.keys, self.values)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +82,7 @@ class GrowingLayer(CacheLayerMixin):
         start = self.keys.shape[2]
         self._key_buffer[:, :, start:start + n].copy_(key_states)
         self._value_buffer[:, :, start:start + n].copy_(value_states)
-        self.keys = self._key_buffer[:, :, :start + n]
-        self.values = self._value_buffer[:, :, :start + n]
+        self._set_views(start + n)
         if self.pad == 1:
             return self.keys, self.values
         cols = -(-(start + n) // self.pad) * self.pad
@@ -87,9 +94,8 @@ class GrowingLayer(CacheLayerMixin):
         capacity, hd]``, the first new column and the columns :meth:`update` would return (padded)."""
         self._room(n + self.pad - 1)
         end = self.keys.shape[2] + n
-        kb, vb = self._key_buffer, self._value_buffer
-        self.keys, self.values = kb[:, :, :end], vb[:, :, :end]
-        return kb, vb, end - n, -(-end // self.pad) * self.pad
+        self._set_views(end)
+        return self._key_buffer, self._value_buffer, end - n, -(-end // self.pad) * self.pad
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -107,11 +113,15 @@ class GrowingLayer(CacheLayerMixin):
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         keep = max(self.keys.shape[2] + tokens_to_remove, 0)
+        if self._views is not None and self.keys is self._views[0] and self.values is self._views[1]:
+            self._set_views(keep)
+            return
         self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]
 
     def reset(self) -> None:
         self.keys = self.values = None
         self._key_buffer = self._value_buffer = None
+        self._views = None
         self.is_initialized = False
 
 

@@ -30,6 +30,7 @@ from torch import nn
 from medusa.decoding.growing_cache import GrowingLayer
 from medusa.decoding.hf import AttentionCache
 from medusa.modeling import bf16_kernel, rotary_table
+from medusa.native import fixed_weights
 
 ENV = "MEDUSA_NATIVE_BODY"
 MODEL_TYPES = ("llama", "qwen2")  # RMSNorm (weight * x), rotary q / k, SiLU-gated MLP, full attention
@@ -178,9 +179,14 @@ def native_for(model: nn.Module, body: nn.Module, config: Any, input_ids: Any, m
                ) -> NativeBody | None:
     """``model``'s ``body`` (``config`` its text config) packed for :func:`forward` when this forward can run
     so (:func:`applies`, the body supported), else None. Packed at the first such forward, again when a
-    weight changed since."""
+    weight changed since (checked once per :func:`fixed_weights.during` scope: one ``generate`` call)."""
     if not applies(input_ids, mask, cache):
         return None
+    return fixed_weights.checked("native body", model, lambda: _packed_now(model, body, config))
+
+
+def _packed_now(model: nn.Module, body: nn.Module, config: Any) -> NativeBody | None:
+    """``model``'s packed body, packed again when a weight changed since (None where unsupported)."""
     packed = _PACKED.get(model, False)
     if packed is False or (packed is not None and not packed.fresh()):
         packed = None if unsupported_reason(body, config) else build(body, config)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from medusa.modeling import bf16_kernel, native_body, rotary_table
-from medusa.native import pick
+from medusa.native import fixed_weights, pick
 
 
 @dataclass(frozen=True)
@@ -234,10 +234,16 @@ def drafter_for(drafter: nn.Module, k: int) -> NativeDrafter | None:
     (inference in bfloat16 on a CPU whose kernel is available, ``fc`` and the LM head computing through the
     native kernel -- packed by ``pack_linears``, as the stepwise path then runs them --, a plain embedding, a
     static rotary kind, ``k`` children at most :data:`medusa.native.pick.MAX_K` and the draft vocabulary),
-    else None. Rebuilt whenever a module or weight it reads was replaced or changed."""
+    else None. Rebuilt whenever a module or weight it reads was replaced or changed (checked once per
+    :func:`fixed_weights.during` scope: one ``generate`` call)."""
     if (torch.is_grad_enabled() or drafter.dtype != torch.bfloat16 or native_body.disabled()
             or not bf16_kernel.available() or k > min(pick.MAX_K, drafter.lm_head.out_features)):
         return None
+    return fixed_weights.checked("native drafter", drafter, lambda: _drafter_now(drafter))
+
+
+def _drafter_now(drafter: nn.Module) -> NativeDrafter | None:
+    """``drafter`` packed, again when a module or weight it reads changed since (None where it cannot run)."""
     key = _key(drafter)
     packed = _DRAFTERS.get(drafter)
     if packed is None or packed.key != key:

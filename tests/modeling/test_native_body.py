@@ -16,6 +16,7 @@ from medusa.modeling import bf16_kernel, native_body
 from medusa.modeling.base import decoder_of, text_config
 from medusa.modeling.cpu_linear import pack_linears
 from medusa.modeling.model import MedusaModel
+from medusa.native import fixed_weights
 
 from tiny_models import tiny_model
 
@@ -181,6 +182,20 @@ def test_a_changed_weight_is_repacked():
     assert second is not None and second is not first and second.fresh()
     x = torch.ones(1, 256, dtype=torch.bfloat16)
     assert torch.equal(bf16_kernel.rows_matmul(x, second.layers[1].down), body.layers[1].mlp.down_proj(x))
+
+
+def test_within_one_generate_the_packing_is_checked_once_and_again_in_the_next():
+    medusa = MedusaModel.from_base(_bf16(_model()), num_heads=2)
+    body, config = decoder_of(medusa.base_model), text_config(medusa.base_model)
+    ids, mask = torch.tensor([[7]]), tree_mask(10, [-1])[0]
+    with torch.no_grad():
+        cache = _cache(medusa.base_model, torch.randint(3, 96, (1, 10)))
+        with fixed_weights.during():
+            first = native_body.native_for(medusa, body, config, ids, mask, cache)
+            body.layers[1].mlp.down_proj.weight.mul_(2)  # against the contract: the scope keeps its answer
+            assert native_body.native_for(medusa, body, config, ids, mask, cache) is first
+        after = native_body.native_for(medusa, body, config, ids, mask, cache)
+    assert first is not None and after is not first and after.fresh()
 
 
 def test_what_it_cannot_run_is_named_and_left_to_the_model(monkeypatch):
