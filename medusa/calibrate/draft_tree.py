@@ -21,10 +21,12 @@ from medusa.decoding.generate import compute_dtype, medusa_generate
 from medusa.errors import MedusaError
 from medusa.tree.draft_tree import DraftTreeShape
 
-# (num_nodes, depth, branch, expand): a grid for a CPU, <= 16 verified nodes; lookup chains added on top
-CANDIDATES = ((4, 3, 1, 1), (6, 4, 2, 2), (8, 4, 2, 2), (8, 5, 2, 2), (12, 5, 3, 3), (16, 5, 4, 4),
-              (16, 6, 4, 4))
-LOOKUP_CHOICES = (0, 6)
+# (num_nodes, depth, branch, expand): a grid for a CPU, <= 16 verified nodes; lookup chains added on top.
+# The shallow ones (depth 2-3) pay where each verified node and drafting level costs compute (AVX-512
+# without AMX: ~0.4 ms a node, ~0.6 ms a level for SmolLM2).
+CANDIDATES = ((4, 2, 2, 2), (4, 3, 1, 1), (6, 3, 2, 2), (6, 4, 2, 2), (8, 3, 2, 2), (8, 4, 2, 2),
+              (8, 5, 2, 2), (12, 5, 3, 3), (16, 5, 4, 4), (16, 6, 4, 4))
+LOOKUP_CHOICES = (0, 6, 10)
 
 
 def candidate_shapes(candidates: Sequence[tuple[int, int, int, int]] = CANDIDATES,
@@ -48,22 +50,48 @@ def candidate_shapes(candidates: Sequence[tuple[int, int, int, int]] = CANDIDATE
 
 
 @torch.no_grad()
-def measure_shape(model: Any, prompts: Sequence[torch.Tensor], shape: DraftTreeShape,
-                  max_new_tokens: int) -> dict[str, float]:
-    """Greedy decoding of each prompt ``[1, P]`` with ``shape``: tokens per step and seconds per step
-    (decode time, prefill excluded) over all prompts."""
-    tokens = steps = 0
-    seconds = 0.0
-    for ids in prompts:
-        out = medusa_generate(model, ids, max_new_tokens=max_new_tokens, tree=shape,
-                              return_dict_in_generate=True)
-        tokens += int(sum(int(a) for row in out.accept_lengths for a in row))
-        steps += int(out.num_steps)
-        seconds += float(out.decode_time_s)
+def decode_figures(model: Any, ids: torch.Tensor, shape: DraftTreeShape, max_new_tokens: int
+                   ) -> tuple[int, int, float]:
+    """Greedy decoding of one prompt ``[1, P]`` with ``shape``: (tokens, steps, decode seconds; prefill
+    excluded)."""
+    out = medusa_generate(model, ids, max_new_tokens=max_new_tokens, tree=shape, return_dict_in_generate=True)
+    return (int(sum(int(a) for row in out.accept_lengths for a in row)), int(out.num_steps),
+            float(out.decode_time_s))
+
+
+def figures_of(tokens: int, steps: int, seconds: float) -> dict[str, float]:
+    """Tokens per step, ms per step and tokens per second of a candidate's totals."""
     if not steps:
         raise MedusaError("calibration decoded no step: the prompts end at once; use other --data")
     return {"tokens_per_step": tokens / steps, "step_ms": 1e3 * seconds / steps,
             "tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
+@torch.no_grad()
+def measure_shape(model: Any, prompts: Sequence[torch.Tensor], shape: DraftTreeShape,
+                  max_new_tokens: int) -> dict[str, float]:
+    """Greedy decoding of each prompt ``[1, P]`` with ``shape``: tokens per step and seconds per step
+    (decode time, prefill excluded) over all prompts."""
+    totals = [decode_figures(model, ids, shape, max_new_tokens) for ids in prompts]
+    return figures_of(*(sum(column) for column in zip(*totals, strict=True)))
+
+
+@torch.no_grad()
+def measure_shapes(model: Any, prompts: Sequence[torch.Tensor], shapes: Sequence[DraftTreeShape],
+                   max_new_tokens: int, progress: bool = False) -> list[dict[str, float]]:
+    """:func:`measure_shape` of every shape, prompt by prompt: each prompt is decoded with every shape in
+    turn (the order rotated from one prompt to the next), so a slow minute of a shared machine falls on
+    all candidates alike instead of on the few timed during it. ``progress``: a bar with its ETA."""
+    from tqdm.auto import tqdm
+
+    totals = [[0, 0, 0.0] for _ in shapes]
+    with tqdm(total=len(prompts) * len(shapes), desc="calibrate", unit="run", disable=not progress) as bar:
+        for i, ids in enumerate(prompts):
+            for j in [(i + k) % len(shapes) for k in range(len(shapes))]:
+                for column, value in enumerate(decode_figures(model, ids, shapes[j], max_new_tokens)):
+                    totals[j][column] += value
+                bar.update(1)
+    return [figures_of(*row) for row in totals]
 
 
 def fastest(rows: Sequence[dict[str, float]]) -> int:
@@ -74,7 +102,7 @@ def fastest(rows: Sequence[dict[str, float]]) -> int:
 
 def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int = 96,
                          shapes: Sequence[DraftTreeShape] | None = None,
-                         log: Callable[[str], None] = print) -> DraftTreeShape:
+                         log: Callable[[str], None] = print, progress: bool = False) -> DraftTreeShape:
     """The fastest of ``shapes`` (default :func:`candidate_shapes`) on ``prompts`` (token-id tensors
     ``[1, P]``), with every candidate's figures in its ``calibration`` record."""
     if not prompts:
@@ -83,15 +111,16 @@ def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_to
     t0 = time.perf_counter()
     measure_shape(model, prompts[:1], shapes[0], 8)  # warm-up: allocations, first-call overheads
     rows = []
-    for shape in shapes:
-        figures = measure_shape(model, prompts, shape, max_new_tokens)
+    for shape, figures in zip(shapes, measure_shapes(model, prompts, shapes, max_new_tokens, progress),
+                             strict=True):
         rows.append({**{k: v for k, v in shape.to_dict().items()
                         if k in ("num_nodes", "depth", "branch", "expand", "lookup_tokens")}, **figures})
         log(f"  nodes {shape.num_nodes:3d} depth {shape.depth} branch {shape.branch} expand {shape.expand} "
             f"lookup {shape.lookup_tokens:2d}: {figures['tokens_per_step']:.2f} tokens/step, "
             f"{figures['step_ms']:.1f} ms/step, {figures['tokens_per_s']:.1f} tokens/s")
     best = fastest(rows)
-    record = {"method": "greedy decoding of the calibration prompts, each candidate timed",
+    record = {"method": "greedy decoding of the calibration prompts, each candidate timed "
+              "(prompt by prompt, all candidates in turn)",
               "prompts": len(prompts), "max_new_tokens": max_new_tokens,
               "torch_threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - t0, 1),
               "dtype": str(compute_dtype(model)).removeprefix("torch."),  # bf16 trees are timed in bf16
@@ -99,5 +128,5 @@ def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_to
     return replace(shapes[best], calibration=record)
 
 
-__all__ = ["CANDIDATES", "LOOKUP_CHOICES", "calibrate_draft_tree", "candidate_shapes", "fastest",
-           "measure_shape"]
+__all__ = ["CANDIDATES", "LOOKUP_CHOICES", "calibrate_draft_tree", "candidate_shapes", "decode_figures",
+           "fastest", "figures_of", "measure_shape", "measure_shapes"]

@@ -173,7 +173,8 @@ def _calibrate_drafter(args: argparse.Namespace, model: Any, examples: list[dict
         raise MedusaError(f"{args.data}: no conversation with a prompt and a reply to decode")
     lookup = LOOKUP_CHOICES if args.lookup_tokens == "auto" else (args.lookup_tokens,)
     shapes = candidate_shapes(lookup=lookup, nodes=None if args.nodes in (None, "auto") else args.nodes)
-    shape = calibrate_draft_tree(model, prompts, shapes=shapes, log=(lambda _: None) if args.quiet else print)
+    shape = calibrate_draft_tree(model, prompts, shapes=shapes, log=(lambda _: None) if args.quiet else print,
+                                 progress=not args.quiet)
     path = Path(args.heads) / TREE_NAME
     shape.to_json(path)
     print(f"wrote {path}: {shape.num_nodes} nodes, depth {shape.depth}, branch {shape.branch}, expand "

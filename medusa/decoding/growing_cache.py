@@ -55,8 +55,8 @@ class GrowingLayer(CacheLayerMixin):
         length = k.shape[2]
         # views this layer made itself are prefix views of its buffers (the common case: no check needed)
         own = self._views is not None and k is self._views[0] and v is self._views[1]
-        if ((own or (_is_prefix_view(k, self._key_buffer) and _is_prefix_view(v, self._value_buffer)))
-                and length + extra <= self._key_buffer.shape[2]):
+        prefix = own or (_is_prefix_view(k, self._key_buffer) and _is_prefix_view(v, self._value_buffer))
+        if prefix and length + extra <= self._key_buffer.shape[2]:
             return
         capacity = max(MIN_CAPACITY, 2 * (length + extra + self.pad))
         kb = k.new_zeros(k.shape[0], k.shape[1], capacity, k.shape[3])  # [B, H, capacity, hd]
@@ -67,7 +67,7 @@ class GrowingLayer(CacheLayerMixin):
         self._set_views(length)
 
     def _set_views(self, end: int) -> None:
-        """``keys`` / ``values``: the buffers' first ``end`` columns (remembered as this layer's own views)."""
+        """``keys`` / ``values``: the buffers' first ``end`` columns (remembered: this layer's own views)."""
         self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
         self._views = (self.keys, self.values)
 

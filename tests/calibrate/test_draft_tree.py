@@ -3,7 +3,7 @@
 import torch
 
 from medusa import MedusaModel
-from medusa.calibrate.draft_tree import calibrate_draft_tree, candidate_shapes, measure_shape
+from medusa.calibrate.draft_tree import calibrate_draft_tree, candidate_shapes, measure_shape, measure_shapes
 from medusa.tree import DraftTreeShape
 
 from tiny_models import tiny_model
@@ -59,3 +59,17 @@ def test_the_fastest_shape_wins_not_the_one_of_most_tokens_per_step():
     assert fastest(rows) == 1
     assert fastest(list(reversed(rows))) == 1
     assert fastest([rows[1], dict(rows[1])]) == 0  # equals: the first (the smaller shape in the grid's order)
+
+
+def test_shapes_timed_prompt_by_prompt_give_each_shape_its_own_figures():
+    """All candidates decode each prompt in turn (a slow minute falls on all alike): each shape's tokens and
+    steps are what it gives alone."""
+    base = tiny_model("llama", layers=4)
+    model = MedusaModel.from_base(base, num_heads=3, head_type="eagle3").eval()
+    prompts = [torch.randint(3, 96, (1, 6)), torch.randint(3, 96, (1, 4)), torch.randint(3, 96, (1, 5))]
+    shapes = [DraftTreeShape(4, 3, 1, 1), DraftTreeShape(6, 3, 2, 2, lookup_tokens=2),
+              DraftTreeShape(2, 1, 1, 1)]
+    together = measure_shapes(model, prompts, shapes, 8)
+    for shape, figures in zip(shapes, together, strict=True):
+        alone = measure_shape(model, prompts, shape, 8)
+        assert figures["tokens_per_step"] == alone["tokens_per_step"] and figures["step_ms"] > 0
