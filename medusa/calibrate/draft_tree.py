@@ -124,6 +124,7 @@ def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_to
               "prompts": len(prompts), "max_new_tokens": max_new_tokens,
               "torch_threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - t0, 1),
               "dtype": str(compute_dtype(model)).removeprefix("torch."),  # bf16 trees are timed in bf16
+              "drafter_dtype": str(getattr(model.heads, "dtype", "")).removeprefix("torch."),  # drafted in
               "expected_tokens_per_step": rows[best]["tokens_per_step"], "candidates": rows}
     return replace(shapes[best], calibration=record)
 

@@ -62,14 +62,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from medusa.modeling.base import load_tokenizer
     from medusa.modeling.config import base_location
     from medusa.modeling.cpu_linear import auto_pack
+    from medusa.modeling.loading import decoding_heads_dtype
 
     _check_before_loading(args)
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
+    # heads in the decoding dtype, as `medusa generate --dtype` loads them: the timed steps are its steps
     model = MedusaModel.from_pretrained(args.heads, base_model=args.base, dtype=args.dtype,
-                                        device_map=args.device)
+                                        heads_dtype=decoding_heads_dtype(args.dtype), device_map=args.device)
     auto_pack(model)  # --nodes/--lookup-tokens auto time decode steps as `medusa generate` runs them
     tokenizer = load_tokenizer(args.tokenizer or base_location(args.heads, model.config, args.base,
                                                                hint="pass --base"))

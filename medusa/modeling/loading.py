@@ -14,6 +14,13 @@ from medusa.modeling.cpu_linear import auto_pack, pack_linears
 from medusa.modeling.model import MedusaModel
 
 
+def decoding_heads_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype | None:
+    """The heads' dtype for decoding in ``dtype``: a half precision (bfloat16 / float16) for the heads
+    too (drafting runs in the decoding dtype, on the same kernels), else None (as saved)."""
+    half = dtype is not None and resolve_dtype(dtype) in (torch.bfloat16, torch.float16)
+    return dtype if half else None
+
+
 def load_for_generation(heads: str | Path, base: str | None = None, dtype: str | None = None,
                         tokenizer: str | None = None,
                         cpu_pack: bool | None = None) -> tuple[MedusaModel, Any]:
@@ -24,9 +31,8 @@ def load_for_generation(heads: str | Path, base: str | None = None, dtype: str |
     every bfloat16 matmul); None: unless ``MEDUSA_CPU_PACK=0`` or memory is short
     (:func:`medusa.modeling.cpu_linear.auto_pack`)."""
     config = MedusaConfig.load(Path(heads))
-    half = dtype is not None and resolve_dtype(dtype) in (torch.bfloat16, torch.float16)
     model = MedusaModel.from_pretrained(heads, base_model=base, dtype=dtype,
-                                        heads_dtype=dtype if half else None).eval()
+                                        heads_dtype=decoding_heads_dtype(dtype)).eval()
     if cpu_pack is None:
         auto_pack(model)
     elif cpu_pack:

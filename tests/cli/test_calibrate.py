@@ -199,3 +199,21 @@ def test_cli_lookup_bound_is_the_library_one():
     from medusa.cli import calibrate as cli
 
     assert cli.MAX_LOOKUP_TOKENS == MAX_LOOKUP_TOKENS
+
+
+def test_cli_calibrate_times_an_eagle3_tree_in_the_decoding_dtype(tmp_path):
+    """``--dtype bfloat16`` loads the drafter in bfloat16 too, as ``medusa generate --dtype`` does: the timed
+    steps are the steps decoding will run (it timed a float32 drafter before)."""
+    import json
+
+    from tiny_models import STORIES, require_shared, stories_model
+
+    require_shared(STORIES)
+    heads = tmp_path / "heads"
+    MedusaModel.from_base(stories_model(), num_heads=2, head_type="eagle3").save_pretrained(heads)
+    data = tmp_path / "calib.jsonl"
+    data.write_text(json.dumps({"prompt": "Once upon a time", "completion": " there was a girl."}) + "\n")
+    assert main(["calibrate", "--heads", str(heads), "--data", str(data), "--dtype", "bfloat16", "--nodes",
+                 "4", "--lookup-tokens", "0", "--quiet", "--no-plots", "--threads", "1"]) == 0
+    record = json.loads((heads / "tree.json").read_text())["calibration"]
+    assert record["dtype"] == "bfloat16" and record["drafter_dtype"] == "bfloat16"
