@@ -9,8 +9,9 @@ Two implementations behind one entry point, chosen once per process (:mod:`medus
   at load time: ~11 GB/s for 1 to 16 rows (SmolLM2-135M's 30 layers: 20 ms against oneDNN's 36;
   ``docs/results/bf16-step.md``).
 - **AVX-512 BF16** (``kernels/avx512_bf16_rows.c``, AMD Zen 4 / Zen 5, Intel Cooper Lake): one
-  ``vdpbf16ps`` per pair of inputs and 16 outputs, the weight in panels of 64 outputs that every group of six
-  rows runs over before the next (eight weight streams at once for one or two rows). On an AMD EPYC (Zen 5)
+  ``vdpbf16ps`` per pair of inputs and 16 outputs; up to 16 rows form one register tile (each weight line
+  loaded once for all of them; eight weight streams at once for one or two rows), more rows go in groups of
+  up to 14 over 192-output panels kept in L2. On an AMD EPYC (Zen 5)
   one row streams SmolLM2's 57 MB LM head at 38 GB/s against stock ``F.linear``'s 16; from 16 rows it
   multiplies at ~450-490 GFLOP/s.
 

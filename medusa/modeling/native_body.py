@@ -12,8 +12,9 @@ HF's in the last bits of some values: a different order of float32 sums), and it
 attention sums only the columns a row's mask lets it see, in column order, so a tree verified in one
 forward gives each node exactly what one-token forwards give it (a tree decode equals our plain decode,
 side branches included). Used by :meth:`medusa.modeling.model.MedusaModel.forward` for inference-only
-bfloat16 forwards of at most 32 rows with a 4-D tree mask over the decoder's KV cache (after its prefill);
-everything else (prefill, float32, training) runs the model's own code. :func:`unsupported_reason` says
+bfloat16 forwards of at most :data:`MAX_ROWS` rows with a 4-D tree mask over the decoder's KV cache (tree
+steps, and a one-row prompt's pieces after its first 16 tokens); everything else (the prompt's first piece,
+float32, training) runs the model's own code. :func:`unsupported_reason` says
 why a model cannot use it. ``MEDUSA_NATIVE_BODY=0`` turns it off (to compare).
 """
 

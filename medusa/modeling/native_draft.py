@@ -5,8 +5,9 @@ module code.
 Per pass: two RMSNorms (the token's embedding, the hidden input) side by side -> one fused q/k/v product over
 the ``2d`` join -> rotary embedding -> the drafter's cache -> attention -> o_proj -> residual + RMSNorm ->
 gate/up -> SiLU * up -> down -> residual; what :meth:`medusa.modeling.eagle3.Eagle3Heads.layer` computes,
-rounded where it rounds. Used there for inference-only bfloat16 passes of at most 32 rows on a CPU whose
-kernel is available (the prompt's context pass and training run the layer's own code).
+rounded where it rounds. Used there for inference-only bfloat16 passes of at most ``native_body.MAX_ROWS``
+rows on a CPU whose kernel is available (a longer prompt's context pass and training run the layer's own
+code).
 
 :func:`step` and :func:`top` go further for a decoding drafter (:class:`NativeDrafter`): a whole drafting
 level -- the tokens' embedding rows, the rotary rows, the layer, the final RMSNorm, the draft LM head and each

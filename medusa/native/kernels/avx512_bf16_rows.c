@@ -15,6 +15,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "bf16_simd.h"
+
 #define PANEL 12  /* output blocks of 16 per panel: 192 outputs, at most ~600 KB of weight (kept in L2) */
 #define ROWS 16   /* rows per register tile at most; more rows go in groups of at most GROUP_ROWS */
 #define GROUP_ROWS 14
@@ -42,10 +44,10 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, long l
                                                        const uint16_t *pf, const float *bias, uint16_t *y,
                                                        long n, long ldy) {
     __m512 acc[ROWS][MAXB];
-    const int32_t *xr[ROWS];
+    const bf16_pair *xr[ROWS];
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
-        xr[r] = (const int32_t *)(x + (m0 + r) * ldx);
+        xr[r] = (const bf16_pair *)(x + (m0 + r) * ldx);
 #pragma GCC unroll 16
         for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
     }

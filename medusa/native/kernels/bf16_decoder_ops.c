@@ -198,7 +198,7 @@ static void scores16(const uint16_t *a, long lda, const uint16_t *qt, long pairs
         __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(qt + p * 32));
 #pragma GCC unroll 16
         for (int m = 0; m < 16; m++) {
-            __m512bh kv = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(a + m * lda + 2 * p));
+            __m512bh kv = (__m512bh)_mm512_set1_epi32(*(const bf16_pair *)(a + m * lda + 2 * p));
             acc[m] = _mm512_dpbf16_ps(acc[m], kv, qv);
         }
     }

@@ -1,10 +1,14 @@
-/* Helpers shared by the native library's AVX-512 sources (bf16_decoder_ops.c, bf16_pick_ops.c): bfloat16
- * loads and e^x in float32. Static inline: each source gets its own copy. */
+/* Helpers shared by the native library's AVX-512 sources (bf16_decoder_ops.c, bf16_pick_ops.c,
+ * avx512_bf16_rows.c): bfloat16 loads and e^x in float32. Static inline: each source gets its own copy. */
 #ifndef MEDUSA_BF16_SIMD_H
 #define MEDUSA_BF16_SIMD_H
 
 #include <immintrin.h>
 #include <stdint.h>
+
+/* A pair of bfloat16 read as one 32-bit lane (vdpbf16ps broadcasts): may_alias, so reading uint16_t data
+ * through it is defined under strict aliasing. */
+typedef int32_t __attribute__((may_alias)) bf16_pair;
 
 static inline __m512 load16(const uint16_t *p) { /* 16 bfloat16 -> float32 */
     return _mm512_castsi512_ps(
