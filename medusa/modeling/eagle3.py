@@ -255,7 +255,30 @@ class Eagle3Heads(nn.Module):
                                                               cache, last, True, 0)
         if done is not None:  # the same pass in one C call
             return done[0]
+        pieces = None if native is None else native_draft.context_pieces(next_tokens.shape, last)
+        if pieces is not None:  # a long prompt: in pieces a native pass takes
+            for start, end in pieces:
+                out = self._context_piece(native, features, next_tokens, positions, mask, cache, last, start,
+                                          end)
+            return out
         return self.layer(self.embed(next_tokens), self.fuse(features), positions, mask, cache, at=last)
+
+    def _context_piece(self, native: Any, features: torch.Tensor, next_tokens: torch.Tensor,
+                       positions: torch.Tensor, mask: torch.Tensor, cache: DraftKV, last: torch.Tensor,
+                       start: int, end: int) -> torch.Tensor:
+        """Entries ``start .. end - 1`` of a context pass (:meth:`context_pass`'s arguments): each row sees
+        the columns held before the pass and the entries up to its own, under the pass's mask; returns the
+        output at ``last - start`` (meaningful in the last piece, which holds every row's ``last``). One C
+        call, or the layer's own code where none can run (the first piece: no in-place buffer yet)."""
+        held = cache.get_seq_length() - start  # the columns held before the pass
+        rows = mask[:, :, start:end, :held + end]  # [B, 1, t, held + end]
+        at = (last - start).clamp(0, end - start - 1)  # [B]: an entry of the piece
+        done = native_draft.step(native, next_tokens[:, start:end], positions[:, start:end],
+                                 features[:, start:end], rows, cache, at, True, 0)
+        if done is not None:
+            return done[0]
+        return self.layer(self.embed(next_tokens[:, start:end]), self.fuse(features[:, start:end]),
+                          positions[:, start:end], rows, cache, at=at)
 
     def draft_pass(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                    mask: torch.Tensor, cache: DraftKV) -> torch.Tensor:

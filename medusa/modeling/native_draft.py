@@ -256,6 +256,19 @@ def _drafter_now(drafter: nn.Module) -> NativeDrafter | None:
     return packed
 
 
+def context_pieces(shape: tuple[int, int], last: torch.Tensor) -> list[tuple[int, int]] | None:
+    """A context pass over ``shape`` = ``[B, M]`` entries too long for one native pass, as ``(start, end)``
+    pieces of at most :data:`native_body.MAX_ROWS` rows (a long prompt's entries: every piece but the first
+    in one C call), or None where one pass takes it all or a row's output entry ``last [B]`` would fall
+    before the last piece. Each entry sees what it sees in one pass (the columns held before, the entries
+    up to its own): the pieces compute its bits (row independence)."""
+    b, m = shape
+    size = native_body.MAX_ROWS // max(b, 1)
+    if size < 1 or m <= size or bool((last < (m - 1) // size * size).any()):
+        return None
+    return [(start, min(start + size, m)) for start in range(0, m, size)]
+
+
 def top(native: NativeDrafter, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``g [..., d]`` -> each row's ``k`` largest draft log-probabilities ``[..., k]`` (float32, descending)
     and their draft ids ``[..., k]``: the final norm, the LM head and the top-k log-softmax in one call."""
@@ -314,5 +327,6 @@ def step(native: NativeDrafter, tokens: torch.Tensor, positions: torch.Tensor, i
     return out, top_values, top_ids
 
 
-__all__ = ["NativeDraftLayer", "NativeDrafter", "drafter_for", "final_norm", "forward", "native_layer_for",
+__all__ = ["NativeDraftLayer", "NativeDrafter", "context_pieces", "drafter_for", "final_norm", "forward",
+           "native_layer_for",
            "step", "top"]

@@ -192,3 +192,39 @@ def test_the_one_call_pass_follows_the_drafters_modules_and_packing():
         values, ids = native_draft.top(again, g, 2)
         logits = bf16.logits(g)
         assert int(ids.max()) < 64 and torch.equal(logits.gather(-1, ids), logits.topk(2).values)
+
+
+def test_a_long_context_pass_in_pieces_computes_the_one_pass_bits(monkeypatch):
+    """A prompt's context pass longer than one native pass takes goes in pieces (the first through the
+    layer's code, which makes the in-place buffer, the rest in one C call each): the same entries and the
+    same output as one pass over all of it."""
+    bf16 = _drafter(torch.bfloat16)
+    bf16._embedding.module = copy.deepcopy(bf16._embedding.module).bfloat16()  # a bf16 base's (decoding)
+    taken = []
+    step = native_draft.step
+    monkeypatch.setattr(native_draft, "step", lambda *a: taken.append(a[1].shape[1]) or step(*a))
+    m, d = 40, bf16.hidden_size
+    g = torch.Generator().manual_seed(7)
+    features = torch.randn(1, m, len(bf16.feature_layers) * d, generator=g).to(torch.bfloat16)
+    tokens = torch.randint(3, 96, (1, m), generator=g)
+    causal = torch.full((m, m), NEG).triu(1).to(torch.bfloat16).view(1, 1, m, m)
+    last = torch.tensor([m - 1])
+
+    def run():
+        cache = DraftKV()
+        with torch.no_grad():
+            out = bf16.context_pass(features, tokens, torch.arange(1, m + 1).view(1, m), causal, cache, last)
+        return out, cache
+
+    whole, whole_cache = run()
+    with monkeypatch.context() as patch:
+        patch.setattr(native_body, "MAX_ROWS", 16)
+        assert native_draft.context_pieces((1, m), last) == [(0, 16), (16, 32), (32, 40)]
+        assert native_draft.context_pieces((1, m), torch.tensor([20])) is None  # its output in piece 2
+        assert native_draft.context_pieces((1, 16), last) is None  # one pass takes it
+        taken.clear()
+        pieces, pieces_cache = run()
+    assert taken == [40, 16, 16, 8]  # the whole pass tried, then the pieces (the first one no in-place room)
+    assert torch.equal(pieces, whole)
+    assert torch.equal(pieces_cache.key, whole_cache.key)
+    assert torch.equal(pieces_cache.value, whole_cache.value)
