@@ -183,14 +183,17 @@ def _fail(message: str, debug: bool) -> int:
     return 2
 
 
-def run_command(fn: Callable[[], int], debug: bool, echo_user_errors: bool = True) -> int:
+def run_command(fn: Callable[[], int], debug: bool,
+                echo_user_errors: bool | Callable[[str], bool] = True) -> int:
     """Run ``fn``; a user error becomes one ``error:`` line on stderr and exit status 2 (``debug``: the
-    traceback first, still status 2). ``echo_user_errors=False``: a :class:`MedusaError` exits 2 silently
-    (the other processes of a launch, whose first process prints the same line)."""
+    traceback first, still status 2). ``echo_user_errors``: False, or a function of the message answering
+    False, makes a :class:`MedusaError` exit 2 silently (a process of a launch where another one printed the
+    same line: :func:`medusa.cli.train.first_to_report`)."""
     try:
         return int(fn() or 0)
     except MedusaError as exc:
-        if not echo_user_errors and not debug:
+        echo = echo_user_errors(str(exc)) if callable(echo_user_errors) else echo_user_errors
+        if not echo and not debug:
             return 2
         return _fail(str(exc), debug)
     except FileNotFoundError as exc:

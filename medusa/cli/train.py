@@ -67,13 +67,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args.recipe, args.overrides, args.overwrite, args.resume_changed)
 
     with quiet_libraries():
-        return run_command(call, debug, echo_user_errors=launch_rank() == 0)
+        return run_command(call, debug, echo_user_errors=first_to_report)
 
 
-def launch_rank() -> int:
-    """This process's rank in an ``accelerate launch`` / ``torchrun`` launch (0 outside one): every process
-    meets the same user error (same recipe, files and checks), and only the first reports it."""
+def first_to_report(message: str, root: str | None = None) -> bool:
+    """Whether this process prints the user error ``message``: always outside a launch; within an
+    ``accelerate launch`` / ``torchrun`` launch, only the first of its processes (on this machine) to meet
+    that message -- every process meets the same recipe and file errors (one line for all), while an error
+    only one process meets (its own shard) still reaches the user. The first claims the message by creating
+    a marker named by the launch and the message in ``root`` (the temp folder) exclusively."""
+    import hashlib
     import os
+    import tempfile
 
-    rank = os.environ.get("RANK", "0")
-    return int(rank) if rank.isdigit() else 0
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return True
+    parent = os.getppid()  # the launcher: every local process's parent
+    try:
+        with open(f"/proc/{parent}/stat", encoding="ascii") as stat:
+            started = stat.read().rsplit(")", 1)[1].split()[19]  # its start time: a reused pid differs
+    except (OSError, IndexError):
+        started = ""
+    launch = f"{parent}-{started}-{os.environ.get('MASTER_PORT', '')}"
+    digest = hashlib.sha256(f"{launch}\n{message}".encode()).hexdigest()[:24]
+    folder = os.path.join(root or tempfile.gettempdir(), "medusa-launch-errors")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        os.close(os.open(os.path.join(folder, digest), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False  # another process of this launch printed it
+    except OSError:
+        return os.environ.get("RANK", "0") == "0"  # no marker possible: the first process reports
+    return True

@@ -68,16 +68,24 @@ def test_module_entry_point_exits_2(capsys):
 
 @pytest.mark.usefixtures("_at_root")
 @pytest.mark.parametrize("argv", [["train.lr=-5"], ["train.lr_rate=1"]])
-def test_only_the_first_process_of_a_launch_reports_a_user_error(argv, monkeypatch, capsys):
-    """Under ``accelerate launch`` every process meets the same error: each exits 2, only RANK 0 prints."""
+def test_a_launch_reports_each_user_error_once(argv, monkeypatch, capsys, tmp_path):
+    """Under ``accelerate launch`` every process meets the same recipe error: each exits 2 and the first to
+    meet it prints it (one line for the launch); an error only one process meets is printed by that one."""
+    import tempfile
+
     from medusa.train import main
 
     require_shared(SHARED)
-    for rank, lines in (("1", 0), ("0", 1)):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the launch's markers
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, lines in (("1", 1), ("0", 0)):  # the same error: printed once, whichever process is first
         monkeypatch.setenv("RANK", rank)
         assert main([str(TINY), *argv]) == 2
         captured = capsys.readouterr()
         assert len(captured.err.splitlines()) == lines and captured.out == "", captured
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("RANK", "1")  # an error of one process alone still reaches the user
+    assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    monkeypatch.setenv("RANK", "0")
     assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
     assert capsys.readouterr().err == ""
