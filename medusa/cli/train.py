@@ -80,7 +80,8 @@ def first_to_report(message: str, root: str | None = None) -> bool:
     import os
     import tempfile
 
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if not world.isdigit() or int(world) <= 1:  # not a launch (or one that sets no usable size)
         return True
     parent = os.getppid()  # the launcher: every local process's parent
     try:

@@ -89,3 +89,13 @@ def test_a_launch_reports_each_user_error_once(argv, monkeypatch, capsys, tmp_pa
     monkeypatch.setenv("RANK", "0")
     assert main([str(ROOT / "recipes" / "does-not-exist.yaml")]) == 2
     assert capsys.readouterr().err == ""
+
+
+def test_outside_a_launch_every_user_error_is_reported(monkeypatch, tmp_path):
+    from medusa.cli.train import first_to_report
+
+    for world in ("", "1", "two"):  # unset, one process, or a value no launcher writes
+        monkeypatch.setenv("WORLD_SIZE", world)
+        assert first_to_report("error", root=str(tmp_path)) and first_to_report("error", root=str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert first_to_report("error", root=str(tmp_path)) and not first_to_report("error", root=str(tmp_path))
