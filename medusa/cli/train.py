@@ -70,31 +70,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_command(call, debug, echo_user_errors=first_to_report)
 
 
-def first_to_report(message: str, root: str | None = None) -> bool:
+def first_to_report(message: str, root: str | None = None, fresh_s: float = 60.0) -> bool:
     """Whether this process prints the user error ``message``: always outside a launch; within an
     ``accelerate launch`` / ``torchrun`` launch, only the first of its processes (on this machine) to meet
     that message -- every process meets the same recipe and file errors (one line for all), while an error
     only one process meets (its own shard) still reaches the user. The first claims the message by creating
-    a marker named by the launch and the message in ``root`` (the temp folder) exclusively."""
+    a marker named by the launch and the message in ``root`` (the temp folder) exclusively; a marker older
+    than ``fresh_s`` seconds is another run's (a shell that keeps its environment, a reused pid) and is
+    claimed anew. Where the launch cannot be told apart (no ``/proc``), the first process (``RANK`` 0)
+    reports."""
     import hashlib
     import os
     import tempfile
+    import time
 
     world = os.environ.get("WORLD_SIZE", "1").strip()
     if not world.isdigit() or int(world) <= 1:  # not a launch (or one that sets no usable size)
         return True
     parent = os.getppid()  # the launcher: every local process's parent
     try:
-        with open(f"/proc/{parent}/stat", encoding="ascii") as stat:
-            started = stat.read().rsplit(")", 1)[1].split()[19]  # its start time: a reused pid differs
-    except (OSError, IndexError):
-        started = ""
-    launch = f"{parent}-{started}-{os.environ.get('MASTER_PORT', '')}"
+        with open(f"/proc/{parent}/stat", "rb") as stat:
+            started = stat.read().rsplit(b")", 1)[1].split()[19].decode()  # its start time (a reused pid)
+    except (OSError, IndexError, UnicodeDecodeError):
+        return os.environ.get("RANK", "0") == "0"
+    launch = "-".join([str(parent), started, os.environ.get("MASTER_PORT", ""),
+                       os.environ.get("TORCHELASTIC_RUN_ID", "")])
     digest = hashlib.sha256(f"{launch}\n{message}".encode()).hexdigest()[:24]
-    folder = os.path.join(root or tempfile.gettempdir(), "medusa-launch-errors")
+    marker = os.path.join(root or tempfile.gettempdir(), "medusa-launch-errors", digest)
     try:
-        os.makedirs(folder, exist_ok=True)
-        os.close(os.open(os.path.join(folder, digest), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        if os.path.exists(marker) and time.time() - os.path.getmtime(marker) > fresh_s:
+            os.remove(marker)  # another run's (ours: named by the launch and the message)
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         return False  # another process of this launch printed it
     except OSError:

@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# (what, id(owner)) -> the checked answer; the owners outlive the scope (the caller holds them)
-_SCOPE: ContextVar[dict[tuple[str, int], Any] | None] = ContextVar("medusa_fixed_weights", default=None)
+# (what, id(owner)) -> (owner, the checked answer): the owner kept, so its id is not reused in the scope
+_SCOPE: ContextVar[dict[tuple[str, int], tuple[Any, Any]] | None] = ContextVar("medusa_fixed_weights",
+                                                                             default=None)
 
 
 @contextmanager
@@ -42,9 +43,9 @@ def checked(what: str, owner: object, check: Callable[[], T]) -> T:
     if memo is None:
         return check()
     key = (what, id(owner))
-    if key not in memo:
-        memo[key] = check()
-    return memo[key]
+    if key not in memo or memo[key][0] is not owner:  # (an id is only reused once its owner is gone)
+        memo[key] = (owner, check())
+    return memo[key][1]
 
 
 __all__ = ["checked", "during"]

@@ -99,3 +99,18 @@ def test_outside_a_launch_every_user_error_is_reported(monkeypatch, tmp_path):
         assert first_to_report("error", root=str(tmp_path)) and first_to_report("error", root=str(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert first_to_report("error", root=str(tmp_path)) and not first_to_report("error", root=str(tmp_path))
+
+
+def test_a_marker_from_an_earlier_run_does_not_silence_the_next(monkeypatch, tmp_path):
+    """The same environment, parent and message an hour later (a shell that keeps WORLD_SIZE): reported."""
+    import os
+    import time
+
+    from medusa.cli.train import first_to_report
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert first_to_report("error", root=str(tmp_path))
+    (marker,) = (tmp_path / "medusa-launch-errors").iterdir()
+    hour_ago = time.time() - 3600
+    os.utime(marker, (hour_ago, hour_ago))
+    assert first_to_report("error", root=str(tmp_path)) and not first_to_report("error", root=str(tmp_path))
