@@ -72,8 +72,7 @@ def measure_shape(model: Any, prompts: Sequence[torch.Tensor], shape: DraftTreeS
                   max_new_tokens: int) -> dict[str, float]:
     """Greedy decoding of each prompt ``[1, P]`` with ``shape``: tokens per step and seconds per step
     (decode time, prefill excluded) over all prompts."""
-    totals = [decode_figures(model, ids, shape, max_new_tokens) for ids in prompts]
-    return figures_of(*(sum(column) for column in zip(*totals, strict=True)) if totals else (0, 0, 0.0))
+    return measure_shapes(model, prompts, [shape], max_new_tokens)[0]
 
 
 @torch.no_grad()

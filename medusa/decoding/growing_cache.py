@@ -53,9 +53,8 @@ class GrowingLayer(CacheLayerMixin):
         """Make the buffers hold the current entries plus ``extra`` columns, views of their first columns."""
         k, v = self.keys, self.values
         length = k.shape[2]
-        # views this layer made itself are prefix views of its buffers (the common case: no check needed)
-        own = self._views is not None and k is self._views[0] and v is self._views[1]
-        prefix = own or (_is_prefix_view(k, self._key_buffer) and _is_prefix_view(v, self._value_buffer))
+        prefix = self._own_views() or (_is_prefix_view(k, self._key_buffer)
+                                       and _is_prefix_view(v, self._value_buffer))
         if prefix and length + extra <= self._key_buffer.shape[2]:
             return
         capacity = max(MIN_CAPACITY, 2 * (length + extra + self.pad))
@@ -65,6 +64,11 @@ class GrowingLayer(CacheLayerMixin):
         vb[:, :, :length].copy_(v)
         self._key_buffer, self._value_buffer = kb, vb
         self._set_views(length)
+
+    def _own_views(self) -> bool:
+        """Whether ``keys`` / ``values`` are the views this layer set last (prefix views of its buffers: the
+        common case, no check needed); anything assigned from outside is checked."""
+        return self._views is not None and self.keys is self._views[0] and self.values is self._views[1]
 
     def _set_views(self, end: int) -> None:
         """``keys`` / ``values``: the buffers' first ``end`` columns (remembered: this layer's own views)."""
@@ -113,7 +117,7 @@ class GrowingLayer(CacheLayerMixin):
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         keep = max(self.keys.shape[2] + tokens_to_remove, 0)
-        if self._views is not None and self.keys is self._views[0] and self.values is self._views[1]:
+        if self._own_views():
             self._set_views(keep)
             return
         self.keys, self.values = self.keys[:, :, :keep], self.values[:, :, :keep]

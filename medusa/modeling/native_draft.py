@@ -328,5 +328,4 @@ def step(native: NativeDrafter, tokens: torch.Tensor, positions: torch.Tensor, i
 
 
 __all__ = ["NativeDraftLayer", "NativeDrafter", "context_pieces", "drafter_for", "final_norm", "forward",
-           "native_layer_for",
-           "step", "top"]
+           "native_layer_for", "step", "top"]

@@ -43,7 +43,7 @@ def checked(what: str, owner: object, check: Callable[[], T]) -> T:
     if memo is None:
         return check()
     key = (what, id(owner))
-    if key not in memo or memo[key][0] is not owner:  # (an id is only reused once its owner is gone)
+    if key not in memo:  # the owner is kept with its answer: its id is not reused within the scope
         memo[key] = (owner, check())
     return memo[key][1]
 
