@@ -117,6 +117,7 @@ class RunOptions:
     scale: float = 1.0
     seed: int = 0
     held_out_counts: dict[str, int] | None = None  # None: HELD_OUT_COUNTS
+    skip: dict[str, int] | None = None  # part -> its first rows, answered by an earlier run: start past them
 
 
 def distill_part(opts: RunOptions, prompts: Path | None, out: Path, limit: int | None,
@@ -164,10 +165,13 @@ def run(opts: RunOptions, shared: str | Path) -> None:
         _run_one(opts, "heldout", part, build_part(part, held, count, opts.seed + 1), None, 1.0)
     src = load_sources(shared, held_out=False)
     counts = {part: int(n * opts.scale) for part, n in COUNTS.items()}
-    static = {part: build_part(part, src, n, opts.seed) for part, n in counts.items() if part != "synth"}
+    skip = opts.skip or {}
+    static = {part: build_part(part, src, n, opts.seed)[skip.get(part, 0):]
+              for part, n in counts.items() if part != "synth"}
     for frac in PASSES:
         for part, rows in static.items():
-            _run_one(opts, "train", part, rows, max(int(len(rows) * frac), 1), frac)
+            if rows:
+                _run_one(opts, "train", part, rows, max(int(len(rows) * frac), 1), frac)
             if part == "translate_out":  # back into English from the model's own translations
                 answered = read_rows(opts.out / "train" / "translate_out.jsonl")
                 _run_one(opts, "train", "translate_in", T.translate_in(answered, opts.seed), None, frac)
@@ -176,6 +180,20 @@ def run(opts: RunOptions, shared: str | Path) -> None:
         log(opts, split="train", part="synth", frac=frac, written=s["written"],
             reply_tokens=s["completion_tokens"], tokens_per_s=s["tokens_per_s"], elapsed_s=s["elapsed_s"])
     log(opts, event="finished")
+
+
+def parse_skip(text: str) -> dict[str, int]:
+    """``alpaca=2400,math=1656``: how many first rows of each static part to leave out."""
+    skip: dict[str, int] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        part, _, n = item.partition("=")
+        if part not in COUNTS or part == "synth":
+            raise DataError(f"--skip: {part!r} is not a static part (one of "
+                            f"{', '.join(p for p in COUNTS if p != 'synth')})")
+        if not n.isdigit():
+            raise DataError(f"--skip: {item!r} is not PART=ROWS")
+        skip[part] = int(n)
+    return skip
 
 
 def status(out: Path) -> dict[str, Any]:
@@ -198,16 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128, help="slots (a quarter for summaries and RAG)")
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every part's count")
+    parser.add_argument("--skip", default="", metavar="PART=ROWS,...",
+                        help="start each named part past its first ROWS requests (rows an earlier run "
+                             "answered and a drafter trained on); ids stay those of the full part")
     parser.add_argument("--status", action="store_true", help="print rows and reply tokens, run nothing")
     args = parser.parse_args(argv)
     if args.status:
         print(json.dumps(status(Path(args.out)), indent=1))
         return 0
+    skip = parse_skip(args.skip)
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    run(RunOptions(args.model, Path(args.out), args.dtype, args.batch_size, args.max_new_tokens, args.scale),
-        args.shared)
+    run(RunOptions(args.model, Path(args.out), args.dtype, args.batch_size, args.max_new_tokens, args.scale,
+                   skip=skip), args.shared)
     return 0
 
 

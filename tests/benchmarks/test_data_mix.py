@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pytest
 from selfdistill_helpers import save_chat_model
 
 from benchmarks import data_mix as M
+from medusa.errors import DataError
 
 from tiny_models import SHARED, require_shared
 
@@ -64,3 +67,15 @@ def test_run_writes_every_part_and_resumes(tmp_path, monkeypatch):
     assert (opts.out / "train" / "alpaca.jsonl").read_text() == before
     assert all(e["written"] == 0 for e in map(json.loads, (opts.out / "run.log").read_text().splitlines()[
         len(log):]) if "written" in e)
+    # a larger round that skips rows an earlier run answered: only the rows past them are added
+    M.run(dataclasses.replace(opts, scale=2, skip={"alpaca": 6}), shared)
+    ids = [r["id"] for r in M.read_rows(opts.out / "train" / "alpaca.jsonl")]
+    assert sorted(ids) == [f"alpaca-{i}:0" for i in (0, 1, 2, 3, 6, 7)]
+
+
+def test_skip_names_static_parts_only():
+    assert M.parse_skip("alpaca=2400, math=16") == {"alpaca": 2400, "math": 16}
+    assert M.parse_skip("") == {}
+    for bad, word in (("synth=5", "synth"), ("alpaca=x", "PART=ROWS"), ("nope=1", "nope")):
+        with pytest.raises(DataError, match=word):
+            M.parse_skip(bad)
