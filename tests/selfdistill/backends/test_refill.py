@@ -70,3 +70,23 @@ def test_refill_fits_the_tightest_buffer_in_any_prompt_order(monkeypatch):
     got = {i: tokens for i, tokens, _ in R.generate_refill(model, prompts, max_new_tokens=9, batch_size=3,
                                                            pad_id=0, eos_ids=[2])}
     assert all(got[i] == _lone_generate(model, p, 9, 2) for i, p in enumerate(prompts))
+
+
+def test_one_query_steps_leave_transformers_its_grouped_query_packing(monkeypatch):
+    """Prefills read grouped K / V in place (``enable_gqa`` forced); one-query steps do not force it, so
+    transformers folds each K / V head's query heads into one attention (``pack_gqa``, 4.6x faster on a CPU);
+    the variable is restored afterwards."""
+    require_shared(STORIES)
+    tok, model = stories_tokenizer(), stories_model().to(torch.bfloat16).eval()
+    assert model.model.layers[0].self_attn.num_key_value_groups > 1  # a grouped-query model
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(
+            (kwargs["hidden_states"].shape[1], R.os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA"))),
+        with_kwargs=True)
+    prompts = [tok(t)["input_ids"] for t in TEXTS[:3]]
+    list(R.generate_refill(model, prompts, max_new_tokens=4, batch_size=2, pad_id=0, eos_ids=[]))
+    assert {env for q, env in seen if q > 1} == {"1"}
+    assert {env for q, env in seen if q == 1} == {None}
+    assert R.os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "0"
