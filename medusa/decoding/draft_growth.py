@@ -11,6 +11,8 @@ depth 2..D    the `expand` best nodes of the last level by cumulative draft log-
               children each
 pick          the `num_nodes - 1` best pool nodes, closed under ancestors (:func:`pick_nodes`)
 ```
+With the shape's ``min_prob`` (deterministic drafts only), a level expands only the nodes whose path
+probability reaches it (none: the growth stops) and only such nodes are picked (at least the root).
 A node is kept only with its parent: :func:`closed_keys` clamps each node's key strictly below its parent's
 (``nextafter`` in float64), so ``topk``, which keeps every value above the worst one it keeps, cannot keep a
 child without its parent whatever the rounding or ties of the scores (a drafter sure of a token gives a
@@ -21,6 +23,7 @@ or :func:`medusa.decoding.draft_sampling.sampled_children` ("sample" acceptance)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +92,11 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
     level_g = context.g_root.unsqueeze(1).expand(b, c, -1)  # [B, c, d] hidden input of each new node
     level_start, anc = 0, torch.zeros(b, 0, 0, dtype=torch.bool, device=device)  # [B, E, E]
     entry_of_parent = torch.full((b, c), -1, dtype=torch.long, device=device)  # the parent's draft entry
+    floor = prune_floor(shape, by_parent)
     for depth in range(2, shape.depth + 1):
-        e = min(shape.expand, pool_score[-1].shape[1])
+        e = min(shape.expand, reaching(pool_score[-1], floor))
+        if e == 0:  # no node of the last level is probable enough to draft under
+            break
         sel = pool_score[-1].topk(e, dim=-1).indices  # [B, e] within the last level
         anc, rows = _ancestry(anc, entry_of_parent.gather(1, sel))  # [B, E', E'], [B, e, E']
         allowed = torch.cat([context.valid.view(b, 1, s0).expand(b, e, s0), rows], dim=-1)
@@ -114,8 +120,21 @@ def grow(drafter: Any, context: Any, root: torch.Tensor, shape: Any, children: C
         pool_q.append(q)
     context.cache.truncate(s0)
     token = drafter.to_target(torch.cat(pool_token, dim=1))  # [B, P] target ids
-    nodes, picked = _pick(root, pool_score, token, pool_parent, shape, by_parent, dtype)
+    nodes, picked = _pick(root, pool_score, token, pool_parent, shape, by_parent, dtype, floor)
     return nodes, picked, pool_q
+
+
+def prune_floor(shape: Any, by_parent: bool) -> float | None:
+    """The log path probability a node needs to be expanded and verified (``shape.min_prob``; None: no
+    pruning, as for sampled drafts, whose nodes may not be chosen by their own token)."""
+    p = getattr(shape, "min_prob", 0.0)
+    return math.log(p) if p > 0 and not by_parent else None
+
+
+def reaching(score: torch.Tensor, floor: float | None) -> int:
+    """How many of ``score [B, P]``'s nodes (the most of any row) reach ``floor`` (all without one; a host
+    read with one)."""
+    return score.shape[1] if floor is None else int((score >= floor).sum(dim=1).max())
 
 
 def _ancestry(anc: torch.Tensor, parent_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,12 +152,12 @@ def _ancestry(anc: torch.Tensor, parent_entry: torch.Tensor) -> tuple[torch.Tens
 
 
 def _pick(root: torch.Tensor, pool_score: list[torch.Tensor], token: torch.Tensor,
-          pool_parent: list[torch.Tensor], shape: Any, by_parent: bool, dtype: torch.dtype
-          ) -> tuple[TreeNodes, torch.Tensor]:
+          pool_parent: list[torch.Tensor], shape: Any, by_parent: bool, dtype: torch.dtype,
+          floor: float | None = None) -> tuple[TreeNodes, torch.Tensor]:
     """The ``num_nodes - 1`` best pool nodes in level order under the root (and their pool indices
-    ``[B, N-1]``). Ranked by the node's cumulative log-probability or, ``by_parent`` (sampled drafts), by
-    its parent's (a node's place must not depend on its own sampled token); ties go to the shallower node,
-    then the earlier sibling."""
+    ``[B, N-1]``; fewer with a ``floor``: those that reach it, the most of any row). Ranked by the node's
+    cumulative log-probability or, ``by_parent`` (sampled drafts), by its parent's (a node's place must not
+    depend on its own sampled token); ties go to the shallower node, then the earlier sibling."""
     device = root.device
     sizes = [s.shape[1] for s in pool_score]
     levels = torch.cat([torch.full((size,), d, dtype=torch.long, device=device)
@@ -151,8 +170,9 @@ def _pick(root: torch.Tensor, pool_score: list[torch.Tensor], token: torch.Tenso
         parent_score = torch.where(parent >= 0, own.gather(1, parent.clamp(min=0)), 0.0)  # [B, P]
         rank = torch.cat([torch.arange(size, device=device) % shape.branch for size in sizes])
         raw = parent_score - 1e-6 * levels - 1e-9 * rank  # [B, P]
-    return pick_nodes(root, closed_keys(raw, parent, sizes), token, parent, levels, shape.num_nodes,
-                      shape.depth, shape.branch, dtype)
+    n = 1 + min(shape.num_nodes - 1, reaching(own, floor))
+    return pick_nodes(root, closed_keys(raw, parent, sizes), token, parent, levels, n, shape.depth,
+                      shape.branch, dtype)
 
 
 def closed_keys(raw: torch.Tensor, parent: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -198,5 +218,4 @@ def pick_tree(root: torch.Tensor, key: torch.Tensor, token: torch.Tensor, parent
 
 
 __all__ = ["FLOOR", "ChildrenOf", "TopChildren", "closed_keys", "float_mask", "grow", "pick_nodes",
-           "pick_tree",
-           "top_children"]
+           "pick_tree", "prune_floor", "reaching", "top_children"]

@@ -5,11 +5,15 @@ Unlike a :class:`~medusa.tree.tree.MedusaTree` (fixed paths of ranks), the draft
 step the EAGLE-2 way: ``depth`` draft levels, ``branch`` children under each expanded node, the ``expand``
 most probable frontier nodes (by cumulative draft log-probability) expanded per level, and the
 ``num_nodes - 1`` most probable drafted nodes verified under the root. ``lookup_tokens``: a context-lookup
-chain of that many tokens verified beside it (0: none).
+chain of that many tokens verified beside it (0: none). ``min_prob`` (0: off) prunes each step's tree to what
+the drafter is sure enough of: a node whose path probability (the product of its draft probabilities) is
+below it is neither expanded nor verified, so a level where no node reaches it is not drafted and a step
+the drafter doubts verifies fewer nodes (:func:`medusa.decoding.draft_growth.grow`; deterministic drafts
+only: a sampled node's place must not depend on its own token).
 
 ```
 {"format": "medusa-draft-tree", "version": 1, "num_nodes": 16, "depth": 5, "branch": 4, "expand": 4,
- "lookup_tokens": 0, "calibration": {...}}
+ "lookup_tokens": 0, "min_prob": 0.0, "calibration": {...}}
 ```
 """
 
@@ -39,6 +43,7 @@ class DraftTreeShape:
     branch: int = 4
     expand: int = 4
     lookup_tokens: int = 0
+    min_prob: float = 0.0  # nodes of lower path probability are not drafted further nor verified (0: off)
     calibration: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -47,6 +52,9 @@ class DraftTreeShape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise TreeError(f"draft tree: {name} must be an integer in [{lo}, {hi}], got {value!r}")
+        p = self.min_prob
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p < 1.0:
+            raise TreeError(f"draft tree: min_prob must be a number in [0, 1), got {p!r}")
         pool = self.pool_size
         if pool < self.num_nodes - 1:
             raise TreeError(f"draft tree: {self.num_nodes} nodes need {self.num_nodes - 1} drafted "
@@ -88,7 +96,7 @@ class DraftTreeShape:
             raise TreeError(f"{source}: not a draft tree (expected \"format\": \"{DRAFT_TREE_FORMAT}\")")
         if data.get("version") != DRAFT_TREE_VERSION:
             raise TreeError(f"{source}: draft tree version {data.get('version')!r} is not supported")
-        known = {"num_nodes", "depth", "branch", "expand", "lookup_tokens"}
+        known = {"num_nodes", "depth", "branch", "expand", "lookup_tokens", "min_prob"}
         unknown = sorted(set(data) - known - {"format", "version", "calibration"})
         if unknown:
             raise TreeError(f"{source}: unknown key(s) {', '.join(unknown)}")

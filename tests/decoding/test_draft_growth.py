@@ -130,9 +130,11 @@ ROWS = [[5, 9, 14, 3], [2, 11]]  # each row's context tokens; the last is the ro
 
 def reference(context: tuple[int, ...], pos: int, shape) -> tuple[dict, list]:
     """Brute force: every chain (draft ids) under the root up to ``shape.depth`` with its cumulative
-    log-probability; then EAGLE-2's levels from them. Returns the kept nodes {chain: score} and each level's
-    expanded nodes [(target tokens seen, position)]."""
+    log-probability; then EAGLE-2's levels from them (with ``shape.min_prob``: only chains that reach it are
+    expanded and kept). Returns the kept nodes {chain: score} and each level's expanded nodes [(target
+    tokens seen, position)]."""
     import itertools
+    import math
 
     def target(chain):
         return context + tuple(TOKEN_MAP[c] for c in chain)
@@ -142,27 +144,35 @@ def reference(context: tuple[int, ...], pos: int, shape) -> tuple[dict, list]:
         for chain in itertools.product(range(len(TOKEN_MAP)), repeat=length):
             logp = torch.log_softmax(table_logits(target(chain[:-1]), pos + length - 1).double(), dim=-1)
             score[chain] = score[chain[:-1]] + float(logp[chain[-1]])
+    floor = math.log(shape.min_prob) if shape.min_prob > 0 else -math.inf
 
     def best(chains, k):
         ranked = sorted(chains, key=lambda c: -score[c])
         assert k >= len(ranked) or score[ranked[k - 1]] - score[ranked[k]] > 1e-4  # no near-tie to guess at
         return ranked[:k]
 
+    def sure(chains):
+        assert all(abs(score[c] - floor) > 1e-4 for c in chains)  # none at the floor to guess at
+        return [c for c in chains if score[c] >= floor]
+
     level, pool, expanded = best([(v,) for v in range(len(TOKEN_MAP))], shape.branch), [], []
     for depth in range(2, shape.depth + 1):
         pool += level
-        frontier = best(level, shape.expand)
+        frontier = best(sure(level), shape.expand)
+        if not frontier:
+            level = []
+            break
         expanded.append(sorted((target(f), pos + depth - 1) for f in frontier))
         level = [c for f in frontier for c in best([f + (v,) for v in range(len(TOKEN_MAP))], shape.branch)]
     pool += level
-    return {c: score[c] for c in best(pool, shape.num_nodes - 1)}, expanded
+    return {c: score[c] for c in best(sure(pool), shape.num_nodes - 1)}, expanded
 
 
 SHAPES = [DraftTreeShape(8, 4, 3, 2), DraftTreeShape(12, 3, 2, 3), DraftTreeShape(6, 4, 2, 1),
           DraftTreeShape(4, 1, 3, 2), DraftTreeShape(22, 4, 3, 2)]
 
 
-def _grow(shape, drafter):
+def _grow(shape, drafter, rows=ROWS):
     recorded = []
     base = top_children(shape.branch)
 
@@ -171,8 +181,8 @@ def _grow(shape, drafter):
         recorded.append(out[0])
         return out
 
-    context = FakeContext(ROWS, 4)
-    root = torch.tensor([r[-1] for r in ROWS])
+    context = FakeContext(rows, 4)
+    root = torch.tensor([r[-1] for r in rows])
     nodes, picked, _ = grow(drafter, context, root, shape, children, False, torch.float32)
     assert context.cache.get_seq_length() == 4  # the drafted entries dropped again
     return nodes, torch.cat(recorded, dim=1).gather(1, picked)  # [B, N-1] the kept nodes' scores
@@ -226,3 +236,36 @@ def test_grow_keeps_no_orphan_with_a_very_sure_drafter(gap):
                     parent = int(nodes.parents[b, i])
                     assert parent < i, (n, b, i)
                     assert int(nodes.depths[b, i]) == int(nodes.depths[b, parent]) + 1, (n, b, i)
+
+
+PRUNED = [DraftTreeShape(8, 4, 3, 2, min_prob=p) for p in (0.02, 0.1, 0.3, 0.6)] + [
+    DraftTreeShape(12, 3, 2, 3, min_prob=0.05), DraftTreeShape(4, 1, 3, 2, min_prob=0.2)]
+
+
+@pytest.mark.parametrize("shape", PRUNED, ids=str)
+def test_min_prob_prunes_what_the_drafter_doubts(shape):
+    """With ``min_prob`` (one row at a time: a batch keeps the most any row keeps), a level expands only the
+    nodes whose path probability reaches it, no level is drafted where none does, and the kept nodes are
+    exactly those that reach it (at most ``num_nodes - 1``) with their exact scores."""
+    for row in ROWS:
+        drafter = FakeDrafter()
+        nodes, scores = _grow(shape, drafter, rows=[row])
+        want, levels = reference(tuple(row), len(row), shape)
+        for depth, level in enumerate(levels, start=2):
+            assert sorted((seen, p) for _, lv, seen, p, _ in drafter.log if lv == depth) == level
+        assert {lv for _, lv, *_ in drafter.log} == set(range(2, 2 + len(levels)))
+        assert nodes.tokens.shape[1] == 1 + len(want)
+        got = sorted(scores[0].tolist(), reverse=True)
+        assert got == pytest.approx(sorted(want.values(), reverse=True), abs=1e-5)
+
+
+def test_min_prob_keeps_every_node_of_a_batch_row_that_reaches_it():
+    """Two rows: each keeps its own nodes that reach the floor; the batch's tree has the most of any row."""
+    shape = DraftTreeShape(8, 4, 3, 2, min_prob=0.3)
+    nodes, scores = _grow(shape, FakeDrafter())
+    counts = [len(reference(tuple(r), len(r), shape)[0]) for r in ROWS]
+    assert counts == [1, 2] and nodes.tokens.shape[1] == 1 + max(counts)
+    for b, row in enumerate(ROWS):
+        want, _ = reference(tuple(row), len(row), shape)
+        top = sorted(scores[b].tolist(), reverse=True)[:counts[b]]
+        assert top == pytest.approx(sorted(want.values(), reverse=True), abs=1e-5)

@@ -40,8 +40,10 @@ def fitted():
     return _fit_drafter(model, seqs), prompts
 
 
-@pytest.mark.parametrize("shape", [DraftTreeShape(8, 4, 2, 2), DraftTreeShape(12, 5, 3, 3, lookup_tokens=4)],
-                         ids=["alone", "with-lookup"])
+@pytest.mark.parametrize("shape", [DraftTreeShape(8, 4, 2, 2), DraftTreeShape(12, 5, 3, 3, lookup_tokens=4),
+                                   DraftTreeShape(8, 4, 2, 2, min_prob=0.3),
+                                   DraftTreeShape(12, 5, 3, 3, lookup_tokens=4, min_prob=0.3)],
+                         ids=["alone", "with-lookup", "pruned", "pruned-with-lookup"])
 def test_greedy_equals_hf_batch1_and_accepts(fitted, shape):
     model, prompts = fitted
     base = model.base_model
@@ -57,14 +59,15 @@ def test_greedy_equals_hf_batch1_and_accepts(fitted, shape):
     assert sum(gained) / len(gained) > 2.0  # the fitted drafter's drafts are accepted, several per step
 
 
-def test_greedy_equals_hf_left_padded_batch(fitted):
+@pytest.mark.parametrize("min_prob", [0.0, 0.3])
+def test_greedy_equals_hf_left_padded_batch(fitted, min_prob):
     model, _ = fitted
     base = model.base_model
     ids, mask = left_padded_batch(96, lengths=(9, 6, 4), seed=5)
     want = base.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
                          pad_token_id=0)
-    got = model.generate(ids, attention_mask=mask, max_new_tokens=24, tree=DraftTreeShape(8, 4, 2, 2),
-                         eos_token_id=[])
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=24,
+                         tree=DraftTreeShape(8, 4, 2, 2, min_prob=min_prob), eos_token_id=[])
     assert torch.equal(got, want)
 
 

@@ -9,10 +9,12 @@ from medusa.tree.tree import TreeError
 
 
 def test_round_trip_and_detection(tmp_path):
-    shape = DraftTreeShape(12, 5, 3, 2, lookup_tokens=4, calibration={"expected_tokens_per_step": 2.5})
+    shape = DraftTreeShape(12, 5, 3, 2, lookup_tokens=4, min_prob=0.25,
+                           calibration={"expected_tokens_per_step": 2.5})
     shape.to_json(tmp_path / "tree.json")
     data = json.loads((tmp_path / "tree.json").read_text())
     assert data["format"] == "medusa-draft-tree" and data["num_nodes"] == 12 and data["lookup_tokens"] == 4
+    assert data["min_prob"] == 0.25
     back = DraftTreeShape.from_json(tmp_path / "tree.json")
     assert back == shape and back.calibration == {"expected_tokens_per_step": 2.5}
     assert is_draft_tree_file(tmp_path / "tree.json")
@@ -26,6 +28,8 @@ def test_round_trip_and_detection(tmp_path):
     (dict(num_nodes=1), "num_nodes"), (dict(depth=0), "depth"), (dict(branch=True), "branch"),
     (dict(lookup_tokens=-1), "lookup_tokens"), (dict(num_nodes=2000), "num_nodes"),
     (dict(num_nodes=30, depth=2, branch=2, expand=2), "need 29 drafted candidates"),
+    (dict(min_prob=1.0), "min_prob"), (dict(min_prob=-0.1), "min_prob"), (dict(min_prob=True), "min_prob"),
+    (dict(min_prob="0.1"), "min_prob"),
 ])
 def test_bad_shapes(kwargs, words):
     with pytest.raises(TreeError, match=words):
@@ -38,6 +42,7 @@ def test_bad_shapes(kwargs, words):
     ({"format": "medusa-draft-tree", "version": 1, "nodes": 3}, "unknown key"),
     ({"format": "medusa-draft-tree", "version": 1, "depth": "5"}, "depth"),
     ({"format": "medusa-draft-tree", "version": 1, "calibration": [1]}, "calibration"),
+    ({"format": "medusa-draft-tree", "version": 1, "min_prob": 2}, "min_prob"),
 ])
 def test_bad_files_name_the_file(tmp_path, data, words):
     path = tmp_path / "tree.json"
