@@ -35,6 +35,8 @@ import torch
 from medusa.decoding.acceptance import draw
 from medusa.decoding.hf import cache_kwargs
 from medusa.decoding.processors import Warp, sampling_only_blocker, warp_logits
+from medusa.modeling import native_body
+from medusa.modeling.base import base_logits, decoder_of, text_config
 
 COMPACT_EVERY = 64  # shift the buffers left once every slot's first column is at least this far in
 
@@ -123,6 +125,10 @@ class RefillLoop:
         self.model, self.max_new, self.pad, self.eos = model, max_new_tokens, pad_id, set(eos_ids)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        body, config = decoder_of(model), text_config(model)
+        # the body through the native bf16 kernels where it runs there (medusa.modeling.native_body): the
+        # one-token steps (at most MAX_ROWS slots, over the shared buffers); prompts go through the model
+        self.native = (body, config) if native_body.unsupported_reason(body, config) == "" else None
         self.queue = deque(Row(i, list(p)) for i, p in enumerate(prompts))
         longest = max((len(p) for p in prompts), default=1)
         # a slot spans at most longest + max_new_tokens - 1 columns before a step (its prompt, then one per
@@ -144,11 +150,18 @@ class RefillLoop:
         allowed[:, :, cache.col:] &= torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
         neg = torch.finfo(self.dtype).min
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(~allowed, neg)
-        with grouped_sdpa(q > 1):  # mask: [B, 1, q, col + q]
-            out = self.model(input_ids=ids, attention_mask=mask.unsqueeze(1), position_ids=positions,
-                             use_cache=True, logits_to_keep=1, **cache_kwargs(cache))
+        mask = mask.unsqueeze(1)  # [B, 1, q, col + q]
+        native = None if self.native is None else native_body.native_for(self.model, *self.native, ids, mask,
+                                                                          cache)
+        if native is not None:  # one column per slot through the kernels, written into the shared buffers
+            last, _ = native_body.forward(native, ids, mask, positions, cache)  # [B, q, d]
+            logits = base_logits(self.model, last[:, -1])  # [B, V]
+        else:
+            with grouped_sdpa(q > 1):
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    use_cache=True, logits_to_keep=1, **cache_kwargs(cache)).logits[:, -1]
         cache.col += q
-        return out.logits[:, -1]  # [B, V]
+        return logits  # [B, V]
 
     def admit(self, targets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill the next ``len(targets)`` prompts on their own, then write them into slots ``targets``

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import medusa.selfdistill.backends.refill as R
+from medusa.modeling import bf16_kernel, native_body
+from medusa.modeling.cpu_linear import pack_linears
 
-from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer
+from tiny_models import STORIES, require_shared, stories_model, stories_tokenizer, tiny_model
 
 TEXTS = ["Once upon a time", "Lily had a red ball. She", "The dog",
          "Tom and his mom went to the park. They saw",
@@ -90,3 +93,29 @@ def test_one_query_steps_leave_transformers_its_grouped_query_packing(monkeypatc
     assert {env for q, env in seen if q > 1} == {"1"}
     assert {env for q, env in seen if q == 1} == {None}
     assert R.os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "0"
+
+
+@pytest.mark.skipif(not bf16_kernel.available(), reason="no native kernel on this CPU")
+def test_bf16_steps_run_through_the_native_body_and_reply_as_the_models_own_code(monkeypatch):
+    """In bfloat16 every one-token step (not the prompts) goes through the native body over the shared
+    buffers, compaction included; on a model whose argmax is decisive the replies equal those of the
+    model's own code (``MEDUSA_NATIVE_BODY=0``)."""
+    model = tiny_model("llama", hidden_size=128, intermediate_size=256, layers=3).bfloat16()
+    assert pack_linears(model) > 0
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 90, (int(n),), generator=g).tolist() for n in (5, 9, 3, 12, 7, 4, 10)]
+    monkeypatch.setattr(R, "COMPACT_EVERY", 4)
+    native_rows = []
+    real = native_body.forward
+    monkeypatch.setattr(native_body, "forward",
+                        lambda *a, **k: (native_rows.append(a[1].shape), real(*a, **k))[1])
+
+    def run():
+        return sorted(R.generate_refill(model, prompts, max_new_tokens=12, batch_size=3, pad_id=0,
+                                        eos_ids=[]))
+
+    got = run()
+    assert native_rows and all(shape[1] == 1 for shape in native_rows)
+    assert len(native_rows) >= 12 * len(prompts) // 3  # every step of three slots, none of the prompts
+    monkeypatch.setenv(native_body.ENV, "0")
+    assert run() == got
