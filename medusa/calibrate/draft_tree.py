@@ -27,6 +27,8 @@ from medusa.tree.draft_tree import DraftTreeShape
 CANDIDATES = ((4, 2, 2, 2), (4, 3, 1, 1), (6, 3, 2, 2), (6, 4, 2, 2), (8, 3, 2, 2), (8, 4, 2, 2),
               (8, 5, 2, 2), (12, 5, 3, 3), (16, 5, 4, 4), (16, 6, 4, 4))
 LOOKUP_CHOICES = (0, 6, 10)
+# the fastest shape tried again with its tree cut where the drafter doubts (DraftTreeShape.min_prob)
+MIN_PROB_CHOICES = (0.02, 0.05, 0.1)
 
 
 def candidate_shapes(candidates: Sequence[tuple[int, int, int, int]] = CANDIDATES,
@@ -101,32 +103,52 @@ def fastest(rows: Sequence[dict[str, float]]) -> int:
 
 def calibrate_draft_tree(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int = 96,
                          shapes: Sequence[DraftTreeShape] | None = None,
-                         log: Callable[[str], None] = print, progress: bool = False) -> DraftTreeShape:
+                         log: Callable[[str], None] = print, progress: bool = False,
+                         min_probs: Sequence[float] = MIN_PROB_CHOICES) -> DraftTreeShape:
     """The fastest of ``shapes`` (default :func:`candidate_shapes`) on ``prompts`` (token-id tensors
-    ``[1, P]``), with every candidate's figures in its ``calibration`` record."""
+    ``[1, P]``), with every candidate's figures in its ``calibration`` record. Then that shape is timed
+    again beside itself cut at each of ``min_probs`` (a second round, all in turn: the choice among them
+    compares figures of the same minutes) and the fastest of those is kept."""
     if not prompts:
         raise MedusaError("calibrating a draft tree needs at least one prompt")
     shapes = list(shapes or candidate_shapes())
     t0 = time.perf_counter()
     measure_shape(model, prompts[:1], shapes[0], 8)  # warm-up: allocations, first-call overheads
-    rows = []
-    for shape, figures in zip(shapes, measure_shapes(model, prompts, shapes, max_new_tokens, progress),
-                             strict=True):
-        rows.append({**{k: v for k, v in shape.to_dict().items()
-                        if k in ("num_nodes", "depth", "branch", "expand", "lookup_tokens")}, **figures})
-        log(f"  nodes {shape.num_nodes:3d} depth {shape.depth} branch {shape.branch} expand {shape.expand} "
-            f"lookup {shape.lookup_tokens:2d}: {figures['tokens_per_step']:.2f} tokens/step, "
-            f"{figures['step_ms']:.1f} ms/step, {figures['tokens_per_s']:.1f} tokens/s")
+    rows = timed_rows(model, prompts, shapes, max_new_tokens, progress, log)
     best = fastest(rows)
+    chosen, figures = shapes[best], rows[best]
+    if min_probs and chosen.min_prob == 0:
+        trials = [chosen, *(replace(chosen, min_prob=float(p), calibration=None) for p in min_probs)]
+        again = timed_rows(model, prompts, trials, max_new_tokens, progress, log)
+        rows += again
+        cut = fastest(again)
+        chosen, figures = trials[cut], again[cut]
     record = {"method": "greedy decoding of the calibration prompts, each candidate timed "
-              "(prompt by prompt, all candidates in turn)",
+              "(prompt by prompt, all candidates in turn), then the fastest cut at each min_prob",
               "prompts": len(prompts), "max_new_tokens": max_new_tokens,
               "torch_threads": torch.get_num_threads(), "seconds": round(time.perf_counter() - t0, 1),
               "dtype": str(compute_dtype(model)).removeprefix("torch."),  # bf16 trees are timed in bf16
               "drafter_dtype": str(getattr(model.heads, "dtype", "")).removeprefix("torch."),  # drafted in
-              "expected_tokens_per_step": rows[best]["tokens_per_step"], "candidates": rows}
-    return replace(shapes[best], calibration=record)
+              "expected_tokens_per_step": figures["tokens_per_step"], "candidates": rows}
+    return replace(chosen, calibration=record)
 
 
-__all__ = ["CANDIDATES", "LOOKUP_CHOICES", "calibrate_draft_tree", "candidate_shapes", "decode_figures",
-           "fastest", "figures_of", "measure_shape", "measure_shapes"]
+def timed_rows(model: Any, prompts: Sequence[torch.Tensor], shapes: Sequence[DraftTreeShape],
+               max_new_tokens: int, progress: bool, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """:func:`measure_shapes` of ``shapes``, one record row (the shape's sizes and its figures) and one log
+    line each."""
+    rows = []
+    for shape, figures in zip(shapes, measure_shapes(model, prompts, shapes, max_new_tokens, progress),
+                             strict=True):
+        rows.append({**{k: v for k, v in shape.to_dict().items()
+                        if k in ("num_nodes", "depth", "branch", "expand", "lookup_tokens", "min_prob")},
+                     **figures})
+        cut = f" min_prob {shape.min_prob:g}" if shape.min_prob else ""
+        log(f"  nodes {shape.num_nodes:3d} depth {shape.depth} branch {shape.branch} expand {shape.expand} "
+            f"lookup {shape.lookup_tokens:2d}{cut}: {figures['tokens_per_step']:.2f} tokens/step, "
+            f"{figures['step_ms']:.1f} ms/step, {figures['tokens_per_s']:.1f} tokens/s")
+    return rows
+
+
+__all__ = ["CANDIDATES", "LOOKUP_CHOICES", "MIN_PROB_CHOICES", "calibrate_draft_tree", "candidate_shapes",
+           "decode_figures", "fastest", "figures_of", "measure_shape", "measure_shapes", "timed_rows"]

@@ -17,13 +17,36 @@ def test_measure_and_choose():
     assert figures["tokens_per_step"] >= 1.0 and figures["step_ms"] > 0
     shapes = [DraftTreeShape(4, 3, 1, 1), DraftTreeShape(6, 3, 2, 2, lookup_tokens=2)]
     lines = []
-    best = calibrate_draft_tree(model, prompts, max_new_tokens=8, shapes=shapes, log=lines.append)
+    best = calibrate_draft_tree(model, prompts, max_new_tokens=8, shapes=shapes, log=lines.append,
+                                min_probs=())
     record = best.calibration
     assert len(record["candidates"]) == 2 and len(lines) == 2
     fastest = max(record["candidates"], key=lambda c: c["tokens_per_s"])
     assert (best.num_nodes, best.lookup_tokens) == (fastest["num_nodes"], fastest["lookup_tokens"])
     assert record["expected_tokens_per_step"] == fastest["tokens_per_step"]
     assert record["dtype"] == "float32"  # timed in the dtype it will decode in
+    assert best.min_prob == 0.0
+
+
+def test_the_fastest_shape_is_tried_again_cut_at_each_min_prob():
+    """A second round: the grid's fastest shape beside itself cut at each ``min_probs``, all timed in turn;
+    the fastest of that round is kept, its figures the record's expected ones."""
+    base = tiny_model("llama", layers=4)
+    model = MedusaModel.from_base(base, num_heads=3, head_type="eagle3").eval()
+    prompts = [torch.randint(3, 96, (1, 6)), torch.randint(3, 96, (1, 4))]
+    shapes = [DraftTreeShape(4, 3, 1, 1), DraftTreeShape(6, 3, 2, 2, lookup_tokens=2)]
+    lines = []
+    best = calibrate_draft_tree(model, prompts, max_new_tokens=8, shapes=shapes, log=lines.append,
+                                min_probs=(0.05, 0.3))
+    rows = best.calibration["candidates"]
+    assert len(rows) == len(lines) == 5 and [r["min_prob"] for r in rows[2:]] == [0.0, 0.05, 0.3]
+    first = max(rows[:2], key=lambda c: c["tokens_per_s"])
+    assert all(r["num_nodes"] == first["num_nodes"] and r["lookup_tokens"] == first["lookup_tokens"]
+               for r in rows[2:])
+    second = max(rows[2:], key=lambda c: c["tokens_per_s"])
+    assert best.min_prob == second["min_prob"] and best.num_nodes == first["num_nodes"]
+    assert best.calibration["expected_tokens_per_step"] == second["tokens_per_step"]
+    assert "min_prob 0.3" in lines[-1]
 
 
 def test_candidates_are_valid_shapes():
