@@ -209,11 +209,10 @@ static void scores16(const uint16_t *a, long lda, const uint16_t *qt, long pairs
 /* Ask for a later KV head's keys and values at columns j0 .. j0+15 (into L2) while this head's block j0 is
  * scored: by this head's last block that head's whole cache is on its way. A head's cache is a few KB of
  * each kind streamed from memory, too short for the hardware prefetcher to run ahead: 128 slots x 270
- * columns x 3 KV heads of 64 went at ~8 GB/s, 26 us a slot; asking two heads ahead, 14-16 us (the same
- * cache held in L2: 9-10 us). Prefetches change no result. */
-#ifndef AHEAD
-#define AHEAD 3
-#endif
+ * columns x 3 KV heads of 64 went at ~8 GB/s, 26-30 us a slot; asking one, two or three heads ahead,
+ * 14-19 us (the three alike within the noise; the same cache held in L2: 9-10 us). Prefetches change no
+ * result. */
+#define AHEAD 2 /* KV heads ahead */
 static void prefetch_next(const uint16_t *kn, const uint16_t *vn, long ss, long hd, long j0, long cols) {
     long row = hd * 2; /* bytes */
     for (long j = j0; j < j0 + 16 && j < cols; j++)
