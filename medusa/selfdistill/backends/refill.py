@@ -39,6 +39,7 @@ from medusa.modeling import native_body
 from medusa.modeling.base import base_logits, decoder_of, text_config
 
 COMPACT_EVERY = 64  # shift the buffers left once every slot's first column is at least this far in
+LENGTH_SPREAD = 1.25  # prompts prefilled together: the longest at most this times the shortest
 
 
 def refill_supported(model: torch.nn.Module) -> str | None:
@@ -165,8 +166,26 @@ class RefillLoop:
 
     def admit(self, targets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill the next ``len(targets)`` prompts on their own, then write them into slots ``targets``
-        ending at the current column. Returns ``(slots [n], logits of their first reply token [n, V])``."""
+        ending at the current column. Returns ``(slots [n], logits of their first reply token [n, V])``.
+        Prompts of like length are prefilled together (:func:`length_groups`): a left-padded batch computes
+        its padding too, 25-49% of the products when 4-32 prompts of a part go in one batch."""
         rows = [self.queue.popleft() for _ in targets]
+        width = max(len(r.prompt) for r in rows)
+        if self.cache.col < width:
+            self.shift_all(width - self.cache.col)
+        logits: list[torch.Tensor] = [torch.empty(0)] * len(rows)
+        for group in length_groups([len(r.prompt) for r in rows]):
+            prefilled = self._prefill([rows[j] for j in group], [targets[j] for j in group])  # [g, V]
+            for j, row_logits in zip(group, prefilled):
+                logits[j] = row_logits
+        for t, r in zip(targets, rows):
+            self.slots[t] = r
+        return torch.tensor(targets, device=self.device), torch.stack(logits)  # [n], [n, V]
+
+    def _prefill(self, rows: list[Row], targets: list[int]) -> torch.Tensor:
+        """``rows``' prompts, left-padded to the longest, in one forward; their keys / values written into
+        slots ``targets`` ending at the current column (which leaves room for them). Returns their logits
+        ``[n, V]``."""
         width = max(len(r.prompt) for r in rows)
         ids = torch.full((len(rows), width), self.pad, dtype=torch.long)  # [n, W] left-padded
         own = torch.zeros(len(rows), width, dtype=torch.bool)  # [n, W]
@@ -177,8 +196,6 @@ class RefillLoop:
         positions = (own.long().cumsum(-1) - 1).clamp_min(0)  # [n, W]
         fresh = SlotCache(width)
         logits = self.forward(ids, own, positions, fresh)
-        if self.cache.col < width:
-            self.shift_all(width - self.cache.col)
         if not self.cache.keys:  # first admission: allocate the shared buffers like the fresh ones
             b, cap = len(self.slots), self.cache.capacity
             self.cache.keys = [k.new_zeros(b, k.shape[1], cap, k.shape[3]) for k in fresh.keys]
@@ -189,9 +206,7 @@ class RefillLoop:
         self.valid[index] = False
         self.valid[index, col - width:col] = own
         self.next_pos[index] = positions[:, -1] + 1
-        for t, r in zip(targets, rows):
-            self.slots[t] = r
-        return index, logits
+        return logits
 
     def take(self, index: torch.Tensor, tokens: torch.Tensor) -> Iterator[tuple[int, list[int], str]]:
         """Append ``tokens [n]`` to slots ``index [n]``; yield ``(prompt index, reply tokens, reason)`` for
@@ -246,6 +261,19 @@ class RefillLoop:
         first = int(used.nonzero()[0]) if bool(used.any()) else self.cache.col
         if first >= COMPACT_EVERY or (first > 0 and self.cache.col + 1 >= self.cache.capacity):
             self.shift_all(-first)
+
+
+def length_groups(lengths: Sequence[int], spread: float = LENGTH_SPREAD) -> list[list[int]]:
+    """Indices of ``lengths`` in groups of like length (shortest first): a group's longest is at most
+    ``spread`` times its shortest, so a group prefilled as one left-padded batch computes at most
+    ``1 - 1 / spread`` of padding."""
+    groups: list[list[int]] = []
+    for j in sorted(range(len(lengths)), key=lambda k: lengths[k]):
+        if groups and lengths[j] <= spread * lengths[groups[-1][0]]:
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+    return groups
 
 
 @contextmanager

@@ -119,3 +119,15 @@ def test_bf16_steps_run_through_the_native_body_and_reply_as_the_models_own_code
     assert len(native_rows) >= 12 * len(prompts) // 3  # every step of three slots, none of the prompts
     monkeypatch.setenv(native_body.ENV, "0")
     assert run() == got
+
+
+def test_prompts_of_like_length_are_prefilled_together():
+    """Groups in length order, each one's longest at most LENGTH_SPREAD times its shortest (a left-padded
+    batch then computes at most 20% of padding); every prompt in exactly one group."""
+    assert R.length_groups([10, 12, 30, 11, 40, 13]) == [[0, 3, 1], [5], [2], [4]]
+    lengths = [int(x) for x in torch.randint(5, 900, (64,), generator=torch.Generator().manual_seed(1))]
+    groups = R.length_groups(lengths)
+    assert sorted(j for g in groups for j in g) == list(range(64))
+    for g in groups:
+        longest, shortest = max(lengths[j] for j in g), min(lengths[j] for j in g)
+        assert longest <= R.LENGTH_SPREAD * shortest
