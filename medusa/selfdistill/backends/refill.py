@@ -34,6 +34,7 @@ import torch
 
 from medusa.decoding.acceptance import draw
 from medusa.decoding.hf import cache_kwargs
+from medusa.decoding.kv_cache import FIRST_PIECE
 from medusa.decoding.processors import Warp, sampling_only_blocker, warp_logits
 from medusa.modeling import native_body
 from medusa.modeling.base import base_logits, decoder_of, text_config
@@ -143,9 +144,10 @@ class RefillLoop:
         self.last = torch.full((n,), pad_id, dtype=torch.long, device=self.device)  # [B] token to feed next
 
     def forward(self, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor,
-                cache: SlotCache) -> torch.Tensor:
+                cache: SlotCache, logits: bool = True) -> torch.Tensor | None:
         """``ids [B, q]`` at ``positions [B, q]``, seeing the columns ``valid [B, col + q]`` marks (causally
-        among the q new ones) -> logits ``[B, V]`` of the last position."""
+        among the q new ones) -> logits ``[B, V]`` of the last position (None without ``logits``: a piece of
+        a prompt that is not its last)."""
         q = ids.shape[1]
         allowed = valid.unsqueeze(1).expand(-1, q, -1).clone()  # [B, q, col + q]
         allowed[:, :, cache.col:] &= torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
@@ -154,15 +156,15 @@ class RefillLoop:
         mask = mask.unsqueeze(1)  # [B, 1, q, col + q]
         native = None if self.native is None else native_body.native_for(self.model, *self.native, ids, mask,
                                                                           cache)
-        if native is not None:  # one column per slot through the kernels, written into the shared buffers
+        if native is not None:  # a step, or a piece of the prompts, through the kernels
             last, _ = native_body.forward(native, ids, mask, positions, cache)  # [B, q, d]
-            logits = base_logits(self.model, last[:, -1])  # [B, V]
+            out = base_logits(self.model, last[:, -1]) if logits else None  # [B, V]
         else:
             with grouped_sdpa(q > 1):
-                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                    use_cache=True, logits_to_keep=1, **cache_kwargs(cache)).logits[:, -1]
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                 use_cache=True, logits_to_keep=1, **cache_kwargs(cache)).logits[:, -1]
         cache.col += q
-        return logits  # [B, V]
+        return out  # [B, V]
 
     def admit(self, targets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill the next ``len(targets)`` prompts on their own, then write them into slots ``targets``
@@ -195,7 +197,9 @@ class RefillLoop:
         ids, own = ids.to(self.device), own.to(self.device)
         positions = (own.long().cumsum(-1) - 1).clamp_min(0)  # [n, W]
         fresh = SlotCache(width)
-        logits = self.forward(ids, own, positions, fresh)
+        for start, end in self.pieces(len(rows), width):
+            logits = self.forward(ids[:, start:end], own[:, :end], positions[:, start:end], fresh,
+                                  logits=end == width)
         if not self.cache.keys:  # first admission: allocate the shared buffers like the fresh ones
             b, cap = len(self.slots), self.cache.capacity
             self.cache.keys = [k.new_zeros(b, k.shape[1], cap, k.shape[3]) for k in fresh.keys]
@@ -207,6 +211,16 @@ class RefillLoop:
         self.valid[index, col - width:col] = own
         self.next_pos[index] = positions[:, -1] + 1
         return logits
+
+    def pieces(self, rows: int, width: int) -> list[tuple[int, int]]:
+        """The column ranges a prefill of ``rows`` prompts ``width`` wide runs in: where the body runs
+        natively, the first :data:`FIRST_PIECE` columns through the model (they start the cache), then
+        pieces of at most ``MAX_ROWS`` tokens through the kernels (1.3x the model's own bf16 prefill for one
+        400-token prompt); else all at once."""
+        step = native_body.MAX_ROWS // rows if self.native is not None else 0
+        if step < 1 or width <= FIRST_PIECE:
+            return [(0, width)]
+        return [(0, FIRST_PIECE), *((s, min(s + step, width)) for s in range(FIRST_PIECE, width, step))]
 
     def take(self, index: torch.Tensor, tokens: torch.Tensor) -> Iterator[tuple[int, list[int], str]]:
         """Append ``tokens [n]`` to slots ``index [n]``; yield ``(prompt index, reply tokens, reason)`` for

@@ -96,29 +96,42 @@ def test_one_query_steps_leave_transformers_its_grouped_query_packing(monkeypatc
 
 
 @pytest.mark.skipif(not bf16_kernel.available(), reason="no native kernel on this CPU")
-def test_bf16_steps_run_through_the_native_body_and_reply_as_the_models_own_code(monkeypatch):
-    """In bfloat16 every one-token step (not the prompts) goes through the native body over the shared
-    buffers, compaction included; on a model whose argmax is decisive the replies equal those of the
-    model's own code (``MEDUSA_NATIVE_BODY=0``)."""
+def test_bf16_steps_and_prompt_pieces_run_natively_and_reply_as_the_models_own_code(monkeypatch):
+    """In bfloat16 every one-token step goes through the native body over the shared buffers (compaction
+    included), and a prompt past its first FIRST_PIECE columns in pieces of at most MAX_ROWS tokens; on a
+    model whose argmax is decisive the replies equal those of the model's own code
+    (``MEDUSA_NATIVE_BODY=0``)."""
     model = tiny_model("llama", hidden_size=128, intermediate_size=256, layers=3).bfloat16()
     assert pack_linears(model) > 0
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 90, (int(n),), generator=g).tolist() for n in (5, 9, 3, 12, 7, 4, 10)]
+    prompts = [torch.randint(3, 90, (int(n),), generator=g).tolist() for n in (5, 29, 3, 40, 17, 4, 33)]
     monkeypatch.setattr(R, "COMPACT_EVERY", 4)
     native_rows = []
     real = native_body.forward
     monkeypatch.setattr(native_body, "forward",
-                        lambda *a, **k: (native_rows.append(a[1].shape), real(*a, **k))[1])
+                        lambda *a, **k: (native_rows.append(tuple(a[1].shape)), real(*a, **k))[1])
 
     def run():
         return sorted(R.generate_refill(model, prompts, max_new_tokens=12, batch_size=3, pad_id=0,
                                         eos_ids=[]))
 
     got = run()
-    assert native_rows and all(shape[1] == 1 for shape in native_rows)
-    assert len(native_rows) >= 12 * len(prompts) // 3  # every step of three slots, none of the prompts
+    steps = [shape for shape in native_rows if shape[1] == 1]
+    pieces = [shape for shape in native_rows if shape[1] > 1]
+    assert len(steps) >= 12 * len(prompts) // 3  # every step of three slots
+    assert pieces and all(b * t <= native_body.MAX_ROWS for b, t in pieces)
     monkeypatch.setenv(native_body.ENV, "0")
     assert run() == got
+
+
+def test_prompt_pieces_start_with_the_models_own_forward():
+    loop = R.RefillLoop.__new__(R.RefillLoop)
+    loop.native = ("body", "config")
+    assert loop.pieces(3, 60) == [(0, 16), (16, 58), (58, 60)]  # 42 columns x 3 rows <= 128 tokens
+    assert loop.pieces(3, 12) == [(0, 12)]
+    assert loop.pieces(200, 60) == [(0, 60)]  # more rows than one native pass takes
+    loop.native = None
+    assert loop.pieces(3, 60) == [(0, 60)]
 
 
 def test_prompts_of_like_length_are_prefilled_together():
