@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,6 +197,29 @@ def parse_skip(text: str) -> dict[str, int]:
     return skip
 
 
+def training_rows(out: Path, skip: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Every training reply under ``out/train`` past ``skip`` (a row's index is the first number of its id;
+    ``translate_in`` rows follow the ``translate_out`` row they translate back), in part order, and the
+    rows kept per part. Held-out replies are never read."""
+    rows: list[dict[str, Any]] = []
+    kept: dict[str, int] = {}
+    for path in sorted((out / "train").glob("*.jsonl")):
+        if path.name.endswith((".errors.jsonl", ".prompts.jsonl")):
+            continue
+        part = path.stem
+        first = skip.get("translate_out" if part == "translate_in" else part, 0)
+        new = [r for r in read_rows(path) if _row_index(r) >= first]
+        rows += new
+        kept[part] = len(new)
+    return rows, kept
+
+
+def _row_index(row: dict[str, Any]) -> int:
+    """``alpaca-12:0`` / ``tr-in-40-de:0`` -> 12 / 40 (no number: 0)."""
+    found = re.search(r"-(\d+)", str(row.get("id", "")))
+    return int(found.group(1)) if found else 0
+
+
 def status(out: Path) -> dict[str, Any]:
     """Rows and reply tokens per part and split, and the training total."""
     found: dict[str, Any] = {}
@@ -220,11 +244,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="start each named part past its first ROWS requests (rows an earlier run "
                              "answered and a drafter trained on); ids stay those of the full part")
     parser.add_argument("--status", action="store_true", help="print rows and reply tokens, run nothing")
+    parser.add_argument("--training-file", type=Path, metavar="FILE",
+                        help="write every training reply past --skip into one new JSONL (a round's training "
+                             "data), run nothing")
     args = parser.parse_args(argv)
     if args.status:
         print(json.dumps(status(Path(args.out)), indent=1))
         return 0
     skip = parse_skip(args.skip)
+    if args.training_file is not None:
+        if args.training_file.exists():
+            raise DataError(f"{args.training_file}: exists; give a new file (nothing was written)")
+        rows, kept = training_rows(Path(args.out), skip)
+        write_jsonl(args.training_file, rows)
+        print(json.dumps({"file": str(args.training_file), "rows": len(rows), "per_part": kept}, indent=1))
+        return 0
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -79,3 +79,30 @@ def test_skip_names_static_parts_only():
     for bad, word in (("synth=5", "synth"), ("alpaca=x", "PART=ROWS"), ("nope=1", "nope")):
         with pytest.raises(DataError, match=word):
             M.parse_skip(bad)
+
+
+def test_training_file_holds_the_rows_past_the_skip(tmp_path):
+    """One JSONL of every training reply past --skip (translate_in follows its translate_out row), held-out
+    replies never; an existing file is refused, untouched."""
+    out = tmp_path / "run"
+    (out / "train").mkdir(parents=True)
+    (out / "heldout").mkdir()
+
+    def rows(ids):
+        return "".join(json.dumps({"id": f"{i}:0", "messages": []}) + "\n" for i in ids)
+
+    (out / "train" / "alpaca.jsonl").write_text(rows(["alpaca-0", "alpaca-1", "alpaca-5", "alpaca-12"]))
+    (out / "train" / "translate_out.jsonl").write_text(rows(["tr-out-3-de", "tr-out-40-fr"]))
+    (out / "train" / "translate_in.jsonl").write_text(rows(["tr-in-3-de", "tr-in-40-fr"]))
+    (out / "train" / "synth.jsonl").write_text(rows(["synth-0"]))
+    (out / "train" / "alpaca.errors.jsonl").write_text(rows(["alpaca-99"]))
+    (out / "heldout" / "alpaca.jsonl").write_text(rows(["alpaca-77"]))
+    target = tmp_path / "round.jsonl"
+    assert M.main(["--out", str(out), "--skip", "alpaca=5,translate_out=10",
+                   "--training-file", str(target)]) == 0
+    got = [json.loads(line)["id"] for line in target.read_text().splitlines()]
+    assert got == ["alpaca-5:0", "alpaca-12:0", "synth-0:0", "tr-in-40-fr:0", "tr-out-40-fr:0"]
+    before = target.read_text()
+    with pytest.raises(DataError, match="exists"):
+        M.main(["--out", str(out), "--training-file", str(target)])
+    assert target.read_text() == before
