@@ -129,7 +129,8 @@ class RefillLoop:
         self.dtype = next(model.parameters()).dtype
         body, config = decoder_of(model), text_config(model)
         # the body through the native bf16 kernels where it runs there (medusa.modeling.native_body): the
-        # one-token steps (at most MAX_ROWS slots, over the shared buffers); prompts go through the model
+        # one-token steps (at most MAX_ROWS slots, over the shared buffers) and the prompts past their first
+        # FIRST_PIECE columns (pieces)
         self.native = (body, config) if native_body.unsupported_reason(body, config) == "" else None
         self.queue = deque(Row(i, list(p)) for i, p in enumerate(prompts))
         longest = max((len(p) for p in prompts), default=1)
@@ -175,14 +176,14 @@ class RefillLoop:
         width = max(len(r.prompt) for r in rows)
         if self.cache.col < width:
             self.shift_all(width - self.cache.col)
-        logits: list[torch.Tensor] = [torch.empty(0)] * len(rows)
-        for group in length_groups([len(r.prompt) for r in rows]):
-            prefilled = self._prefill([rows[j] for j in group], [targets[j] for j in group])  # [g, V]
-            for j, row_logits in zip(group, prefilled):
-                logits[j] = row_logits
+        groups = length_groups([len(r.prompt) for r in rows])
+        prefilled = torch.cat([self._prefill([rows[j] for j in g], [targets[j] for j in g])
+                               for g in groups])  # [n, V] in group order
+        logits = torch.empty_like(prefilled)
+        logits[[j for g in groups for j in g]] = prefilled  # back in the order of ``targets``
         for t, r in zip(targets, rows):
             self.slots[t] = r
-        return torch.tensor(targets, device=self.device), torch.stack(logits)  # [n], [n, V]
+        return torch.tensor(targets, device=self.device), logits  # [n], [n, V]
 
     def _prefill(self, rows: list[Row], targets: list[int]) -> torch.Tensor:
         """``rows``' prompts, left-padded to the longest, in one forward; their keys / values written into
@@ -293,11 +294,12 @@ def length_groups(lengths: Sequence[int], spread: float = LENGTH_SPREAD) -> list
 @contextmanager
 def grouped_sdpa(force: bool) -> Iterator[None]:
     """``force``: let transformers' SDPA attention read grouped K / V heads in place (``enable_gqa``)
-    even with a mask, instead of copying them once per query head (``repeat_kv``): 10% of a batch-64
-    prefill on CPU. Not for one-query steps: transformers then folds a K / V head's query heads into one
-    attention of ``group`` queries (``pack_gqa``), which PyTorch's CPU kernel runs 4.6x faster than the
-    one query per head ``enable_gqa`` gives it (bf16, 128 slots, 270 columns, one core: 5.4 against 25 ms
-    a layer; a whole SmolLM2 refill step 284 against 856 ms)."""
+    even with a mask, instead of copying them once per query head (``repeat_kv``; 10% of a batch-64 step
+    on CPU when every forward forced it): now for prompts only. Not for one-query steps: transformers then
+    folds a K / V head's query heads into one attention of ``group`` queries (``pack_gqa``), which
+    PyTorch's CPU kernel runs 4.6x faster than the one query per head ``enable_gqa`` gives it (bf16, 128
+    slots, 270 columns, one core: 5.4 against 25 ms a layer; a whole SmolLM2 refill step 284 against 856
+    ms)."""
     key = "TRANSFORMERS_SDPA_FORCE_GQA"
     before = os.environ.get(key)
     if force:
