@@ -197,10 +197,11 @@ def parse_skip(text: str) -> dict[str, int]:
     return skip
 
 
-def training_rows(out: Path, skip: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def training_rows(out: Path, skip: dict[str, int], exclude: frozenset[str] = frozenset()
+                  ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Every training reply under ``out/train`` past ``skip`` (a row's index is the first number of its id;
-    ``translate_in`` rows follow the ``translate_out`` row they translate back), in part order, and the
-    rows kept per part. Held-out replies are never read."""
+    ``translate_in`` rows follow the ``translate_out`` row they translate back) whose id is not in
+    ``exclude``, in part order, and the rows kept per part. Held-out replies are never read."""
     rows: list[dict[str, Any]] = []
     kept: dict[str, int] = {}
     for path in sorted((out / "train").glob("*.jsonl")):
@@ -208,10 +209,25 @@ def training_rows(out: Path, skip: dict[str, int]) -> tuple[list[dict[str, Any]]
             continue
         part = path.stem
         first = skip.get("translate_out" if part == "translate_in" else part, 0)
-        new = [r for r in read_rows(path) if _row_index(r) >= first]
+        new = [r for r in read_rows(path) if _row_index(r) >= first and str(r.get("id")) not in exclude]
         rows += new
         kept[part] = len(new)
     return rows, kept
+
+
+def excluded_ids(paths: str) -> frozenset[str]:
+    """The row ids of the JSONL files in ``paths`` (comma-separated: earlier rounds' training files)."""
+    ids: set[str] = set()
+    for name in filter(None, (t.strip() for t in paths.split(","))):
+        path = Path(name)
+        if not path.is_file():
+            raise DataError(f"--exclude: {path}: no such file")
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            try:
+                ids.add(str(json.loads(line)["id"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise DataError(f"--exclude: {path}:{lineno}: not a row with an id") from None
+    return frozenset(ids)
 
 
 def _row_index(row: dict[str, Any]) -> int:
@@ -247,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--training-file", type=Path, metavar="FILE",
                         help="write every training reply past --skip into one new JSONL (a round's training "
                              "data), run nothing")
+    parser.add_argument("--exclude", default="", metavar="FILE,...",
+                        help="with --training-file: leave out the rows whose id is in these JSONL files "
+                             "(earlier rounds' training files)")
     args = parser.parse_args(argv)
     if args.status:
         print(json.dumps(status(Path(args.out)), indent=1))
@@ -255,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.training_file is not None:
         if args.training_file.exists():
             raise DataError(f"{args.training_file}: exists; give a new file (nothing was written)")
-        rows, kept = training_rows(Path(args.out), skip)
+        rows, kept = training_rows(Path(args.out), skip, excluded_ids(args.exclude))
         write_jsonl(args.training_file, rows)
         print(json.dumps({"file": str(args.training_file), "rows": len(rows), "per_part": kept}, indent=1))
         return 0

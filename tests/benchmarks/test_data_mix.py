@@ -106,3 +106,20 @@ def test_training_file_holds_the_rows_past_the_skip(tmp_path):
     with pytest.raises(DataError, match="exists"):
         M.main(["--out", str(out), "--training-file", str(target)])
     assert target.read_text() == before
+
+
+def test_training_file_leaves_out_an_earlier_rounds_rows(tmp_path):
+    """--exclude: ids in an earlier round's training file are left out; a bad file is one clear error."""
+    out = tmp_path / "run"
+    (out / "train").mkdir(parents=True)
+    (out / "train" / "math.jsonl").write_text("".join(
+        json.dumps({"id": f"math-{i}:0", "messages": []}) + "\n" for i in (1, 2, 3)))
+    earlier = tmp_path / "round7.jsonl"
+    earlier.write_text(json.dumps({"id": "math-2:0", "messages": []}) + "\n")
+    target = tmp_path / "round8.jsonl"
+    assert M.main(["--out", str(out), "--exclude", str(earlier), "--training-file", str(target)]) == 0
+    assert [json.loads(line)["id"] for line in target.read_text().splitlines()] == ["math-1:0", "math-3:0"]
+    earlier.write_text("{}\n")
+    with pytest.raises(DataError, match="round7.jsonl:1"):
+        M.main(["--out", str(out), "--exclude", str(earlier), "--training-file", str(tmp_path / "x.jsonl")])
+    assert not (tmp_path / "x.jsonl").exists()
