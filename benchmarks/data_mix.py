@@ -35,6 +35,7 @@ from benchmarks.chat_data import reply_stats
 from benchmarks.math_problems import math_tasks
 from medusa.demo.stages import write_jsonl
 from medusa.errors import DataError, MedusaError
+from medusa.io import read_text
 from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 
 HELD_OUT_ALPACA = 200  # the last Alpaca rows (benchmarks.eagle3's calibration prompts)
@@ -220,9 +221,7 @@ def excluded_ids(paths: str) -> frozenset[str]:
     ids: set[str] = set()
     for name in filter(None, (t.strip() for t in paths.split(","))):
         path = Path(name)
-        if not path.is_file():
-            raise DataError(f"--exclude: {path}: no such file")
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for lineno, line in enumerate(read_text(path, DataError).splitlines(), start=1):
             try:
                 ids.add(str(json.loads(line)["id"]))
             except (json.JSONDecodeError, KeyError, TypeError):

@@ -122,4 +122,7 @@ def test_training_file_leaves_out_an_earlier_rounds_rows(tmp_path):
     earlier.write_text("{}\n")
     with pytest.raises(DataError, match="round7.jsonl:1"):
         M.main(["--out", str(out), "--exclude", str(earlier), "--training-file", str(tmp_path / "x.jsonl")])
+    with pytest.raises(DataError, match="missing.jsonl: not found"):
+        M.main(["--out", str(out), "--exclude", str(tmp_path / "missing.jsonl"),
+                "--training-file", str(tmp_path / "x.jsonl")])
     assert not (tmp_path / "x.jsonl").exists()
