@@ -206,6 +206,38 @@ static void scores16(const uint16_t *a, long lda, const uint16_t *qt, long pairs
     for (int m = 0; m < 16; m++) _mm512_storeu_ps(ct + 16 * m, acc[m]);
 }
 
+/* cq[i][m] = ct[m][i]: the 16 x 16 float32 C tile (key-major, row m at ct + 16 m) read query-major, by
+ * register shuffles (the values move, none is computed). */
+static inline void transpose16(const float *ct, __m512 *cq) {
+    __m512 r[16], u[16];
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) r[m] = _mm512_loadu_ps(ct + 16 * m);
+#pragma GCC unroll 8
+    for (int k = 0; k < 16; k += 2) { /* 2 x 2 blocks of single lanes */
+        u[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+        u[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 16; k += 4) { /* 4 x 4 blocks within each 128-bit lane */
+        r[k] = _mm512_shuffle_ps(u[k], u[k + 2], 0x44);
+        r[k + 1] = _mm512_shuffle_ps(u[k], u[k + 2], 0xEE);
+        r[k + 2] = _mm512_shuffle_ps(u[k + 1], u[k + 3], 0x44);
+        r[k + 3] = _mm512_shuffle_ps(u[k + 1], u[k + 3], 0xEE);
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < 16; k += 8) { /* 128-bit lanes: rows k..k+3 with k+4..k+7 */
+        for (int e = 0; e < 4; e++) {
+            u[k + e] = _mm512_shuffle_f32x4(r[k + e], r[k + 4 + e], 0x88);
+            u[k + 4 + e] = _mm512_shuffle_f32x4(r[k + e], r[k + 4 + e], 0xDD);
+        }
+    }
+#pragma GCC unroll 8
+    for (int e = 0; e < 8; e++) {
+        cq[e] = _mm512_shuffle_f32x4(u[e], u[8 + e], 0x88);
+        cq[8 + e] = _mm512_shuffle_f32x4(u[e], u[8 + e], 0xDD);
+    }
+}
+
 /* Ask for a later KV head's keys and values at columns j0 .. j0+15 (into L2) while this head's block j0 is
  * scored: by this head's last block that head's whole cache is on its way. A head's cache is a few KB of
  * each kind streamed from memory, too short for the hardware prefetcher to run ahead: 128 slots x 270
@@ -243,11 +275,13 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
             const uint16_t *kb = kc + bi * sb + g * sh, *vb = vc + bi * sb + g * sh;
             for (long q0 = 0; q0 < nq; q0 += 16) { /* query i: row i / group, head g * group + i % group */
                 long n = nq - q0 < 16 ? nq - q0 : 16;
+                const uint16_t *mrow[16]; /* query i's mask row */
                 memset(qt, 0, sizeof qt);
                 for (long i = 0; i < n; i++) {
                     long qi = q0 + i;
                     const uint16_t *qh = q + (bi * t + qi / group) * ldq + (g * group + qi % group) * hd;
                     for (long c = 0; c < hd; c++) qt[((c / 32) * 16 + (c % 32) / 2) * 32 + i * 2 + c % 2] = qh[c];
+                    mrow[i] = mask + bi * mb + (qi / group) * mt;
                 }
                 for (long j0 = 0; j0 < cols; j0 += 16) {
                     long left = cols - j0 < 16 ? cols - j0 : 16;
@@ -276,13 +310,11 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         scores16(a, lda / 2, qt, hd / 2, ct);
                     }
                     __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-                    __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
-                                                                         4, 3, 2, 1, 0), _mm512_set1_epi32(16));
-                    for (long i = 0; i < n; i++) { /* query i's 16 scores: column i of the C tile */
-                        long qi = q0 + i;
-                        const uint16_t *m = mask + bi * mb + (qi / group) * mt + j0;
-                        __m512i at = _mm512_add_epi32(column, _mm512_set1_epi32((int)i));
-                        __m512 raw = _mm512_i32gather_ps(at, ct, 4);
+                    __m512 cq[16]; /* cq[i]: query i's 16 scores, column i of the C tile */
+                    transpose16(ct, cq);
+                    for (long i = 0; i < n; i++) {
+                        const uint16_t *m = mrow[i] + j0;
+                        __m512 raw = cq[i];
                         __m512 mv = _mm512_castsi512_ps(
                             _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m)), 16));
                         __mmask16 live = in & _mm512_cmp_ps_mask(mv, _mm512_set1_ps(-1e30f), _CMP_GE_OQ);
