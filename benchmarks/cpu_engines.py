@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookup", type=int, default=6, help="our lookup chain's length")
     ap.add_argument("--llama-configs", default="ngram-mod,ngram-simple,eagle3 k=2 p=0.5",
                     help="llama.cpp configs besides plain (names as benchmarks.llama_cpp_check prints them)")
+    ap.add_argument("--draft-precision", default="bf16",
+                    help="our drafter's GGUF matrices in llama.cpp: bf16 (as the target; default) or f32")
     ap.add_argument("--cpu", default=None, help="the core llama-server is pinned to (this process's)")
     ap.add_argument("--out", type=Path, default=Path("out/cpu_engines"))
     args = ap.parse_args(argv)
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--no-plots", "--overwrite"])
     if code:
         return code
-    summary = export_checkpoint(args.heads, args.out / "export", "gguf", overwrite=True)
+    summary = export_checkpoint(args.heads, args.out / "export", "gguf", overwrite=True,
+                                draft_precision=args.draft_precision)
     draft, base = Path(summary["out"]) / "draft.gguf", summary["backbone"]
     ids = chat_ids(base, [p["prompt"] for p in prompts])
     work = args.out / "llama_cpp" / "bf16"

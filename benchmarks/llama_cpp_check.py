@@ -64,6 +64,12 @@ def config_name(k: int, p_min: float) -> str:
     return f"eagle3 k={k}" + (f" p={p_min:g}" if p_min > 0 else "")
 
 
+def draft_precision_for(target: str) -> str:
+    """Our drafter's GGUF precision beside a target at ``target``: f32 beside f32 (the acceptance check
+    against our float32 chain), bf16 beside bf16 / q4_1 (half the bytes of an f32 drafter per pass)."""
+    return "f32" if target == "f32" else "bf16"
+
+
 def target_gguf(heads: Path, base: str, precision: str, out: Path) -> Path:
     """The target at ``precision``: f32 / bf16 (any of the converter's outtypes) from llama.cpp's own
     converter; q4_1 from ``medusa export --format gguf --with-base --base-precision q4_1`` (llama-quantize's
@@ -173,8 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     from medusa.export import export_checkpoint
 
     ensure_venv()
-    summary = export_checkpoint(args.heads, args.out / "export", "gguf", overwrite=True)
-    draft, base = Path(summary["out"]) / "draft.gguf", summary["backbone"]
+    drafts, summary = {}, None
+    for precision in args.precisions.split(","):  # beside each target, the drafter at draft_precision_for it
+        dp = draft_precision_for(precision)
+        if dp not in drafts:
+            summary = export_checkpoint(args.heads, args.out / f"export-{dp}", "gguf", overwrite=True,
+                                        draft_precision=dp)
+            drafts[dp] = Path(summary["out"]) / "draft.gguf"
+    base = summary["backbone"]
     depth = calibrated_depth(args.heads)
     ks = args.k or sorted({k for k in (depth, 3) if k})
     prompts = spec_bench_prompts(args.prompts, args.per_category)
@@ -186,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         target = target_gguf(args.heads, base, precision, args.out)
         work = args.out / precision
         work.mkdir(parents=True, exist_ok=True)
-        table[precision] = run_precision(target, draft, ks, ids, args.max_tokens, work, args.cpu, only,
-                                         p_mins)
+        table[precision] = run_precision(target, drafts[draft_precision_for(precision)], ks, ids,
+                                         args.max_tokens, work, args.cpu, only, p_mins)
     ours: dict[int, dict[str, Any]] = {}
     if not args.no_ours:
         plain_f32 = json.loads((args.out / "f32" / "plain_tokens.json").read_text()) \
@@ -199,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             o["max_gap_vs_llama_cpp_f32"] = agreement(table.get("f32", []), o, k)
             ours[k] = o
     report = {"commands": [" ".join(["python -m benchmarks.llama_cpp_check", *(argv or sys.argv[1:])])],
-              "export": summary["out"], "backbone": base, "prompts": len(prompts),
+              "exports": {dp: str(d.parent) for dp, d in drafts.items()},
+              "backbone": base, "prompts": len(prompts),
               "max_tokens": args.max_tokens,
               "ks": ks, "calibrated_depth": depth, "rows": table,
               "ours": {k: {n: v for n, v in o.items() if n != "tokens"} for k, o in ours.items()}}

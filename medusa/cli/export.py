@@ -18,7 +18,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     summary = export_checkpoint(args.src, args.out, args.format, tree=args.tree, base=args.base,
                                 with_backbone=args.with_backbone, overwrite=args.overwrite,
                                 embed_tokens=not args.no_embed_tokens,
-                                base_precision=(args.base_precision or "f32") if args.with_base else None)
+                                base_precision=(args.base_precision or "f32") if args.with_base else None,
+                                draft_precision=args.draft_precision)
     note = ", W2 materialised from the base LM head" if summary["materialised_lm_head"] else ""
     if summary["materialised_lm_head"] and summary["lm_head_copies"] == 1:
         note += " once (original_lm_head: one lm_head.weight shared by all heads)"
@@ -56,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="gguf: also write the base as the GGUF llama-server loads (OUT/base-PREC.gguf)")
     exp.add_argument("--base-precision", default=None, metavar="P",
                      help="with --with-base: f32 (default) | bf16 | q4_1 (llama-quantize's Q4_1 mix)")
+    exp.add_argument("--draft-precision", default=None, metavar="P",
+                     help="gguf: the drafter's matrices, f32 (default) | bf16 (half the bytes per drafting "
+                          "pass; for a bf16 or quantised target)")
     exp.add_argument("--no-embed-tokens", action="store_true",
                      help="speculators: leave the base's input embeddings out of the export (V x d smaller; "
                           "vLLM shares the target's, the speculators package does not load it)")

@@ -73,7 +73,8 @@ def _check_paths(src: Path, out: Path) -> None:
 def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str | Path | None = None,
                       base: str | None = None, with_backbone: bool = False,
                       overwrite: bool = False, embed_tokens: bool = True,
-                      base_precision: str | None = None) -> dict[str, Any]:
+                      base_precision: str | None = None, draft_precision: str | None = None
+                      ) -> dict[str, Any]:
     """Write the heads of our checkpoint ``src`` in ``format`` to ``out``; returns a summary.
 
     ``tree``: a tree.json (or bare choices list) for ``tensorrt-llm`` / ``medusa-v1``; default: the
@@ -85,13 +86,14 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     An existing non-empty ``out`` is refused unless ``overwrite`` (then only the files written are
     replaced; see :mod:`medusa.io`). ``embed_tokens=False`` (``speculators`` only) leaves the base's input
     embeddings out of the export (see :mod:`medusa.export.speculators`). ``base_precision`` (``gguf`` only:
-    f32 / bf16 / q4_1) also writes the backbone as the GGUF llama-server loads (``base-PRECISION.gguf``).
+    f32 / bf16 / q4_1) also writes the backbone as the GGUF llama-server loads (``base-PRECISION.gguf``);
+    ``draft_precision`` (``gguf`` only: f32, the default, or bf16) the drafter's matrices.
     """
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")
     src, out = Path(src), Path(out)
     _check_paths(src, out)
-    _check_format_flags(format, embed_tokens, base_precision)
+    _check_format_flags(format, embed_tokens, base_precision, draft_precision)
     pre = MedusaConfig.load(src)
     if format == "speculators":
         if tree is not None or with_backbone:  # the format has no tree, and names its verifier by path
@@ -100,7 +102,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
                               "its verifier is the base, named by path)")
         return _export_speculators(src, out, pre, base, overwrite, embed_tokens)
     if format == "gguf":
-        return export_gguf(src, out, pre, base, overwrite, base_precision)
+        return export_gguf(src, out, pre, base, overwrite, base_precision, draft_precision or "f32")
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to "
                               f"{format}: it serves MEDUSA heads of head_type "
@@ -130,11 +132,14 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     return _summary(format, out, config, heads, backbone, choices, copied)
 
 
-def _check_format_flags(format: str, embed_tokens: bool, base_precision: str | None) -> None:
+def _check_format_flags(format: str, embed_tokens: bool, base_precision: str | None,
+                        draft_precision: str | None) -> None:
     if not embed_tokens and format != "speculators":
         raise MedusaError(f"--no-embed-tokens applies to --format speculators only (not {format})")
     if base_precision is not None and format != "gguf":
         raise MedusaError(f"--with-base applies to --format gguf only (not {format})")
+    if draft_precision is not None and format != "gguf":
+        raise MedusaError(f"--draft-precision applies to --format gguf only (not {format})")
 
 
 def _export_speculators(src: Path, out: Path, config: MedusaConfig, base: str | None,

@@ -18,6 +18,9 @@ speculators checkpoint (``convert_hf_to_gguf.py --target-model-dir``), which thi
   int64 ABSOLUTE target ids (our ``token_map``; llama.cpp's converter adds ``arange`` to speculators'
   offsets);
   no ``token_embd``: llama.cpp then embeds the draft tokens with the target's table, as our drafter does;
+- the matrices at ``draft_precision``: ``f32`` (as the converter's ``--outtype f32``) or ``bf16`` (as its
+  ``--outtype bf16``: the drafter's passes then stream half the bytes beside a bf16 or quantised target;
+  norms stay float32, ``d2t`` int64);
 - the target's tokenizer (BPE: ``tokenizer.ggml.model = gpt2``, tokens, types, merges, special ids, chat
   template). llama.cpp loads it with the model but never tokenizes with the drafter; the pre-tokenizer name
   (``tokenizer.ggml.pre``) as for the base (:func:`medusa.export.gguf_base.tokenizer_pre`).
@@ -35,12 +38,14 @@ import numpy as np
 import torch
 
 from medusa.config.enums import DRAFTER_HEAD_TYPES
-from medusa.errors import CheckpointError
+from medusa.errors import CheckpointError, MedusaError
 from medusa.export.gguf_base import LAYER_NAMES as BASE_LAYER_NAMES
 from medusa.export.gguf_base import (
     base_file,
     check_base,
+    encode,
     rope_permute,
+    tensor_type,
     write_base_gguf,
     write_layer_hparams,
     write_vocab,
@@ -50,6 +55,7 @@ from medusa.modeling.heads_file import heads_weights_path, read_heads_file
 
 ARCH = "eagle3"
 DRAFT_FILE = "draft.gguf"
+DRAFT_PRECISIONS = ("f32", "bf16")
 LLAMA_CPP_OFFERS = ("llama.cpp has no MEDUSA or Hydra heads; serve the base there with its n-gram drafters "
                     "(llama-server --spec-type ngram-mod or ngram-simple) or a small draft model "
                     "(-md DRAFT.gguf), or train head_type eagle3 and export that")
@@ -109,12 +115,19 @@ def write_hparams(writer: Any, cfg: MedusaConfig, text: dict[str, Any]) -> None:
     writer.add_bool(f"{ARCH}.norm_before_fc", False)
 
 
+def check_draft_precision(precision: str) -> None:
+    if precision not in DRAFT_PRECISIONS:
+        raise MedusaError(f"--draft-precision {precision!r}: choose one of {', '.join(DRAFT_PRECISIONS)}")
+
+
 def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokenizer_dir: str,
-                     out: Path) -> dict[str, Any]:
-    """Write ``out/draft.gguf``; returns what the export summary reports."""
+                     out: Path, precision: str = "f32") -> dict[str, Any]:
+    """Write ``out/draft.gguf`` with its matrices at ``precision`` (f32 / bf16); returns what the export
+    summary reports."""
     import gguf
 
     refuse_non_eagle3(src, cfg)
+    check_draft_precision(precision)
     weights = heads_weights_path(src)
     state = read_heads_file(weights)
     for key in ("fc.weight", "norm.weight", "lm_head.weight"):
@@ -126,26 +139,29 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
     path = out / DRAFT_FILE
     writer = gguf.GGUFWriter(str(path), ARCH)
     write_hparams(writer, cfg, text)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if precision == "f32" else gguf.LlamaFileType.MOSTLY_BF16)
     write_vocab(writer, tokenizer_dir, int(text["vocab_size"]))
     for name, array in tensors.items():
         if name == "d2t":
             writer.add_tensor(name, array, raw_dtype=gguf.GGMLQuantizationType.I64)
         else:
-            writer.add_tensor(name, array)
+            qtype = tensor_type(name, array.shape, precision)  # matrices at precision, norms float32
+            writer.add_tensor(name, encode(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return {"draft_vocab_size": int(tensors["output.weight"].shape[0]), "gguf": str(path),
-            "target_layers": sorted(cfg.feature_layers or []), "dtype": "float32"}
+            "target_layers": sorted(cfg.feature_layers or []),
+            "dtype": {"f32": "float32", "bf16": "bfloat16"}[precision]}
 
 
 def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overwrite: bool,
-                base_precision: str | None = None) -> dict[str, Any]:
-    """eagle3 heads -> ``out/draft.gguf`` beside the backbone they were trained on (its config and tokenizer
-    are read); ``base_precision`` (f32 / bf16 / q4_1): also that backbone as ``out/base-PRECISION.gguf``
-    (:mod:`medusa.export.gguf_base`). The summary's ``commands`` serve them with llama-server."""
+                base_precision: str | None = None, draft_precision: str = "f32") -> dict[str, Any]:
+    """eagle3 heads -> ``out/draft.gguf`` (matrices at ``draft_precision``: f32 / bf16) beside the backbone
+    they were trained on (its config and tokenizer are read); ``base_precision`` (f32 / bf16 / q4_1): also
+    that backbone as ``out/base-PRECISION.gguf`` (:mod:`medusa.export.gguf_base`). The summary's
+    ``commands`` serve them with llama-server."""
     import shlex
 
     from transformers import AutoConfig
@@ -154,6 +170,7 @@ def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overw
     from medusa.io import atomic_directory
 
     refuse_non_eagle3(src, cfg)
+    check_draft_precision(draft_precision)
     backbone = resolve_backbone(src, cfg, out, base=base)
     base_cfg = AutoConfig.from_pretrained(backbone.path)
     text = (base_cfg.get_text_config() if hasattr(base_cfg, "get_text_config") else base_cfg).to_dict()
@@ -161,7 +178,7 @@ def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overw
     if base_precision is not None:
         check_base(text, backbone.path, tokenizer_dir, base_precision)
     with atomic_directory(out, overwrite=overwrite, inputs=[src, base, backbone.path], kind="export") as tmp:
-        info = write_draft_gguf(src, cfg, text, tokenizer_dir, tmp)
+        info = write_draft_gguf(src, cfg, text, tokenizer_dir, tmp, draft_precision)
         if base_precision is not None:
             info |= write_base_gguf(backbone.path, text, tokenizer_dir, base_precision,
                                     tmp / base_file(base_precision))

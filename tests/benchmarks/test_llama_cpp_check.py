@@ -9,6 +9,7 @@ import pytest
 from benchmarks.llama_cpp_check import (
     agreement,
     calibrated_depth,
+    draft_precision_for,
     main,
     markdown,
     p_min_list,
@@ -79,3 +80,8 @@ def test_calibrated_depth(tmp_path):
     assert calibrated_depth(tmp_path) is None
     (tmp_path / "tree.json").write_text(json.dumps({"depth": 4, "num_nodes": 8}))
     assert calibrated_depth(tmp_path) == 4
+
+
+def test_the_drafter_is_bf16_beside_bf16_and_quantised_targets_f32_beside_f32():
+    assert draft_precision_for("f32") == "f32"  # the acceptance check against our float32 chain
+    assert draft_precision_for("bf16") == "bf16" and draft_precision_for("q4_1") == "bf16"

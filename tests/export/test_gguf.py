@@ -104,3 +104,41 @@ def test_medusa_heads_are_refused_naming_llama_cpp_options(tmp_path, base_dir, h
     with pytest.raises(CheckpointError, match=f"'{head_type}'.*ngram-mod.*draft model"):
         export_checkpoint(tmp_path / "heads", tmp_path / "out", "gguf")
     assert not (tmp_path / "out").exists()
+
+
+def test_bf16_drafter_keeps_norms_and_d2t_and_rounds_the_matrices(tmp_path, base_dir):
+    """--draft-precision bf16: every matrix BF16 holding our weight rounded to bfloat16 (the bits torch's
+    rounding gives), norms F32 and d2t I64 as at f32; the file type says MOSTLY_BF16."""
+    V = MedusaModel.from_base(str(base_dir), num_heads=1).config.vocab_size
+    tm = torch.arange(2, V, 2)
+    src = _eagle3(tmp_path, base_dir, [1, 2, 3], token_map=tm)
+    summary = export_checkpoint(src, tmp_path / "out", "gguf", draft_precision="bf16")
+    assert summary["dtype"] == "bfloat16"
+    reader = gguf.GGUFReader(str(tmp_path / "out" / "draft.gguf"))
+    kinds = {t.name: t.tensor_type for t in reader.tensors}
+    kind = gguf.GGMLQuantizationType
+    assert kinds["d2t"] == kind.I64
+    assert all(kinds[n] == kind.F32 for n in kinds if n.endswith("norm.weight") or "norm_2" in n)
+    matrices = [n for n in kinds if n != "d2t" and kinds[n] != kind.F32]
+    assert set(matrices) >= {"fc.weight", "output.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight"}
+    assert all(kinds[n] == kind.BF16 for n in matrices)
+    ours = load_file(str(src / "medusa_heads.safetensors"))
+    data = {t.name: np.array(t.data) for t in reader.tensors}
+    want = ours["lm_head.weight"].to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(data["output.weight"].view(np.uint16).reshape(want.shape), want)
+    assert keys_of(reader)["general.file_type"] == gguf.LlamaFileType.MOSTLY_BF16
+
+
+def keys_of(reader):
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def test_draft_precision_is_refused_outside_gguf_and_unknown_values(tmp_path, base_dir):
+    from medusa.errors import MedusaError
+
+    src = _eagle3(tmp_path, base_dir, [1, 2, 3])
+    with pytest.raises(MedusaError, match="--draft-precision applies to --format gguf only"):
+        export_checkpoint(src, tmp_path / "a", "speculators", draft_precision="bf16")
+    with pytest.raises(MedusaError, match="--draft-precision 'q4_1': choose one of f32, bf16"):
+        export_checkpoint(src, tmp_path / "b", "gguf", draft_precision="q4_1")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

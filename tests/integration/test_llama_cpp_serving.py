@@ -6,7 +6,8 @@ accepted and the text equals plain decoding's on every prompt.
 The venv and the converted GGUFs are built once per session. Outside CI the test skips when the venv cannot
 be built (no network, no wheel for this platform); in CI (MEDUSA_REQUIRE_SHARED=1) that fails. About a
 minute once the venv exists (two server starts, 3 prompts x 32 tokens each). ``--with-base`` writes the base
-itself at f32 / bf16 / q4_1: served plain, its f32 text equals the converter's GGUF's and HF greedy's.
+itself at f32 / bf16 / q4_1: served plain, its f32 text equals the converter's GGUF's and HF greedy's; the
+drafter exported at bf16 (``--draft-precision bf16``) serves beside the bf16 base.
 """
 
 from __future__ import annotations
@@ -62,10 +63,15 @@ def with_base(served):
     out = {}
     for precision in ("f32", "bf16", "q4_1"):
         folder = root / f"with-base-{precision}"
-        export_checkpoint(HEADS, folder, "gguf", base=str(base), base_precision=precision)
+        export_checkpoint(HEADS, folder, "gguf", base=str(base), base_precision=precision,
+                          draft_precision="bf16" if precision == "bf16" else None)
         with LlamaServer(folder / f"base-{precision}.gguf", ServerConfig("plain"),
                          root / f"base-{precision}.log") as server:
             out[precision] = [server.complete(p, TOKENS)["tokens"] for p in ids]
+    # the bf16 drafter (--draft-precision bf16) beside the bf16 base, as a bf16 user serves it
+    drafter = ServerConfig("eagle3", "draft-eagle3", root / "with-base-bf16" / "draft.gguf", 3)
+    with LlamaServer(root / "with-base-bf16" / "base-bf16.gguf", drafter, root / "bf16-eagle3.log") as server:
+        out["bf16 eagle3"] = [server.complete(p, TOKENS) for p in ids]
     return ids, out
 
 
@@ -98,6 +104,15 @@ def test_with_base_bf16_and_q4_1_load_and_decode(with_base):
     # bf16 / Q4_1 rounding moves near-ties later on, so only the opening tokens must agree with f32
     assert all(b[:4] == f[:4] for b, f in zip(texts["bf16"], texts["f32"]))
     assert all(q[:2] == f[:2] for q, f in zip(texts["q4_1"], texts["f32"]))
+
+
+def test_a_bf16_drafter_loads_beside_the_bf16_base_and_its_drafts_are_accepted(with_base):
+    _, texts = with_base
+    runs = texts["bf16 eagle3"]
+    assert sum(r["draft_n_accepted"] for r in runs) > 0
+    # verifying drafts in one batch rounds bf16 near-ties otherwise than one token at a time (as our own
+    # decoder's bf16 does): the opening tokens must agree with plain bf16 decoding
+    assert all(r["tokens"][:4] == p[:4] for r, p in zip(runs, texts["bf16"]))
 
 
 def test_the_export_loads_and_its_drafts_are_accepted(served):
