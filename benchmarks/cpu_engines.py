@@ -1,12 +1,14 @@
 """Our decoder beside llama.cpp on the same prompts, core and weight precision (what a CPU user compares).
 
 ``taskset -c CORE python -m benchmarks.cpu_engines [--heads DIR] [--per-category 1] [--max-tokens 128]
-[--llama-configs "ngram-mod,ngram-simple,eagle3 k=2 p=0.5"] [--cpu CORE] [--out DIR]``: the first
+[--llama-configs "ngram-mod,ngram-simple,eagle3 k=2 p=0.5"] [--draft-precision bf16|f32] [--cpu CORE]
+[--out DIR]``: the first
 ``--per-category`` Spec-Bench public prompts of each category, chat template, greedy, EOS ignored (every
 method writes ``--max-tokens`` tokens), bf16 weights, one thread. First ``medusa bench`` in this process (HF
 ``generate``, our plain decode, the drafter alone, with the lookup chain, the lookup chain alone, HF prompt
 lookup), then llama.cpp's pinned ``llama-server`` (:mod:`benchmarks.llama_cpp_check`; plain and the configs
-named) on the bf16 GGUF of the same base, one request at a time, pinned to ``--cpu`` (give the core this
+named; our drafter exported at ``--draft-precision``, bf16 by default) on the bf16 GGUF of the same base, one
+request at a time, pinned to ``--cpu`` (give the core this
 process runs on). Tokens/s is end to end for both (new tokens over prefill and decode time: our bench times
 the whole call; llama.cpp's decode-only figure is printed beside it). Writes ``OUT/ours.json``,
 ``OUT/llama_cpp/bf16/rows.json``, ``OUT/table.md``.
@@ -89,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, IndexError):
         raise MedusaError(f"--llama-configs {args.llama_configs!r}: names such as 'plain', 'ngram-mod', "
                           "'eagle3 k=2', 'eagle3 k=2 p=0.5'") from None
+    from medusa.export.gguf import check_draft_precision
+
+    check_draft_precision(args.draft_precision)  # before anything runs, as --llama-configs
     known = {c.name for c in server_configs(Path("draft.gguf"), ks, p_mins)}
     unknown = [c for c in wanted if c not in known]
     if unknown:
@@ -122,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "table.md").write_text(text)
     (args.out / "report.json").write_text(json.dumps(
         {"command": " ".join(["python -m benchmarks.cpu_engines", *(argv or sys.argv[1:])]),
-         "prompts": len(prompts), "max_tokens": args.max_tokens, "rows": rows}, indent=2))
+         "prompts": len(prompts), "max_tokens": args.max_tokens, "draft_precision": args.draft_precision,
+         "rows": rows}, indent=2))
     print(text)
     return 0
 

@@ -4,7 +4,8 @@
 ``python -m benchmarks.llama_cpp_check [--per-category N] [--max-tokens T] [--precisions f32,bf16,q4_1]
 [--k K] [--cpu CORE] [--out DIR]`` (``make serve-check``; ``make llama-cpp-rows``: the table of
 docs/results/llama-cpp.md): exports the shipped SmolLM2 drafter, converts the base at each target precision
-(f32 / bf16: llama.cpp's converter; q4_1: ``medusa export --with-base``, see :func:`target_gguf`),
+(f32 / bf16: llama.cpp's converter; q4_1: ``medusa export --with-base``, see :func:`target_gguf`), the
+drafter at f32 beside the f32 target and at bf16 beside bf16 / q4_1 (:func:`draft_precision_for`),
 chat-templates Spec-Bench public prompts here (the project's tokenizer, so every engine sees the same ids) and
 serves them one at a time, greedy, one thread: plain, ``ngram-mod``, ``ngram-simple`` and our drafter as a
 chain of k drafts (default: the depth of the
@@ -212,12 +213,14 @@ def main(argv: list[str] | None = None) -> int:
             ours[k] = o
     report = {"commands": [" ".join(["python -m benchmarks.llama_cpp_check", *(argv or sys.argv[1:])])],
               "exports": {dp: str(d.parent) for dp, d in drafts.items()},
+              "draft_precision": {p: draft_precision_for(p) for p in table},
               "backbone": base, "prompts": len(prompts),
               "max_tokens": args.max_tokens,
               "ks": ks, "calibrated_depth": depth, "rows": table,
               "ours": {k: {n: v for n, v in o.items() if n != "tokens"} for k, o in ours.items()}}
     (args.out / "report.json").write_text(json.dumps(report, indent=2))
-    text = markdown(table, ours)
+    text = markdown(table, ours) + "\nOur drafter's GGUF: " + ", ".join(
+        f"{draft_precision_for(p)} beside the {p} target" for p in table) + ".\n"
     (args.out / "table.md").write_text(text)
     print(text)
     return 0

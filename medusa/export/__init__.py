@@ -102,7 +102,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
                               "its verifier is the base, named by path)")
         return _export_speculators(src, out, pre, base, overwrite, embed_tokens)
     if format == "gguf":
-        return export_gguf(src, out, pre, base, overwrite, base_precision, draft_precision or "f32")
+        return export_gguf(src, out, pre, base, overwrite, base_precision, draft_precision)
     if pre.head_type not in EXPORTABLE_HEAD_TYPES:
         raise CheckpointError(f"{src / CONFIG_NAME}: head_type {pre.head_type!r} cannot be exported to "
                               f"{format}: it serves MEDUSA heads of head_type "

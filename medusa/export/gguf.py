@@ -18,9 +18,9 @@ speculators checkpoint (``convert_hf_to_gguf.py --target-model-dir``), which thi
   int64 ABSOLUTE target ids (our ``token_map``; llama.cpp's converter adds ``arange`` to speculators'
   offsets);
   no ``token_embd``: llama.cpp then embeds the draft tokens with the target's table, as our drafter does;
-- the matrices at ``draft_precision``: ``f32`` (as the converter's ``--outtype f32``) or ``bf16`` (as its
-  ``--outtype bf16``: the drafter's passes then stream half the bytes beside a bf16 or quantised target;
-  norms stay float32, ``d2t`` int64);
+- the matrices at ``draft_precision``: ``f32`` (as the converter's ``--outtype f32``) or ``bf16`` (the
+  tensor types its ``--outtype bf16`` gives: matrices BF16 rounded to nearest even, norms float32, ``d2t``
+  int64; the drafter's passes then stream half the bytes beside a bf16 or quantised target);
 - the target's tokenizer (BPE: ``tokenizer.ggml.model = gpt2``, tokens, types, merges, special ids, chat
   template). llama.cpp loads it with the model but never tokenizes with the drafter; the pre-tokenizer name
   (``tokenizer.ggml.pre``) as for the base (:func:`medusa.export.gguf_base.tokenizer_pre`).
@@ -76,8 +76,9 @@ def refuse_non_eagle3(src: Path, cfg: MedusaConfig) -> None:
 
 def draft_tensors(state: dict[str, torch.Tensor], layers: list[int], n_head: int,
                   n_head_kv: int) -> dict[str, np.ndarray]:
-    """Our eagle3 tensors -> llama.cpp's names as float32 arrays (as the converter's ``--outtype f32``), fc
-    column blocks in ascending layer order, Q / K rows RoPE-permuted, ``d2t`` absolute target ids."""
+    """Our eagle3 tensors -> llama.cpp's names as float32 arrays (:func:`write_draft_gguf` encodes them at
+    its precision), fc column blocks in ascending layer order, Q / K rows RoPE-permuted, ``d2t`` absolute
+    target ids."""
     fc = state["fc.weight"]  # [d, 3d]: one [d, d] block per feature layer, in our layer order
     d = fc.shape[0]
     blocks = fc.split(d, dim=1)
@@ -157,11 +158,11 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
 
 
 def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overwrite: bool,
-                base_precision: str | None = None, draft_precision: str = "f32") -> dict[str, Any]:
-    """eagle3 heads -> ``out/draft.gguf`` (matrices at ``draft_precision``: f32 / bf16) beside the backbone
-    they were trained on (its config and tokenizer are read); ``base_precision`` (f32 / bf16 / q4_1): also
-    that backbone as ``out/base-PRECISION.gguf`` (:mod:`medusa.export.gguf_base`). The summary's
-    ``commands`` serve them with llama-server."""
+                base_precision: str | None = None, draft_precision: str | None = None) -> dict[str, Any]:
+    """eagle3 heads -> ``out/draft.gguf`` (matrices at ``draft_precision``: f32, the default, or bf16)
+    beside the backbone they were trained on (its config and tokenizer are read); ``base_precision`` (f32 /
+    bf16 / q4_1): also that backbone as ``out/base-PRECISION.gguf`` (:mod:`medusa.export.gguf_base`). The
+    summary's ``commands`` serve them with llama-server."""
     import shlex
 
     from transformers import AutoConfig
@@ -170,6 +171,7 @@ def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overw
     from medusa.io import atomic_directory
 
     refuse_non_eagle3(src, cfg)
+    draft_precision = "f32" if draft_precision is None else draft_precision
     check_draft_precision(draft_precision)
     backbone = resolve_backbone(src, cfg, out, base=base)
     base_cfg = AutoConfig.from_pretrained(backbone.path)

@@ -36,6 +36,14 @@ def test_table_without_llama_rows_says_so():
     assert "| medusa | our plain decode | 20.0 | 2.00x | - | - |" in markdown(our_rows(REPORT))
 
 
+def test_a_bad_draft_precision_is_refused_before_anything_runs(tmp_path):
+    from medusa.errors import MedusaError
+
+    with pytest.raises(MedusaError, match="--draft-precision 'f16': choose one of f32, bf16"):
+        main(["--draft-precision", "f16", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("configs", ["eagle3 k=x", "eagle3 k=2 p=", "eagle3 k=9 p=0.5 extra", "ngram-huge"])
 def test_bad_llama_configs_refused_before_anything_runs(tmp_path, configs):
     from medusa.errors import MedusaError

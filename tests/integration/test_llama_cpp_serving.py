@@ -4,8 +4,8 @@ to an f32 GGUF by llama.cpp's own converter; on chat-templated prompts, greedy, 
 accepted and the text equals plain decoding's on every prompt.
 
 The venv and the converted GGUFs are built once per session. Outside CI the test skips when the venv cannot
-be built (no network, no wheel for this platform); in CI (MEDUSA_REQUIRE_SHARED=1) that fails. About a
-minute once the venv exists (two server starts, 3 prompts x 32 tokens each). ``--with-base`` writes the base
+be built (no network, no wheel for this platform); in CI (MEDUSA_REQUIRE_SHARED=1) that fails. A minute or
+two once the venv exists (six server starts, 3 prompts x 32 tokens each). ``--with-base`` writes the base
 itself at f32 / bf16 / q4_1: served plain, its f32 text equals the converter's GGUF's and HF greedy's; the
 drafter exported at bf16 (``--draft-precision bf16``) serves beside the bf16 base.
 """
@@ -13,6 +13,7 @@ drafter exported at bf16 (``--draft-precision bf16``) serves beside the bf16 bas
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -106,9 +107,13 @@ def test_with_base_bf16_and_q4_1_load_and_decode(with_base):
     assert all(q[:2] == f[:2] for q, f in zip(texts["q4_1"], texts["f32"]))
 
 
-def test_a_bf16_drafter_loads_beside_the_bf16_base_and_its_drafts_are_accepted(with_base):
+def test_a_bf16_drafter_loads_beside_the_bf16_base_and_its_drafts_are_accepted(served, with_base):
+    _, _, root = served
     _, texts = with_base
     runs = texts["bf16 eagle3"]
+    log = (root / "bf16-eagle3.log").read_text(errors="replace")
+    draft = log[log.index("loading draft model"):]  # the drafter's own loader lines: 9 matrices, 4 norms
+    assert re.search(r"type bf16: +9 tensors", draft) and re.search(r"type +f32: +4 tensors", draft)
     assert sum(r["draft_n_accepted"] for r in runs) > 0
     # verifying drafts in one batch rounds bf16 near-ties otherwise than one token at a time (as our own
     # decoder's bf16 does): the opening tokens must agree with plain bf16 decoding
