@@ -206,12 +206,13 @@ static void scores16(const uint16_t *a, long lda, const uint16_t *qt, long pairs
     for (int m = 0; m < 16; m++) _mm512_storeu_ps(ct + 16 * m, acc[m]);
 }
 
-/* cq[i][m] = ct[m][i]: the 16 x 16 float32 C tile (key-major, row m at ct + 16 m) read query-major, by
- * register shuffles (the values move, none is computed). */
-static inline void transpose16(const float *ct, __m512 *cq) {
+/* cq[i][m] = ct[m][i]: 16 rows of 16 32-bit lanes (row m at ct + ld m) read column-major, by register
+ * shuffles (the values move, none is computed): the float32 C tile (key-major, ld 16) read query-major, or
+ * 16 keys' bfloat16 pairs read pair-major (scores_few). */
+static inline void transpose16(const float *ct, long ld, __m512 *cq) {
     __m512 r[16], u[16];
 #pragma GCC unroll 16
-    for (int m = 0; m < 16; m++) r[m] = _mm512_loadu_ps(ct + 16 * m);
+    for (int m = 0; m < 16; m++) r[m] = _mm512_loadu_ps(ct + ld * m);
 #pragma GCC unroll 8
     for (int k = 0; k < 16; k += 2) { /* 2 x 2 blocks of single lanes */
         u[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
@@ -236,6 +237,27 @@ static inline void transpose16(const float *ct, __m512 *cq) {
         cq[e] = _mm512_shuffle_f32x4(u[e], u[8 + e], 0x88);
         cq[8 + e] = _mm512_shuffle_f32x4(u[e], u[8 + e], 0xDD);
     }
+}
+
+/* The scores of 16 keys (row m of a, stride lda elements) for n few queries (qp[i]: query i's head_dim
+ * values), query-major: cq[i] lane m = key m . query i. The keys' pairs are transposed (kt[p] lane m = key
+ * m's pair p), then each query is one vdpbf16ps chain over the pairs in order with its pair broadcast: the
+ * same products, operands and order as scores16 gives each score (key pair first, query pair second), so a
+ * score's bits do not depend on how many queries share its block. Without the 16-query tile, n queries cost
+ * n chains instead of 16. */
+#define FEW 8 /* query blocks of at most this many take scores_few (without AMX) */
+static void scores_few(const uint16_t *a, long lda, const uint16_t *const *qp, long n, long pairs, __m512 *cq) {
+    __m512 kt[128];
+    for (long c = 0; c < pairs; c += 16) transpose16((const float *)(a + 2 * c), lda / 2, kt + c);
+    __m512 acc[FEW];
+    for (long i = 0; i < n; i++) acc[i] = _mm512_setzero_ps();
+    for (long p = 0; p < pairs; p++) {
+        __m512bh kv = (__m512bh)_mm512_castps_si512(kt[p]);
+        for (long i = 0; i < n; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], kv,
+                                      (__m512bh)_mm512_set1_epi32(*(const bf16_pair *)(qp[i] + 2 * p)));
+    }
+    for (long i = 0; i < n; i++) cq[i] = acc[i];
 }
 
 /* Ask for a later KV head's keys and values at columns j0 .. j0+15 (into L2) while this head's block j0 is
@@ -275,13 +297,16 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
             const uint16_t *kb = kc + bi * sb + g * sh, *vb = vc + bi * sb + g * sh;
             for (long q0 = 0; q0 < nq; q0 += 16) { /* query i: row i / group, head g * group + i % group */
                 long n = nq - q0 < 16 ? nq - q0 : 16;
-                const uint16_t *mrow[16]; /* query i's mask row */
-                memset(qt, 0, sizeof qt);
+                const uint16_t *mrow[16], *qp[16]; /* query i's mask row and values */
+                int few = !medusa_amx_on && n <= FEW && hd % 32 == 0 && hd <= 256;
+                if (!few) memset(qt, 0, sizeof qt);
                 for (long i = 0; i < n; i++) {
                     long qi = q0 + i;
                     const uint16_t *qh = q + (bi * t + qi / group) * ldq + (g * group + qi % group) * hd;
-                    for (long c = 0; c < hd; c++) qt[((c / 32) * 16 + (c % 32) / 2) * 32 + i * 2 + c % 2] = qh[c];
+                    if (!few)
+                        for (long c = 0; c < hd; c++) qt[((c / 32) * 16 + (c % 32) / 2) * 32 + i * 2 + c % 2] = qh[c];
                     mrow[i] = mask + bi * mb + (qi / group) * mt;
+                    qp[i] = qh;
                 }
                 for (long j0 = 0; j0 < cols; j0 += 16) {
                     long left = cols - j0 < 16 ? cols - j0 : 16;
@@ -298,7 +323,10 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         a = tail;
                         lda = hd * 2;
                     }
-                    if (medusa_amx_on) {
+                    __m512 cq[16]; /* cq[i]: query i's 16 scores */
+                    if (few) {
+                        scores_few(a, lda / 2, qp, n, hd / 2, cq);
+                    } else if (medusa_amx_on) {
                         _tile_zero(0);
                         for (long c = 0; c < chunks; c++) {
                             _tile_loadd(1, a + 32 * c, lda);
@@ -306,12 +334,12 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                             _tile_dpbf16ps(0, 1, 2);
                         }
                         _tile_stored(0, ct, 64);
+                        transpose16(ct, 16, cq); /* column i of the C tile */
                     } else {
                         scores16(a, lda / 2, qt, hd / 2, ct);
+                        transpose16(ct, 16, cq);
                     }
                     __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-                    __m512 cq[16]; /* cq[i]: query i's 16 scores, column i of the C tile */
-                    transpose16(ct, cq);
                     for (long i = 0; i < n; i++) {
                         const uint16_t *m = mrow[i] + j0;
                         __m512 raw = cq[i];
