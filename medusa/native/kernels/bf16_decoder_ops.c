@@ -318,7 +318,7 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                     }
                     long lda = ss * 2;
                     if (left < 16) { /* the last keys, zero-padded (nothing read past the cache's columns) */
-                        memset(tail, 0, sizeof tail);
+                        memset(tail + left * hd, 0, (16 - left) * hd * 2); /* the rows read past the keys */
                         for (long m = 0; m < left; m++) memcpy(tail + m * hd, a + m * ss, hd * 2);
                         a = tail;
                         lda = hd * 2;
