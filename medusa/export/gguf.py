@@ -50,8 +50,9 @@ from medusa.export.gguf_base import (
     write_layer_hparams,
     write_vocab,
 )
-from medusa.modeling.config import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa.modeling.config import CONFIG_NAME, TREE_NAME, WEIGHTS_NAME, MedusaConfig
 from medusa.modeling.heads_file import heads_weights_path, read_heads_file
+from medusa.tree.draft_tree import DraftTreeShape, is_draft_tree_file
 
 ARCH = "eagle3"
 DRAFT_FILE = "draft.gguf"
@@ -187,7 +188,7 @@ def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overw
     draft = str(out / DRAFT_FILE)
     target = str(out / base_file(base_precision)) if base_precision is not None else "TARGET.gguf"
     serve = ["llama-server", "-m", target, "-md", draft, "--spec-type", "draft-eagle3",
-             "--spec-draft-n-max", str(cfg.num_heads), "--spec-draft-p-min", "0"]
+             *chain_flags(src, cfg)]
     return {"format": "gguf", "out": str(out), "num_heads": cfg.num_heads, "num_layers": 1,
             "layout": "gguf-eagle3", "materialised_lm_head": False, "lm_head_copies": 1,
             "tree_nodes": None, "tree_depth": None, "tokenizer_files": [], "backbone": backbone.path,
@@ -195,6 +196,16 @@ def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overw
             "tokenizer": backbone.tokenizer, "commands": [shlex.join(serve)],
             "notes": [_target_note(backbone.path, base_precision)],
             **{k: v for k, v in info.items() if k != "gguf"}}
+
+
+def chain_flags(src: Path, cfg: MedusaConfig) -> list[str]:
+    """llama.cpp drafts chains: as many drafts as the calibrated tree's depth (``src/tree.json``, its longest
+    path), ended at the first draft below p-min 0.5 (the setting measured fastest in llama.cpp,
+    docs/results/cpu-engines.md); without a draft tree, one draft per head and no early end."""
+    tree = src / TREE_NAME
+    if is_draft_tree_file(tree):
+        return ["--spec-draft-n-max", str(DraftTreeShape.from_json(tree).depth), "--spec-draft-p-min", "0.5"]
+    return ["--spec-draft-n-max", str(cfg.num_heads), "--spec-draft-p-min", "0"]
 
 
 def _target_note(backbone: str, base_precision: str | None) -> str:

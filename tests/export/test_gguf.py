@@ -139,3 +139,16 @@ def test_draft_precision_is_refused_outside_gguf_and_unknown_values(tmp_path, ba
     with pytest.raises(MedusaError, match="--draft-precision 'q4_1': choose one of f32, bf16"):
         export_checkpoint(src, tmp_path / "b", "gguf", draft_precision="q4_1")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_printed_command_drafts_the_calibrated_trees_depth(tmp_path, base_dir):
+    """With a draft tree.json the llama-server command drafts its depth (llama.cpp drafts chains) and ends a
+    chain below p-min 0.5; without one, one draft per head and no early end."""
+    from medusa.tree.draft_tree import DraftTreeShape
+
+    src = _eagle3(tmp_path, base_dir, [1, 2, 3])
+    plain = export_checkpoint(src, tmp_path / "a", "gguf")["commands"][0]
+    assert "--spec-draft-n-max 3 --spec-draft-p-min 0" in plain  # num_heads 3
+    DraftTreeShape(4, 2, 2, 2, lookup_tokens=6, min_prob=0.05).to_json(src / "tree.json")
+    calibrated = export_checkpoint(src, tmp_path / "b", "gguf")["commands"][0]
+    assert calibrated.endswith("--spec-draft-n-max 2 --spec-draft-p-min 0.5")
