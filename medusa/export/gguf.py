@@ -44,6 +44,7 @@ from medusa.export.gguf_base import (
     base_file,
     check_base,
     encode,
+    file_type,
     rope_permute,
     tensor_type,
     write_base_gguf,
@@ -124,12 +125,11 @@ def check_draft_precision(precision: str) -> None:
 
 def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokenizer_dir: str,
                      out: Path, precision: str = "f32") -> dict[str, Any]:
-    """Write ``out/draft.gguf`` with its matrices at ``precision`` (f32 / bf16); returns what the export
-    summary reports."""
+    """Write ``out/draft.gguf`` with its matrices at ``precision`` (f32 / bf16, checked by
+    :func:`export_gguf`); returns what the export summary reports."""
     import gguf
 
     refuse_non_eagle3(src, cfg)
-    check_draft_precision(precision)
     weights = heads_weights_path(src)
     state = read_heads_file(weights)
     for key in ("fc.weight", "norm.weight", "lm_head.weight"):
@@ -141,7 +141,7 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
     path = out / DRAFT_FILE
     writer = gguf.GGUFWriter(str(path), ARCH)
     write_hparams(writer, cfg, text)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if precision == "f32" else gguf.LlamaFileType.MOSTLY_BF16)
+    writer.add_file_type(file_type(precision))
     write_vocab(writer, tokenizer_dir, int(text["vocab_size"]))
     for name, array in tensors.items():
         if name == "d2t":

@@ -213,6 +213,14 @@ def tensor_type(name: str, shape: tuple[int, ...], precision: str) -> Any:
     return kind.Q8_0 if name in EMBEDDING_NAMES else kind.Q4_1
 
 
+def file_type(precision: str) -> Any:
+    """The ``general.file_type`` a GGUF of mostly ``precision`` tensors declares."""
+    import gguf
+
+    return {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+            "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}[precision]
+
+
 def encode(array: np.ndarray, qtype: Any) -> np.ndarray:
     """``array`` float32 -> the bytes ``qtype`` stores (float32 unchanged)."""
     import gguf
@@ -235,9 +243,7 @@ def write_base_gguf(model_dir: str, text: dict[str, Any], tokenizer_dir: str, pr
     writer.add_name(f"{Path(model_dir).name}")
     writer.add_block_count(int(text["num_hidden_layers"]))
     write_layer_hparams(writer, text)
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-                 "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}[precision]
-    writer.add_file_type(file_type)
+    writer.add_file_type(file_type(precision))
     write_vocab(writer, tokenizer_dir, int(text["vocab_size"]))
     types: dict[str, str] = {}
     for name, tensor in tensors.items():

@@ -298,6 +298,7 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
             for (long q0 = 0; q0 < nq; q0 += 16) { /* query i: row i / group, head g * group + i % group */
                 long n = nq - q0 < 16 ? nq - q0 : 16;
                 const uint16_t *mrow[16], *qp[16]; /* query i's mask row and values */
+                uint16_t *outs[16];                /* and where its output goes */
                 int few = !medusa_amx_on && n <= FEW && hd % 32 == 0 && hd <= 256;
                 if (!few) memset(qt, 0, sizeof qt);
                 for (long i = 0; i < n; i++) {
@@ -307,6 +308,7 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         for (long c = 0; c < hd; c++) qt[((c / 32) * 16 + (c % 32) / 2) * 32 + i * 2 + c % 2] = qh[c];
                     mrow[i] = mask + bi * mb + (qi / group) * mt;
                     qp[i] = qh;
+                    outs[i] = out + (bi * t + qi / group) * ldo + (g * group + qi % group) * hd;
                 }
                 for (long j0 = 0; j0 < cols; j0 += 16) {
                     long left = cols - j0 < 16 ? cols - j0 : 16;
@@ -350,11 +352,6 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         score = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), score);
                         _mm512_storeu_ps(sc + i * width + j0, score);
                     }
-                }
-                uint16_t *outs[16];
-                for (long i = 0; i < n; i++) {
-                    long qi = q0 + i;
-                    outs[i] = out + (bi * t + qi / group) * ldo + (g * group + qi % group) * hd;
                 }
                 softmax_values(sc, width, n, vb, ss, hd, cols, outs);
             }
