@@ -118,10 +118,10 @@ def test_bf16_drafter_keeps_norms_and_d2t_and_rounds_the_matrices(tmp_path, base
     kind = gguf.GGMLQuantizationType
     kinds = {t.name: t.tensor_type for t in reader.tensors}
     f32 = export_checkpoint(src, tmp_path / "f32", "gguf")
-    want = {t.name: (kind.I64 if t.name == "d2t" else kind.F32 if len(t.shape) < 2
-                     else kind.BF16)
-            for t in gguf.GGUFReader(str(tmp_path / "f32" / "draft.gguf")).tensors}
-    assert kinds == want and f32["dtype"] == "float32"
+    want_kinds = {t.name: (kind.I64 if t.name == "d2t" else kind.F32 if len(t.shape) < 2
+                           else kind.BF16)
+                  for t in gguf.GGUFReader(str(tmp_path / "f32" / "draft.gguf")).tensors}
+    assert kinds == want_kinds and f32["dtype"] == "float32"
     assert sum(k == kind.BF16 for k in kinds.values()) == 9  # fc, q, k, v, o, gate, up, down, output
     ours = load_file(str(src / "medusa_heads.safetensors"))
     data = {t.name: np.array(t.data) for t in reader.tensors}
