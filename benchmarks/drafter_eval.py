@@ -2,7 +2,9 @@
 measure of the ship decision (a drafter ships only when it beats the shipped one on both prompt sets).
 
 Greedy decoding through one tree shape (the shipped EAGLE-3 tree: 8 nodes, depth 4, branch 2; no lookup chain
-unless ``--lookup``) of two prompt sets, per part and overall:
+unless ``--lookup``), or with ``--tree own`` through each drafter's calibrated tree (its ``tree.json``; the way
+MEDUSA-1 / Hydra heads, whose trees are static, are compared with EAGLE-3), of two prompt sets, per part and
+overall:
 
 - ``held_out``: the first ``--per-part`` requests of each part of data_mix's held-out replies
   (``DATA/heldout/*.jsonl``: Alpaca, translation, math, summaries, RAG, multi-turn; never trained on);
@@ -55,9 +57,10 @@ def prompt_sets(data: Path, shared: Path, per_part: int,
 
 
 def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape: Any,
-               max_new_tokens: int) -> dict[str, Any]:
+               max_new_tokens: int, lookup: int = 0) -> dict[str, Any]:
     """Greedy decoding of every row: tokens per step per category and over all (accepted tokens / steps),
-    and decode tokens per second (prefill excluded)."""
+    and decode tokens per second (prefill excluded). ``shape`` None: the drafter's own tree with a lookup
+    chain of ``lookup`` tokens (a DraftTreeShape carries its own)."""
     from medusa.decoding.generate import medusa_generate
 
     per: dict[str, list[int]] = {}
@@ -65,8 +68,9 @@ def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape
     for row in rows:
         ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt",
                                             return_dict=True)["input_ids"]
+        own = {"lookup_tokens": lookup} if shape is None else {}
         out = medusa_generate(model, ids, max_new_tokens=max_new_tokens, tree=shape,
-                              return_dict_in_generate=True)
+                              return_dict_in_generate=True, **own)
         tokens = int(sum(int(a) for r in out.accept_lengths for a in r))
         acc = per.setdefault(row["category"], [0, 0])
         acc[0] += tokens
@@ -79,14 +83,17 @@ def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape
 
 
 def evaluate(drafter: Path, sets: dict[str, list[dict[str, Any]]], shape: Any, dtype: str,
-             max_new_tokens: int) -> dict[str, Any]:
+             max_new_tokens: int, lookup: int = 0) -> dict[str, Any]:
     from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(drafter), dtype=dtype)
-    row: dict[str, Any] = {"drafter": str(drafter), "draft_vocab": int(model.config.draft_vocab or 0)}
+    if shape is None and model.tree is None:
+        raise DataError(f"{drafter}: --tree own, but it has no tree.json (run medusa calibrate on it)")
+    row: dict[str, Any] = {"drafter": str(drafter), "draft_vocab": int(model.config.draft_vocab or 0),
+                           "head_type": model.config.head_type}
     for name, rows in sets.items():
         start = time.perf_counter()
-        row[name] = decode_set(model, tokenizer, rows, shape, max_new_tokens)
+        row[name] = decode_set(model, tokenizer, rows, shape, max_new_tokens, lookup)
         print(f"{drafter}: {name} {row[name]['tokens_per_step']} tokens/step "
               f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     return row
@@ -105,6 +112,18 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def parse_shape(text: str, lookup: int) -> Any:
+    """``nodes,depth,branch,expand`` -> a DraftTreeShape with a lookup chain of ``lookup`` tokens."""
+    from medusa.tree import DraftTreeShape
+
+    try:
+        nodes, depth, branch, expand = (int(x) for x in text.split(","))
+    except ValueError:
+        raise DataError(f"--tree: expected nodes,depth,branch,expand (four integers) or 'own', "
+                        f"got {text!r}") from None
+    return DraftTreeShape(nodes, depth, branch, expand, lookup)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.drafter_eval", description=__doc__.split("\n")[0])
     p.add_argument("drafters", nargs="+", type=Path, help="heads checkpoint directories")
@@ -114,20 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--per-category", type=int, default=5, help="Spec-Bench public prompts per category")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tree", default=",".join(map(str, DEFAULT_SHAPE)), help="nodes,depth,branch,expand")
+    p.add_argument("--tree", default=",".join(map(str, DEFAULT_SHAPE)),
+                   help="nodes,depth,branch,expand, or 'own': each drafter's tree.json")
     p.add_argument("--lookup", type=int, default=0, help="lookup-chain tokens (0: the drafter alone)")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = p.parse_args(argv)
-    from medusa.tree import DraftTreeShape
-
-    try:
-        nodes, depth, branch, expand = (int(x) for x in args.tree.split(","))
-    except ValueError:
-        raise DataError(f"--tree: expected nodes,depth,branch,expand (four integers), "
-                        f"got {args.tree!r}") from None
-    shape = DraftTreeShape(nodes, depth, branch, expand, args.lookup)
+    shape = None if args.tree == "own" else parse_shape(args.tree, args.lookup)
     sets = prompt_sets(args.data, args.shared, args.per_part, args.per_category)
-    rows = [evaluate(d, sets, shape, args.dtype, args.max_new_tokens) for d in args.drafters]
+    rows = [evaluate(d, sets, shape, args.dtype, args.max_new_tokens, args.lookup) for d in args.drafters]
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     print(table(rows))

@@ -64,3 +64,20 @@ def test_decode_set_counts_accepted_tokens_per_category():
     table = E.table([{"drafter": "/x/d", "draft_vocab": 0, "held_out": out, "spec_bench": out}])
     head = "| drafter | draft vocab | held-out | Spec-Bench | Spec-Bench tok/s | a | b |"
     assert table.splitlines()[0] == head
+
+
+def test_own_tree_decodes_hydra_heads_through_their_tree_without_its_lookup_chain():
+    """``--tree own``: static-tree heads (Hydra) decode through their calibrated tree; ``lookup`` 0 drops the
+    tree's lookup chain, so every accepted token is a head's (at most depth + 1 per step)."""
+    from medusa.tree import MedusaTree
+
+    tok = chat_tokenizer()
+    model = MedusaModel.from_base(tiny_chat_model(), num_heads=2, num_layers=1, head_type="hydra").eval()
+    model.tree = MedusaTree([[0], [1], [0, 0]], num_heads=2, lookup_tokens=6)
+    rows = [{"category": "a", "messages": [{"role": "user", "content": "Once upon a time"}]}]
+    with torch.no_grad():
+        out = E.decode_set(model, tok, rows, None, max_new_tokens=8, lookup=0)
+    assert 1.0 <= out["tokens_per_step"] <= 3.0 and out["tokens"] >= out["steps"]
+    with pytest.raises(DataError, match="four integers\\) or 'own'"):
+        E.parse_shape("8,4,2", 0)
+    assert E.parse_shape("8,4,2,2", 3) == DraftTreeShape(8, 4, 2, 2, 3)
