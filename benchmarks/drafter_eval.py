@@ -2,9 +2,9 @@
 measure of the ship decision (a drafter ships only when it beats the shipped one on both prompt sets).
 
 Greedy decoding through one tree shape (the shipped EAGLE-3 tree: 8 nodes, depth 4, branch 2; no lookup chain
-unless ``--lookup``), or with ``--tree own`` through each drafter's calibrated tree (its ``tree.json``; the way
-MEDUSA-1 / Hydra heads, whose trees are static, are compared with EAGLE-3), of two prompt sets, per part and
-overall:
+unless ``--lookup``), or with ``--tree own`` through each drafter's calibrated tree (its ``tree.json``: the
+way MEDUSA-1 / Hydra heads, whose trees are static, are compared with EAGLE-3), of two prompt sets, per part
+and overall:
 
 - ``held_out``: the first ``--per-part`` requests of each part of data_mix's held-out replies
   (``DATA/heldout/*.jsonl``: Alpaca, translation, math, summaries, RAG, multi-turn; never trained on);
