@@ -82,13 +82,19 @@ def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape
             "per_category": {k: round(v[0] / max(v[1], 1), 3) for k, v in sorted(per.items())}}
 
 
+def check_own_tree(drafter: Path, model: Any) -> None:
+    """``--tree own`` needs the drafter's calibrated tree: a clear error naming the folder without one."""
+    if model.tree is None:
+        raise DataError(f"{drafter}: --tree own, but it has no tree.json (run medusa calibrate on it)")
+
+
 def evaluate(drafter: Path, sets: dict[str, list[dict[str, Any]]], shape: Any, dtype: str,
              max_new_tokens: int, lookup: int = 0) -> dict[str, Any]:
     from medusa.modeling.loading import load_for_generation
 
     model, tokenizer = load_for_generation(str(drafter), dtype=dtype)
-    if shape is None and model.tree is None:
-        raise DataError(f"{drafter}: --tree own, but it has no tree.json (run medusa calibrate on it)")
+    if shape is None:
+        check_own_tree(drafter, model)
     row: dict[str, Any] = {"drafter": str(drafter), "draft_vocab": int(model.config.draft_vocab or 0),
                            "head_type": model.config.head_type}
     for name, rows in sets.items():

@@ -66,7 +66,7 @@ def test_decode_set_counts_accepted_tokens_per_category():
     assert table.splitlines()[0] == head
 
 
-def test_own_tree_decodes_hydra_heads_through_their_tree_without_its_lookup_chain():
+def test_own_tree_decodes_hydra_heads_through_their_tree_without_its_lookup_chain(tmp_path):
     """``--tree own``: static-tree heads (Hydra) decode through their calibrated tree; ``lookup`` 0 drops the
     tree's lookup chain, so every accepted token is a head's (at most depth + 1 per step)."""
     from medusa.tree import MedusaTree
@@ -78,6 +78,10 @@ def test_own_tree_decodes_hydra_heads_through_their_tree_without_its_lookup_chai
     with torch.no_grad():
         out = E.decode_set(model, tok, rows, None, max_new_tokens=8, lookup=0)
     assert 1.0 <= out["tokens_per_step"] <= 3.0 and out["tokens"] >= out["steps"]
+    E.check_own_tree(tmp_path, model)  # it has a tree
+    model.tree = None
+    with pytest.raises(DataError, match="--tree own, but it has no tree.json"):
+        E.check_own_tree(tmp_path, model)
     with pytest.raises(DataError, match="four integers\\) or 'own'"):
         E.parse_shape("8,4,2", 0)
     assert E.parse_shape("8,4,2,2", 3) == DraftTreeShape(8, 4, 2, 2, 3)
