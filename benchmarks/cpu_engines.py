@@ -1,7 +1,7 @@
 """Our decoder beside llama.cpp on the same prompts, core and weight precision (what a CPU user compares).
 
 ``taskset -c CORE python -m benchmarks.cpu_engines [--heads DIR] [--per-category 1] [--max-tokens 128]
-[--llama-configs "ngram-mod,ngram-simple,eagle3 k=2 p=0.5"] [--draft-precision bf16|f32] [--cpu CORE]
+[--llama-configs "ngram-mod,ngram-simple,eagle3 k=2 p=0.5"] [--draft-precision bf16|f32|q8_0] [--cpu CORE]
 [--out DIR]``: the first
 ``--per-category`` Spec-Bench public prompts of each category, chat template, greedy, EOS ignored (every
 method writes ``--max-tokens`` tokens), bf16 weights, one thread. First ``medusa bench`` in this process (HF
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-configs", default="ngram-mod,ngram-simple,eagle3 k=2 p=0.5",
                     help="llama.cpp configs besides plain (names as benchmarks.llama_cpp_check prints them)")
     ap.add_argument("--draft-precision", default="bf16",
-                    help="our drafter's GGUF matrices in llama.cpp: bf16 (as the target; default) or f32")
+                    help="our drafter's GGUF matrices in llama.cpp: bf16 (as the target; default), f32 or q8_0")
     ap.add_argument("--cpu", default=None, help="the core llama-server is pinned to (this process's)")
     ap.add_argument("--out", type=Path, default=Path("out/cpu_engines"))
     args = ap.parse_args(argv)

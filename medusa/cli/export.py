@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="with --with-base: f32 (default) | bf16 | q4_1 (llama-quantize's Q4_1 mix)")
     exp.add_argument("--draft-precision", default=None, metavar="P",
                      help="gguf: the drafter's matrices, f32 (default) | bf16 (half the bytes per drafting "
-                          "pass; for a bf16 or quantised target)")
+                          "pass; for a bf16 or quantised target) | q8_0 (a quarter)")
     exp.add_argument("--no-embed-tokens", action="store_true",
                      help="speculators: leave the base's input embeddings out of the export (V x d smaller; "
                           "vLLM shares the target's, the speculators package does not load it)")

@@ -87,7 +87,7 @@ def export_checkpoint(src: str | Path, out: str | Path, format: str, tree: str |
     replaced; see :mod:`medusa.io`). ``embed_tokens=False`` (``speculators`` only) leaves the base's input
     embeddings out of the export (see :mod:`medusa.export.speculators`). ``base_precision`` (``gguf`` only:
     f32 / bf16 / q4_1) also writes the backbone as the GGUF llama-server loads (``base-PRECISION.gguf``);
-    ``draft_precision`` (``gguf`` only: f32, the default, or bf16) the drafter's matrices.
+    ``draft_precision`` (``gguf`` only: f32, the default, bf16 or q8_0) the drafter's matrices.
     """
     if format not in EXPORT_FORMATS:
         raise MedusaError(f"unknown export format {format!r}; choose one of {', '.join(EXPORT_FORMATS)}")

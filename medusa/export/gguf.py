@@ -18,9 +18,11 @@ speculators checkpoint (``convert_hf_to_gguf.py --target-model-dir``), which thi
   int64 ABSOLUTE target ids (our ``token_map``; llama.cpp's converter adds ``arange`` to speculators'
   offsets);
   no ``token_embd``: llama.cpp then embeds the draft tokens with the target's table, as our drafter does;
-- the matrices at ``draft_precision``: ``f32`` (as the converter's ``--outtype f32``) or ``bf16`` (the
+- the matrices at ``draft_precision``: ``f32`` (as the converter's ``--outtype f32``), ``bf16`` (the
   tensor types its ``--outtype bf16`` gives: matrices BF16 rounded to nearest even, norms float32, ``d2t``
-  int64; the drafter's passes then stream half the bytes beside a bf16 or quantised target);
+  int64; the drafter's passes then stream half the bytes beside a bf16 or quantised target) or ``q8_0``
+  (its ``--outtype q8_0``: every matrix Q8_0, blocks of 32 int8 with one float16 scale, norms float32: a
+  quarter of f32's bytes);
 - the target's tokenizer (BPE: ``tokenizer.ggml.model = gpt2``, tokens, types, merges, special ids, chat
   template). llama.cpp loads it with the model but never tokenizes with the drafter; the pre-tokenizer name
   (``tokenizer.ggml.pre``) as for the base (:func:`medusa.export.gguf_base.tokenizer_pre`).
@@ -57,7 +59,7 @@ from medusa.tree.draft_tree import DraftTreeShape, is_draft_tree_file
 
 ARCH = "eagle3"
 DRAFT_FILE = "draft.gguf"
-DRAFT_PRECISIONS = ("f32", "bf16")
+DRAFT_PRECISIONS = ("f32", "bf16", "q8_0")
 LLAMA_CPP_OFFERS = ("llama.cpp has no MEDUSA or Hydra heads; serve the base there with its n-gram drafters "
                     "(llama-server --spec-type ngram-mod or ngram-simple) or a small draft model "
                     "(-md DRAFT.gguf), or train head_type eagle3 and export that")
@@ -123,9 +125,30 @@ def check_draft_precision(precision: str) -> None:
         raise MedusaError(f"--draft-precision {precision!r}: choose one of {', '.join(DRAFT_PRECISIONS)}")
 
 
+def draft_tensor_type(shape: tuple[int, ...], precision: str) -> Any:
+    """The GGML type a drafter tensor of ``shape`` is stored in at ``precision``: norms float32; matrices
+    F32 / BF16, or Q8_0 where their rows are whole 32-value blocks (F16 otherwise, as llama-quantize falls
+    back)."""
+    import gguf
+
+    kind = gguf.GGMLQuantizationType
+    if precision != "q8_0":
+        return tensor_type("", shape, precision)
+    if len(shape) < 2:
+        return kind.F32
+    return kind.F16 if shape[-1] % gguf.GGML_QUANT_SIZES[kind.Q8_0][0] else kind.Q8_0
+
+
+def draft_file_type(precision: str) -> Any:
+    """The ``general.file_type`` the drafter's GGUF declares at ``precision``."""
+    import gguf
+
+    return gguf.LlamaFileType.MOSTLY_Q8_0 if precision == "q8_0" else file_type(precision)
+
+
 def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokenizer_dir: str,
                      out: Path, precision: str = "f32") -> dict[str, Any]:
-    """Write ``out/draft.gguf`` with its matrices at ``precision`` (f32 / bf16, checked by
+    """Write ``out/draft.gguf`` with its matrices at ``precision`` (f32 / bf16 / q8_0, checked by
     :func:`export_gguf`); returns what the export summary reports."""
     import gguf
 
@@ -141,13 +164,13 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
     path = out / DRAFT_FILE
     writer = gguf.GGUFWriter(str(path), ARCH)
     write_hparams(writer, cfg, text)
-    writer.add_file_type(file_type(precision))
+    writer.add_file_type(draft_file_type(precision))
     write_vocab(writer, tokenizer_dir, int(text["vocab_size"]))
     for name, array in tensors.items():
         if name == "d2t":
             writer.add_tensor(name, array, raw_dtype=gguf.GGMLQuantizationType.I64)
         else:
-            qtype = tensor_type(name, array.shape, precision)  # matrices at precision, norms float32
+            qtype = draft_tensor_type(array.shape, precision)  # matrices at precision, norms float32
             writer.add_tensor(name, encode(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -155,12 +178,12 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
     writer.close()
     return {"draft_vocab_size": int(tensors["output.weight"].shape[0]), "gguf": str(path),
             "target_layers": sorted(cfg.feature_layers or []),
-            "dtype": {"f32": "float32", "bf16": "bfloat16"}[precision]}
+            "dtype": {"f32": "float32", "bf16": "bfloat16", "q8_0": "q8_0"}[precision]}
 
 
 def export_gguf(src: Path, out: Path, cfg: MedusaConfig, base: str | None, overwrite: bool,
                 base_precision: str | None = None, draft_precision: str | None = None) -> dict[str, Any]:
-    """eagle3 heads -> ``out/draft.gguf`` (matrices at ``draft_precision``: f32, the default, or bf16)
+    """eagle3 heads -> ``out/draft.gguf`` (matrices at ``draft_precision``: f32, the default, bf16 or q8_0)
     beside the backbone they were trained on (its config and tokenizer are read); ``base_precision`` (f32 /
     bf16 / q4_1): also that backbone as ``out/base-PRECISION.gguf`` (:mod:`medusa.export.gguf_base`). The
     summary's ``commands`` serve them with llama-server."""

@@ -130,13 +130,41 @@ def test_bf16_drafter_keeps_norms_and_d2t_and_rounds_the_matrices(tmp_path, base
     assert _read(tmp_path / "out" / "draft.gguf")[0]["general.file_type"] == gguf.LlamaFileType.MOSTLY_BF16
 
 
+def test_q8_0_drafter_quantises_whole_block_matrices_and_keeps_norms(tmp_path, base_dir):
+    """--draft-precision q8_0: each matrix whose rows are whole 32-value blocks is Q8_0 (others F16, as
+    llama-quantize falls back), norms F32, d2t I64; a Q8_0 matrix reads back as our weight to within 0.6 of a
+    block's scale d = amax / 127 (half a step, plus up to 127 steps' share of d's float16 rounding, 127 x
+    2^-11 ~ 0.06); the file type says MOSTLY_Q8_0."""
+    src = _eagle3(tmp_path, base_dir, [1, 2, 3])
+    summary = export_checkpoint(src, tmp_path / "out", "gguf", draft_precision="q8_0")
+    assert summary["dtype"] == "q8_0"
+    reader = gguf.GGUFReader(str(tmp_path / "out" / "draft.gguf"))
+    kind = gguf.GGMLQuantizationType
+    got = {t.name: t.tensor_type for t in reader.tensors}
+    export_checkpoint(src, tmp_path / "f32", "gguf")
+    f32_file = str(tmp_path / "f32" / "draft.gguf")
+    f32 = {t.name: [int(n) for n in t.shape] for t in gguf.GGUFReader(f32_file).tensors}
+    want = {name: (kind.I64 if name == "d2t" else kind.F32 if len(shape) < 2
+                   else kind.Q8_0 if shape[0] % 32 == 0 else kind.F16)  # GGUF lists a row's length first
+            for name, shape in f32.items()}
+    assert got == want and kind.Q8_0 in got.values()
+    ours = load_file(str(src / "medusa_heads.safetensors"))["lm_head.weight"].float().numpy()  # [N, d]
+    out = next(t for t in reader.tensors if t.name == "output.weight")
+    assert out.tensor_type == kind.Q8_0
+    back = gguf.quants.dequantize(np.array(out.data), kind.Q8_0).reshape(ours.shape)
+    blocks = np.abs(ours).reshape(-1, 32).max(axis=1, keepdims=True) / 127  # each block's scale
+    assert np.all(np.abs(back - ours).reshape(-1, 32) <= 0.6 * blocks)
+    assert not np.array_equal(back, ours)  # quantised, not copied
+    assert _read(tmp_path / "out" / "draft.gguf")[0]["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q8_0
+
+
 def test_draft_precision_is_refused_outside_gguf_and_unknown_values(tmp_path, base_dir):
     from medusa.errors import MedusaError
 
     src = _eagle3(tmp_path, base_dir, [1, 2, 3])
     with pytest.raises(MedusaError, match="--draft-precision applies to --format gguf only"):
         export_checkpoint(src, tmp_path / "a", "speculators", draft_precision="bf16")
-    with pytest.raises(MedusaError, match="--draft-precision 'q4_1': choose one of f32, bf16"):
+    with pytest.raises(MedusaError, match="--draft-precision 'q4_1': choose one of f32, bf16, q8_0"):
         export_checkpoint(src, tmp_path / "b", "gguf", draft_precision="q4_1")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
