@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-configs", default="ngram-mod,ngram-simple,eagle3 k=2 p=0.5",
                     help="llama.cpp configs besides plain (names as benchmarks.llama_cpp_check prints them)")
     ap.add_argument("--draft-precision", default="bf16",
-                    help="our drafter's GGUF matrices in llama.cpp: bf16 (as the target; default), f32 or q8_0")
+                    help="our drafter's GGUF matrices in llama.cpp: bf16 (as the target; default), f32, q8_0")
     ap.add_argument("--cpu", default=None, help="the core llama-server is pinned to (this process's)")
     ap.add_argument("--out", type=Path, default=Path("out/cpu_engines"))
     args = ap.parse_args(argv)
