@@ -21,8 +21,8 @@ speculators checkpoint (``convert_hf_to_gguf.py --target-model-dir``), which thi
 - the matrices at ``draft_precision``: ``f32`` (as the converter's ``--outtype f32``), ``bf16`` (the
   tensor types its ``--outtype bf16`` gives: matrices BF16 rounded to nearest even, norms float32, ``d2t``
   int64; the drafter's passes then stream half the bytes beside a bf16 or quantised target) or ``q8_0``
-  (its ``--outtype q8_0``: every matrix Q8_0, blocks of 32 int8 with one float16 scale, norms float32: a
-  quarter of f32's bytes);
+  (its ``--outtype q8_0``: each matrix whose rows are whole 32-value blocks Q8_0, 32 int8 with one float16
+  scale a block, others F16, norms float32: about a quarter of f32's bytes);
 - the target's tokenizer (BPE: ``tokenizer.ggml.model = gpt2``, tokens, types, merges, special ids, chat
   template). llama.cpp loads it with the model but never tokenizes with the drafter; the pre-tokenizer name
   (``tokenizer.ggml.pre``) as for the base (:func:`medusa.export.gguf_base.tokenizer_pre`).
