@@ -125,27 +125,6 @@ def check_draft_precision(precision: str) -> None:
         raise MedusaError(f"--draft-precision {precision!r}: choose one of {', '.join(DRAFT_PRECISIONS)}")
 
 
-def draft_tensor_type(shape: tuple[int, ...], precision: str) -> Any:
-    """The GGML type a drafter tensor of ``shape`` is stored in at ``precision``: norms float32; matrices
-    F32 / BF16, or Q8_0 where their rows are whole 32-value blocks (F16 otherwise, as llama-quantize falls
-    back)."""
-    import gguf
-
-    kind = gguf.GGMLQuantizationType
-    if precision != "q8_0":
-        return tensor_type("", shape, precision)
-    if len(shape) < 2:
-        return kind.F32
-    return kind.F16 if shape[-1] % gguf.GGML_QUANT_SIZES[kind.Q8_0][0] else kind.Q8_0
-
-
-def draft_file_type(precision: str) -> Any:
-    """The ``general.file_type`` the drafter's GGUF declares at ``precision``."""
-    import gguf
-
-    return gguf.LlamaFileType.MOSTLY_Q8_0 if precision == "q8_0" else file_type(precision)
-
-
 def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokenizer_dir: str,
                      out: Path, precision: str = "f32") -> dict[str, Any]:
     """Write ``out/draft.gguf`` with its matrices at ``precision`` (f32 / bf16 / q8_0, checked by
@@ -164,13 +143,13 @@ def write_draft_gguf(src: Path, cfg: MedusaConfig, text: dict[str, Any], tokeniz
     path = out / DRAFT_FILE
     writer = gguf.GGUFWriter(str(path), ARCH)
     write_hparams(writer, cfg, text)
-    writer.add_file_type(draft_file_type(precision))
+    writer.add_file_type(file_type(precision))
     write_vocab(writer, tokenizer_dir, int(text["vocab_size"]))
     for name, array in tensors.items():
         if name == "d2t":
             writer.add_tensor(name, array, raw_dtype=gguf.GGMLQuantizationType.I64)
         else:
-            qtype = draft_tensor_type(array.shape, precision)  # matrices at precision, norms float32
+            qtype = tensor_type(name, array.shape, precision)  # matrices at precision, norms float32
             writer.add_tensor(name, encode(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -199,7 +199,8 @@ def _take(state: dict[str, torch.Tensor], key: str) -> torch.Tensor:
 
 
 def tensor_type(name: str, shape: tuple[int, ...], precision: str) -> Any:
-    """The GGML type ``name`` is stored in at ``precision`` (norms always F32)."""
+    """The GGML type ``name`` is stored in at ``precision`` (norms always F32; q4_1: llama-quantize's Q4_1 mix;
+    q8_0: every whole-block matrix Q8_0)."""
     import gguf
 
     kind = gguf.GGMLQuantizationType
@@ -210,6 +211,8 @@ def tensor_type(name: str, shape: tuple[int, ...], precision: str) -> Any:
     block = gguf.GGML_QUANT_SIZES[kind.Q4_1][0]  # 32 values, as Q8_0's
     if shape[-1] % block:
         return kind.F16  # llama-quantize's fallback for rows no quantised block fits
+    if precision == "q8_0":  # (a drafter's matrices: medusa.export.gguf)
+        return kind.Q8_0
     return kind.Q8_0 if name in EMBEDDING_NAMES else kind.Q4_1
 
 
@@ -218,7 +221,7 @@ def file_type(precision: str) -> Any:
     import gguf
 
     return {"f32": gguf.LlamaFileType.ALL_F32, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-            "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}[precision]
+            "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[precision]
 
 
 def encode(array: np.ndarray, qtype: Any) -> np.ndarray:
