@@ -199,8 +199,8 @@ def _take(state: dict[str, torch.Tensor], key: str) -> torch.Tensor:
 
 
 def tensor_type(name: str, shape: tuple[int, ...], precision: str) -> Any:
-    """The GGML type ``name`` is stored in at ``precision`` (norms always F32; q4_1: llama-quantize's Q4_1 mix;
-    q8_0: every whole-block matrix Q8_0)."""
+    """The GGML type ``name`` is stored in at ``precision`` (norms always F32; q4_1: llama-quantize's Q4_1
+    mix; q8_0: every whole-block matrix Q8_0)."""
     import gguf
 
     kind = gguf.GGMLQuantizationType
