@@ -9,6 +9,7 @@ METHODS = ("medusa1", "medusa2")  # training methods (recipe ``method``)
 DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 QUANTIZATIONS = ("4bit", "8bit")
 REPORT_TO = ("none", "wandb", "tensorboard")
+BASE_FEATURES = ("model", "decoder")  # train.base_features: the base's own code, or the bf16 decoder's
 MIXED_PRECISION = ("no", "bf16", "fp16", "auto")  # auto: bf16 where the device computes it natively
 SCHEDULERS = ("cosine", "linear", "constant")  # LR schedules (``train.scheduler``)
 # MEDUSA-2's lambda_0 schedules (``medusa2.schedule``); ``sine_<fraction>`` is ``sine_`` + a number in (0, 1]

@@ -54,6 +54,7 @@ class TrainConfig:
     mixed_precision: str | None = None  # null: whatever `accelerate launch` was given; auto: bf16 if native
     loss_chunk_size: int = 1024  # positions per head per chunk in the head loss
     hidden_cache: str | None = None  # MEDUSA-1: a directory of cached backbone hidden states (built once)
+    base_features: str = "model"  # eagle3: model (the base's own code) | decoder (as bf16 decoding computes)
 
 
 @dataclass

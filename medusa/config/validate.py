@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from medusa.config.enums import (
+    BASE_FEATURES,
     DRAFTER_HEAD_TYPES,
     DTYPES,
     FORMATS,
@@ -191,6 +192,13 @@ def _validate_train(recipe: Recipe) -> None:
         _check_path("train.resume", t.resume, must_exist_if_local=True)
         if not Path(t.resume).expanduser().is_dir():
             raise ConfigError(f"train.resume: {t.resume} is not a checkpoint directory (or use 'auto')")
+    _choice("train.base_features", t.base_features, BASE_FEATURES)
+    if t.base_features == "decoder" and (recipe.method != "medusa1" or recipe.heads.head_type != "eagle3"
+                                         or recipe.heads.teacher_loss or t.hidden_cache is not None
+                                         or recipe.quantization is not None):
+        raise ConfigError("train.base_features: decoder computes an eagle3 drafter's features online (method "
+                          "medusa1, no teacher_loss, no train.hidden_cache, no quantization); use "
+                          "base_features: model")
     if t.hidden_cache is not None and recipe.method != "medusa1":
         raise ConfigError(f"train.hidden_cache: only method medusa1 (a frozen backbone) can train "
                           f"from cached hidden states, the method is {recipe.method}")

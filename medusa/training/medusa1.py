@@ -24,6 +24,7 @@ from medusa.modeling.config import MedusaConfig
 from medusa.modeling.eagle3 import base_states
 from medusa.modeling.heads import BaseRef
 from medusa.modeling.model import MedusaModel, build_heads
+from medusa.training.decoder_features import decoder_copy, decoder_features
 from medusa.training.eagle3 import Eagle3Loss
 from medusa.training.losses import Teacher, TeacherFn, medusa_head_loss
 from medusa.training.setup import backbone_bf16, load_backbone, param_groups
@@ -123,18 +124,24 @@ def backbone_hidden(model: MedusaModel, batch: dict[str, torch.Tensor]) -> torch
 
 
 def compute_loss(model: MedusaModel, trainable: nn.Module, batch: dict[str, torch.Tensor],
-                 bf16_base: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 bf16_base: bool = False,
+                 decoder: MedusaModel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The heads' loss on the frozen backbone's hidden states (``batch["hidden"]`` when they come from the
     hidden-state cache; eagle3 heads: the fused layers' features ``[B, T, 3d]``). Returns
     ``(loss, stats [STATS_ROWS, K])``. ``bf16_base`` (:func:`~medusa.training.setup.backbone_bf16`): the
     frozen backbone runs under bf16 autocast, as it does when it fills a bf16 hidden-state cache; its outputs
-    reach the heads as float32."""
+    reach the heads as float32. ``decoder`` (``train.base_features: decoder``, eagle3 heads): the features
+    come from this bf16 copy of the model, as decoding computes them
+    (:mod:`medusa.training.decoder_features`)."""
     layers = getattr(model.heads, "feature_layers", None)
     base_precision = (torch.autocast(model.base_model.device.type, dtype=torch.bfloat16) if bf16_base
                       else contextlib.nullcontext())  # an outer autocast (evaluation's) still applies
     if layers is not None:
         if "hidden" in batch:  # the cache holds the fused layers only (no teacher: checked in the recipe)
             return trainable(batch["hidden"], batch["labels"], batch["input_ids"], batch["attention_mask"])
+        if decoder is not None:  # no teacher: checked in the recipe
+            features = decoder_features(decoder, batch["input_ids"], batch["attention_mask"])  # [B, T, 3d]
+            return trainable(features, batch["labels"], batch["input_ids"], batch["attention_mask"])
         with base_precision:
             features, last = base_states(model.base_model, batch["input_ids"], batch["attention_mask"],
                                          layers)  # [B, T, 3d], [B, T, d]
@@ -165,7 +172,8 @@ def save_final(accelerator: Any, model: MedusaModel, trainable: nn.Module, recip
 
 class Medusa1:
     """MEDUSA-1 as the loop's :class:`~medusa.training.loop.TrainingMethod`: the heads alone are trained
-    (at ``train.lr``); no loss state."""
+    (at ``train.lr``); the loss state is the bf16 copy that computes the features under
+    ``train.base_features: decoder`` (else None)."""
 
     name = "medusa1"
 
@@ -173,16 +181,19 @@ class Medusa1:
         """Nothing beyond the recipe's own validation."""
 
     def setup_model(self, recipe: Recipe, device: torch.device,
-                    total_steps: int) -> tuple[MedusaModel, HeadsLoss, None]:
-        return (*setup_model(recipe, device), None)
+                    total_steps: int) -> tuple[MedusaModel, HeadsLoss, MedusaModel | None]:
+        """The model, the trained module, and the loss state: the bf16 copy that computes the features
+        under ``train.base_features: decoder``, else None."""
+        model, trainable = setup_model(recipe, device)
+        return model, trainable, decoder_copy(model) if recipe.train.base_features == "decoder" else None
 
     def param_groups(self, recipe: Recipe, trainable: nn.Module) -> list[dict[str, Any]]:
         return param_groups(trainable, recipe.train.lr, recipe.train.weight_decay, lr_multiplier=1.0)
 
     def compute_loss(self, recipe: Recipe, model: MedusaModel, trainable: nn.Module,
                      batch: dict[str, torch.Tensor], step: int,
-                     state: None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        return (*compute_loss(model, trainable, batch, backbone_bf16(recipe)), {})
+                     state: MedusaModel | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        return (*compute_loss(model, trainable, batch, backbone_bf16(recipe), state), {})
 
     def save_final(self, accelerator: Any, model: MedusaModel, trainable: nn.Module, recipe: Recipe,
                    path: Path) -> None:
