@@ -223,13 +223,17 @@ class Eagle3Heads(nn.Module):
             cos_sin = rotary_table.cos_sin(self._rotary.module, embeds, positions)
             return native_draft.forward(native, embeds, hidden, cos_sin, mask, cache, at)
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
-        cos_sin = self._rotary.module(x, positions)
+        cos_sin = self.rotary(x, positions)
         attn, _ = layer.self_attn(hidden_states=x, position_embeddings=cos_sin, attention_mask=mask,
                                   cache=cache)
         h = hidden + attn  # [B, T, d]
         if at is not None:
             h = h[torch.arange(h.shape[0], device=h.device), at]  # [B, d]
         return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base's rotary embedding at ``positions [B, T]``: ``cos, sin [B, T, hd]`` in ``x``'s dtype."""
+        return self._rotary.module(x, positions)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """``g [..., d]`` -> draft logits ``[..., N]`` over the draft vocabulary."""

@@ -25,6 +25,7 @@ from torch import nn
 
 from medusa.data.tokenize import IGNORE_INDEX
 from medusa.modeling.eagle3 import DraftKV
+from medusa.training import ttt_attention
 from medusa.training.losses import HeadLossOutput, Teacher, TeacherFn, head_weights, teacher_kl
 
 
@@ -70,13 +71,15 @@ def step_targets(labels: torch.Tensor, step: int, label_map: torch.Tensor | None
 
 def ttt_loss(heads: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor,
              attention_mask: torch.Tensor | None, decay: float, steps: int | None = None,
-             teacher: Teacher | None = None) -> HeadLossOutput:
+             teacher: Teacher | None = None, split: bool | None = None) -> HeadLossOutput:
     """The unrolled loss of eagle3 ``heads`` on one batch.
 
     features ``[B, T, F]`` (the base's fused-layer features), input_ids / labels / attention_mask ``[B, T]``;
     ``steps`` defaults to ``heads.num_heads``; ``teacher``: the base's last hidden state ``[B, T, d]``, its
-    logits over the draft vocabulary and the KL weight (module docstring). Returns the loss and per-step
-    statistics (``[K]`` each).
+    logits over the draft vocabulary and the KL weight (module docstring); ``split``: the draft layer's
+    attention as :mod:`medusa.training.ttt_attention` splits it (None: where that applies: right-padded CPU
+    batches), else over the dense :func:`unroll_mask` (both give the same loss and gradients). Returns the
+    loss and per-step statistics (``[K]`` each).
     """
     steps = steps or heads.num_heads
     b, t = input_ids.shape
@@ -90,10 +93,22 @@ def ttt_loss(heads: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, 
     zeros = torch.zeros(steps, dtype=torch.float32)
     ce_sum, c1, c5, count, missed = (zeros.clone() for _ in range(5))
     loss = hidden.new_zeros(())
+    split = ttt_attention.applies(heads, valid) if split is None else split  # causal block + chain dots
+    step0: tuple[torch.Tensor, torch.Tensor] | None = None
+    chain_k: list[torch.Tensor] = []
+    chain_v: list[torch.Tensor] = []
     for j in range(steps):
         embeds = heads.embed(shifted_tokens(input_ids, 1 + j))  # [B, T, d]
-        mask = unroll_mask(valid, j, hidden.dtype)  # [B, 1, T, (j + 1) T]
-        hidden = heads.layer(embeds, hidden, positions + j, mask, cache)  # [B, T, d]
+        if split:
+            hidden, k, v = ttt_attention.unroll_layer(heads, embeds, hidden, positions + j, step0, chain_k,
+                                                      chain_v)  # [B, T, d], k / v [B, H, T, hd]
+            if step0 is None:
+                step0 = (k, v)
+            else:
+                chain_k, chain_v = chain_k + [k], chain_v + [v]
+        else:
+            mask = unroll_mask(valid, j, hidden.dtype)  # [B, 1, T, (j + 1) T]
+            hidden = heads.layer(embeds, hidden, positions + j, mask, cache)  # [B, T, d]
         rows, cols, y, miss = step_targets(labels, j, label_map)
         logits = heads.logits(hidden[rows, cols])  # [M, N]
         if y.numel():
