@@ -6,7 +6,7 @@ CPU with native bf16). Here a bfloat16 copy of the model runs each row's tokens 
 does (:func:`medusa.decoding.kv_cache.dynamic_prefill`): the first tokens through the model's own code, the
 rest in pieces through the native bf16 body (:mod:`medusa.modeling.native_body`). The drafter then trains on
 exactly the features it reads when it decodes in bf16; on SmolLM2-135M real batches' features run 1.4-1.5x
-faster than through the autocast path, a training step ~12% (docs/results/data-plan.md, round 12).
+faster than through the autocast path, a training step ~12% faster (docs/results/data-plan.md, round 12).
 Inference only: the copy is frozen and never trained; a teacher loss (which needs the base's last hidden
 state) is refused with it.
 """
