@@ -5,10 +5,11 @@ By default a training step runs the base through the model's own code (bf16 auto
 CPU with native bf16). Here a bfloat16 copy of the model runs each row's tokens as a decoding run's prefill
 does (:func:`medusa.decoding.kv_cache.dynamic_prefill`): the first tokens through the model's own code, the
 rest in pieces through the native bf16 body (:mod:`medusa.modeling.native_body`). The drafter then trains on
-exactly the features it reads when it decodes in bf16; on SmolLM2-135M real batches' features run 1.4-1.5x
-faster than through the autocast path, a training step ~12% faster (docs/results/data-plan.md, round 12).
-Inference only: the copy is frozen and never trained; a teacher loss (which needs the base's last hidden
-state) is refused with it.
+exactly the features it reads when it decodes one row in bf16; on SmolLM2-135M real batches' features run
+1.4-1.5x faster than through the autocast path, a training step ~12% faster (docs/results/data-plan.md,
+round 12). Memory: the copy (made in float32, then cast) and the native body's packed weights sit beside the
+training model on every process (~0.6 GB for SmolLM2-135M). Inference only: the copy is frozen and never
+trained; a teacher loss (which needs the base's last hidden state) is refused with it.
 """
 
 from __future__ import annotations

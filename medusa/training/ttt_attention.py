@@ -5,11 +5,12 @@ At unroll step j a position's query attends to step 0's keys causally and to its
 of it: over the four steps that is 10 ``T x T`` blocks of scores, most of them masked. Here step 0's block
 is one causal fused attention (the CPU flash kernel, which skips the blocks above the diagonal and keeps
 O(T) memory for the backward pass) that also returns each row's log-sum-exp ``l``; the j chain scores are
-dot products, and the two parts are merged exactly by a softmax over ``[l, s_1 .. s_j]``. The gradient of
+dot products, and the two parts are merged by a softmax over ``[l, s_1 .. s_j]``. The gradient of
 ``l`` (which the kernel does not give) is ``scale * sum_k p_k k_k`` for the query and ``scale * p_ik q_i``
 for each key: the surrogate ``scale * q . o'``, ``o'`` the same causal attention with the keys as values
-(and ``p`` held fixed), has exactly that gradient. Outputs and gradients equal the dense path's (tested);
-the attention costs ~3.5 blocks instead of 10.
+(and ``p`` held fixed), has exactly that gradient. In float32 outputs and gradients equal the dense path's
+(tested); under bf16 autocast they differ from it within bf16's rounding. The attention costs ~3.5 blocks
+instead of 10; the private aten op is the CPU flash kernel ``scaled_dot_product_attention`` itself calls.
 
 Right-padded rows only (the collator's padding): a valid query then never sees a padded key causally, so the
 causal kernel needs no mask. Padded queries get other outputs than on the dense path; no loss reads them.
@@ -21,11 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # attention forwards :func:`project` computes as they do
+
 
 def applies(heads: nn.Module, valid: torch.Tensor) -> bool:
     """Whether the split attention can replace the dense mask: a CPU batch whose rows are right-padded
-    (``valid [B, T]`` a prefix of ones per row) and a draft layer without attention dropout."""
+    (``valid [B, T]`` a prefix of ones per row) and a draft layer of a :data:`MODEL_TYPES` base (whose
+    attention :func:`project` computes as its own forward does; others, e.g. OLMo's clipped q / k / v, keep
+    the dense path) without attention dropout."""
     attn = heads.layers[0].self_attn
+    if getattr(getattr(attn, "config", None), "model_type", None) not in MODEL_TYPES:
+        return False
     if valid.device.type != "cpu" or (attn.training and getattr(attn, "attention_dropout", 0.0)):
         return False
     lengths = valid.sum(dim=1, keepdim=True)  # [B, 1]
@@ -70,7 +77,7 @@ def split_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, chain_k
                                                     scale=scale)  # [B, H, T, hd]
     surrogate = scale * (q * keys_as_values).float().sum(-1)  # [B, H, T]: d lse, as autograd sees it
     logsumexp = lse.float() + surrogate - surrogate.detach()
-    chain = [scale * (q * kc).float().sum(-1) for kc in chain_k]  # j x [B, H, T]
+    chain = [scale * (q.float() * kc.float()).sum(-1) for kc in chain_k]  # j x [B, H, T]
     w = torch.softmax(torch.stack([logsumexp, *chain], dim=-1), dim=-1)  # [B, H, T, 1 + j]
     out = w[..., :1] * o1.float()
     for c, vc in enumerate(chain_v):
@@ -98,4 +105,4 @@ def unroll_layer(heads: nn.Module, embeds: torch.Tensor, hidden: torch.Tensor, p
     return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
 
 
-__all__ = ["applies", "project", "split_attention", "unroll_layer"]
+__all__ = ["MODEL_TYPES", "applies", "project", "split_attention", "unroll_layer"]

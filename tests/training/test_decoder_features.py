@@ -101,7 +101,8 @@ def test_what_it_cannot_serve_is_refused(monkeypatch):
     require_shared(SHARED)
     monkeypatch.chdir(ROOT)
     assert load_recipe(EAGLE3, ["train.base_features=decoder"]).train.base_features == "decoder"
-    for extra in ("heads.head_type=hydra", "heads.teacher_loss=0.5", "train.hidden_cache=out/cache"):
+    for extra in ("heads.head_type=hydra", "heads.teacher_loss=0.5", "train.hidden_cache=out/cache",
+                  "quantization=8bit"):
         with pytest.raises(ConfigError, match="train.base_features: decoder computes"):
             load_recipe(EAGLE3, ["train.base_features=decoder", extra])
     with pytest.raises(ConfigError, match="train.base_features: 'native'"):

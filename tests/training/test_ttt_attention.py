@@ -36,7 +36,7 @@ def _batch(b: int = 3, t: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return ids, ids.masked_fill(mask == 0, -100), mask
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_split_attention_gives_the_dense_paths_loss_and_gradients(arch):
     model = _heads(arch)
     ids, labels, mask = _batch()
@@ -95,3 +95,8 @@ def test_it_applies_to_right_padded_cpu_batches_only():
     auto = ttt_loss(heads, feats, ids, labels, left, 0.8)
     dense = ttt_loss(heads, feats, ids, labels, left, 0.8, split=False)
     assert torch.equal(auto.loss, dense.loss)
+    other = copy.deepcopy(heads)  # a Llama-shaped layer of another model type (OLMo clips q / k / v)
+    attn = other.layers[0].self_attn
+    attn.config = copy.copy(attn.config)
+    attn.config.model_type = "olmo2"
+    assert not ttt_attention.applies(other, mask.bool())  # its own attention forward: the dense path
