@@ -94,18 +94,13 @@ def ttt_loss(heads: nn.Module, features: torch.Tensor, input_ids: torch.Tensor, 
     ce_sum, c1, c5, count, missed = (zeros.clone() for _ in range(5))
     loss = hidden.new_zeros(())
     split = ttt_attention.applies(heads, valid) if split is None else split  # causal block + chain dots
-    step0: tuple[torch.Tensor, torch.Tensor] | None = None
-    chain_k: list[torch.Tensor] = []
-    chain_v: list[torch.Tensor] = []
+    earlier: list[tuple[torch.Tensor, torch.Tensor]] = []  # split: each step's keys / values [B, H, T, hd]
     for j in range(steps):
         embeds = heads.embed(shifted_tokens(input_ids, 1 + j))  # [B, T, d]
         if split:
-            hidden, k, v = ttt_attention.unroll_layer(heads, embeds, hidden, positions + j, step0, chain_k,
-                                                      chain_v)  # [B, T, d], k / v [B, H, T, hd]
-            if step0 is None:
-                step0 = (k, v)
-            else:
-                chain_k, chain_v = chain_k + [k], chain_v + [v]
+            hidden, k, v = ttt_attention.unroll_layer(heads, embeds, hidden, positions + j,
+                                                      earlier)  # [B, T, d], k / v [B, H, T, hd]
+            earlier.append((k, v))
         else:
             mask = unroll_mask(valid, j, hidden.dtype)  # [B, 1, T, (j + 1) T]
             hidden = heads.layer(embeds, hidden, positions + j, mask, cache)  # [B, T, d]

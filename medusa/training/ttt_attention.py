@@ -86,20 +86,21 @@ def split_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, chain_k
 
 
 def unroll_layer(heads: nn.Module, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                 step0: tuple[torch.Tensor, torch.Tensor] | None, chain_k: list[torch.Tensor],
-                 chain_v: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unroll step ``len(chain_k)`` (0 when ``step0`` is None) of the eagle3 ``heads``' draft layer, as
-    ``heads.layer`` computes it under :func:`medusa.training.eagle3.unroll_mask`: ``embeds, hidden
-    [B, T, d]`` at ``positions [B, T]`` -> ``(g [B, T, d], keys, values [B, H, T, hd])``; this step's keys
-    and values join the chain (step 0's are ``step0``)."""
+                 earlier: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor]:
+    """Unroll step ``len(earlier)`` of the eagle3 ``heads``' draft layer, as ``heads.layer`` computes it under
+    :func:`medusa.training.eagle3.unroll_mask`: ``embeds, hidden [B, T, d]`` at ``positions [B, T]``, the
+    earlier steps' keys and values ``earlier`` (each ``[B, H, T, hd]``; step 0's first) -> ``(g [B, T, d],
+    keys, values [B, H, T, hd])``, this step's keys and values for the steps after it."""
     layer = heads.layers[0]
     attn = layer.self_attn
     x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
     cos, sin = heads.rotary(x, positions)  # [B, T, hd]
     q, k, v = project(attn, x, cos, sin)
-    k0, v0 = (k, v) if step0 is None else step0
-    chain = ([], []) if step0 is None else (chain_k + [k], chain_v + [v])
-    o = split_attention(q, k0, v0, *chain, attn.scaling)  # [B, H, T, hd]
+    steps = [*earlier, (k, v)]  # step 0's block, then each position's own chain (steps 1..j)
+    chain = steps[1:]
+    o = split_attention(q, *steps[0], [c[0] for c in chain], [c[1] for c in chain],
+                        attn.scaling)  # [B, H, T, hd]
     b, t = embeds.shape[:2]
     h = hidden + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))  # [B, T, d]
     return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
