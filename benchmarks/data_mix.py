@@ -3,7 +3,8 @@
 The model (SmolLM2-135M-Instruct) answers, greedily through its chat template, requests that widen what the
 round-3 data asked for (:mod:`benchmarks.data_tasks`, :mod:`benchmarks.math_problems`): Alpaca, translation
 out of and into English, summaries of long passages, answers from passages, word problems, two-turn
-conversations, Vicuna questions and requests it writes itself. Never a Spec-Bench prompt.
+conversations, closed-book questions, Vicuna questions and requests it writes itself. Never a Spec-Bench
+prompt.
 
 Layout under ``--out`` (default ``/work/data-run``, outside every worktree):
 
@@ -16,6 +17,11 @@ Layout under ``--out`` (default ``/work/data-run``, outside every worktree):
 
 The held-out parts come first, then every training part is answered in passes at 1/8, 1/4, 1/2 and all of
 its count, so a run stopped anywhere holds a balanced mix. ``--status`` prints rows and reply tokens.
+
+``--plan translate_out:24096:512,math:21536:384`` answers fresh requests instead (a later round's data): each
+named part from row id START on, CHUNK rows of each part in turn, until killed (``prompts/train-<part>-<lo>
+.jsonl`` per chunk; a restart with the same plan resumes row by row). ``--held-out`` answers the first
+``--held-out-rows`` held-out requests of every part first.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 HELD_OUT_ALPACA = 200  # the last Alpaca rows (benchmarks.eagle3's calibration prompts)
 PASSES = (0.125, 0.25, 0.5, 1.0)
 COUNTS = {"alpaca": 4800, "translate_out": 6000, "math": 6000, "summarize": 4000, "rag": 4000,
-          "multi_turn": 4000, "vicuna": 80, "synth": 12000}  # translate_in: what translate_out yields
+          "multi_turn": 4000, "qa": 4000, "vicuna": 80, "synth": 12000}  # translate_in: what translate_out yields
 HELD_OUT_COUNTS = {"alpaca": HELD_OUT_ALPACA, "translate_out": 60, "math": 60, "summarize": 40, "rag": 40,
                    "multi_turn": 40}
 # a training part's reply budget below --max-new-tokens: a translation of 1-3 sentences needs < 150
@@ -89,6 +95,7 @@ def build_part(part: str, src: Sources, count: int, seed: int) -> list[dict[str,
         "rag": lambda: T.rag(src.alpaca, count, seed),
         "multi_turn": lambda: T.multi_turn([T.alpaca_request(r) for r in src.alpaca] + src.vicuna, count,
                                            seed),
+        "qa": lambda: T.qa(T.questions(src.alpaca) + src.vicuna, count, seed),
         "vicuna": lambda: [{"id": f"vicuna-{i}", "kind": "vicuna",
                             "messages": [{"role": "user", "content": q}]}
                            for i, q in enumerate(src.vicuna[:count])],
@@ -184,6 +191,64 @@ def run(opts: RunOptions, shared: str | Path) -> None:
     log(opts, event="finished")
 
 
+@dataclass(frozen=True)
+class PlanItem:
+    part: str
+    start: int  # the first row id of this part to answer
+    chunk: int  # rows answered per turn
+
+
+def parse_plan(text: str) -> list[PlanItem]:
+    """``math:21536:384,rag:30512:128``: parts, the row id each starts at and the rows answered per turn."""
+    items: list[PlanItem] = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        fields = item.split(":")
+        if len(fields) != 3 or not (fields[1].isdigit() and fields[2].isdigit()) or int(fields[2]) == 0:
+            raise DataError(f"--plan: {item!r} is not PART:START:CHUNK (CHUNK > 0)")
+        if fields[0] not in COUNTS or fields[0] in ("synth", "vicuna"):
+            raise DataError(f"--plan: {fields[0]!r} is not a part a plan can extend (one of "
+                            f"{', '.join(p for p in COUNTS if p not in ('synth', 'vicuna'))})")
+        items.append(PlanItem(fields[0], int(fields[1]), int(fields[2])))
+    if not items:
+        raise DataError("--plan: no part given")
+    return items
+
+
+def run_plan(opts: RunOptions, shared: str | Path, plan: list[PlanItem], held_out_rows: int = 0,
+             turns: int | None = None) -> None:
+    """Fresh requests, ``chunk`` rows of each plan item in turn from its ``start`` on (``translate_out``'s
+    answers are followed by their ``translate_in`` requests); ``turns`` rounds, or until killed."""
+    for sub in ("prompts", "train", "heldout"):
+        (opts.out / sub).mkdir(parents=True, exist_ok=True)
+    if held_out_rows:
+        held = load_sources(shared, held_out=True)
+        for part in HELD_OUT_COUNTS:
+            _run_one(opts, "heldout", part, build_part(part, held, held_out_rows, opts.seed + 1), None, 1.0)
+    src = load_sources(shared, held_out=False)
+    turn = 0
+    while turns is None or turn < turns:
+        for item in plan:
+            lo = item.start + turn * item.chunk
+            rows = build_part(item.part, src, lo + item.chunk, opts.seed)[lo:]
+            _run_chunk(opts, item.part, lo, rows)
+            if item.part == "translate_out":
+                answered = read_rows(opts.out / "train" / "translate_out.jsonl")
+                _run_chunk(opts, "translate_in", lo, T.translate_in(answered, opts.seed))
+        turn += 1
+
+
+def _run_chunk(opts: RunOptions, part: str, lo: int, rows: list[dict[str, Any]]) -> None:
+    if not rows:  # translate_in when no translation qualified
+        return
+    prompts = opts.out / "prompts" / f"train-{part}-{lo}.jsonl"
+    write_jsonl(prompts, rows)
+    cap = min(PART_MAX_NEW.get(part, opts.max_new_tokens), opts.max_new_tokens)
+    s = distill_part(opts, prompts, opts.out / "train" / f"{part}.jsonl", None,
+                     long_prompts=part in LONG_PARTS, max_new_tokens=cap)
+    log(opts, split="train", part=part, lo=lo, written=s["written"], done_before=s["already_done"],
+        reply_tokens=s["completion_tokens"], tokens_per_s=s["tokens_per_s"], elapsed_s=s["elapsed_s"])
+
+
 def parse_skip(text: str) -> dict[str, int]:
     """``alpaca=2400,math=1656``: how many first rows of each static part to leave out."""
     skip: dict[str, int] = {}
@@ -258,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", metavar="PART=ROWS,...",
                         help="start each named part past its first ROWS requests (rows an earlier run "
                              "answered and a drafter trained on); ids stay those of the full part")
+    parser.add_argument("--plan", default="", metavar="PART:START:CHUNK,...",
+                        help="answer fresh requests: each part from row id START, CHUNK rows of each in turn, "
+                             "until killed (resumable)")
+    parser.add_argument("--held-out-rows", type=int, default=0, metavar="N",
+                        help="with --plan: first answer the first N held-out requests of every part")
     parser.add_argument("--status", action="store_true", help="print rows and reply tokens, run nothing")
     parser.add_argument("--training-file", type=Path, metavar="FILE",
                         help="write every training reply past --skip into one new JSONL (a round's training "
@@ -270,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(status(Path(args.out)), indent=1))
         return 0
     skip = parse_skip(args.skip)
+    plan = parse_plan(args.plan) if args.plan else None
     if args.training_file is not None:
         if args.training_file.exists():
             raise DataError(f"{args.training_file}: exists; give a new file (nothing was written)")
@@ -280,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    run(RunOptions(args.model, Path(args.out), args.dtype, args.batch_size, args.max_new_tokens, args.scale,
-                   skip=skip), args.shared)
+    opts = RunOptions(args.model, Path(args.out), args.dtype, args.batch_size, args.max_new_tokens, args.scale,
+                      skip=skip)
+    if plan is not None:
+        run_plan(opts, args.shared, plan, args.held_out_rows)
+    else:
+        run(opts, args.shared)
     return 0
 
 

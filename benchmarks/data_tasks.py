@@ -30,6 +30,11 @@ RAG = ("{passages}\n\n{question}", "Answer the question using the passages below
 MORE_FOLLOW_UPS = (*FOLLOW_UPS, "Why is that?", "Can you say more about the second point?",
                    "Now write it more formally.", "Summarize your answer in one sentence.",
                    "What would be a common mistake here?", "Translate your answer into German.")
+# closed-book questions in other framings than the bare request (which the alpaca part answered): the
+# Spec-Bench qa category is short factual questions answered in a paragraph
+QA_FRAMES = ("Question: {q}\nAnswer:", "Answer in a few sentences: {q}", "I have a question. {q}",
+             "{q} Please explain.", "Quick question: {q}", "Q: {q}\nA:")
+QA_MAX_WORDS = 25
 QUESTION_START = re.compile(r"^(who|what|when|where|which|why|how|name|is|are|does|do|can|list|explain|"
                             r"describe|identify|give)\b", re.IGNORECASE)
 
@@ -140,5 +145,17 @@ def questions(alpaca: Sequence[dict[str, Any]]) -> list[str]:
     return [alpaca_request(r) for r in alpaca if QUESTION_START.match(r["instruction"].strip())]
 
 
-__all__ = ["alpaca_request", "multi_turn", "passages", "questions", "rag", "sentences", "summarize",
+def qa(requests: Sequence[str], count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Closed-book questions (``questions`` of at most ``QA_MAX_WORDS`` words, one line) in one of
+    ``QA_FRAMES``: a prompt the bare-request parts never sent."""
+    pool = [q for q in requests if len(q.split()) <= QA_MAX_WORDS and "\n" not in q]
+    out = []
+    for i in range(count if pool else 0):
+        rng = _rng(seed, "qa", i)
+        prompt = rng.choice(QA_FRAMES).format(q=pool[rng.randrange(len(pool))])
+        out.append({"id": f"qa-{i}", "kind": "qa", "messages": [{"role": "user", "content": prompt}]})
+    return out
+
+
+__all__ = ["alpaca_request", "multi_turn", "passages", "qa", "questions", "rag", "sentences", "summarize",
            "translate_in", "translate_out"]

@@ -73,6 +73,37 @@ def test_run_writes_every_part_and_resumes(tmp_path, monkeypatch):
     assert sorted(ids) == [f"alpaca-{i}:0" for i in (0, 1, 2, 3, 6, 7)]
 
 
+def test_plan_answers_fresh_ids_in_chunks_and_resumes(tmp_path):
+    """--plan: each part from its START id, CHUNK rows a turn, translate_in after translate_out; a restart
+    answers nothing again; the held-out requests first when asked."""
+    require_shared(SHARED)
+    shared, model = _shared(tmp_path), save_chat_model(tmp_path / "model")
+    opts = M.RunOptions(str(model), tmp_path / "run", dtype="float32", batch_size=4, max_new_tokens=5)
+    plan = M.parse_plan("math:100:2,qa:7:1,translate_out:40:2")
+    M.run_plan(opts, shared, plan, held_out_rows=1, turns=2)
+
+    def ids(part, split="train"):
+        return sorted(r["id"] for r in M.read_rows(opts.out / split / f"{part}.jsonl"))
+
+    assert ids("math") == [f"math-{i}:0" for i in (100, 101, 102, 103)]
+    assert ids("qa") == ["qa-7:0", "qa-8:0"]
+    assert ids("translate_out") == sorted(f"{r['id']}:0" for r in M.build_part(
+        "translate_out", M.load_sources(shared, False), 44, 0)[40:])
+    assert (opts.out / "prompts" / "train-math-102.jsonl").is_file()
+    assert ids("math", "heldout") == ["math-0:0"] and ids("alpaca", "heldout") == ["alpaca-0:0"]
+    before = (opts.out / "train" / "math.jsonl").read_text()
+    M.run_plan(opts, shared, plan, turns=2)
+    assert (opts.out / "train" / "math.jsonl").read_text() == before
+
+
+def test_plan_names_parts_starts_and_chunks():
+    assert M.parse_plan("math:5:2, rag:0:1") == [M.PlanItem("math", 5, 2), M.PlanItem("rag", 0, 1)]
+    for bad, word in (("synth:0:5", "synth"), ("math:0", "PART:START:CHUNK"), ("math:0:0", "CHUNK > 0"),
+                      ("nope:1:1", "nope"), ("", "no part")):
+        with pytest.raises(DataError, match=word):
+            M.parse_plan(bad)
+
+
 def test_skip_names_static_parts_only():
     assert M.parse_skip("alpaca=2400, math=16") == {"alpaca": 2400, "math": 16}
     assert M.parse_skip("") == {}

@@ -62,3 +62,14 @@ def test_multi_turn_has_two_user_turns_and_questions_pick_questions():
     assert T.questions(rows) == ["Who wrote Hamlet?"]
     assert T.alpaca_request(rows[1]) == "Sort this list.\n\n3 1"
     assert T.sentences("A b. C d? E!") == ["A b.", "C d?", "E!"]
+
+
+def test_qa_frames_short_questions_and_never_sends_the_bare_request():
+    pool = ["Who wrote Hamlet?", "What is the capital of France?", "Explain\nthis.", " ".join(["word"] * 30)]
+    rows = T.qa(pool, 40, seed=3)
+    assert [r["id"] for r in rows[:2]] == ["qa-0", "qa-1"] and {r["kind"] for r in rows} == {"qa"}
+    prompts = [r["messages"][0]["content"] for r in rows]
+    assert all(any(q in p for q in pool[:2]) for p in prompts)  # the multi-line and the long one left out
+    assert not set(prompts) & set(pool) and len(set(prompts)) > 4
+    assert T.qa(pool, 60, seed=3)[:40] == rows  # a larger count extends the part
+    assert T.qa([], 5) == []
