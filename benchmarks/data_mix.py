@@ -47,7 +47,8 @@ from medusa.selfdistill import Sampling, SelfDistillConfig, self_distill
 HELD_OUT_ALPACA = 200  # the last Alpaca rows (benchmarks.eagle3's calibration prompts)
 PASSES = (0.125, 0.25, 0.5, 1.0)
 COUNTS = {"alpaca": 4800, "translate_out": 6000, "math": 6000, "summarize": 4000, "rag": 4000,
-          "multi_turn": 4000, "qa": 4000, "vicuna": 80, "synth": 12000}  # translate_in: what translate_out yields
+          "multi_turn": 4000, "qa": 4000, "vicuna": 80,
+          "synth": 12000}  # translate_in: what translate_out yields
 HELD_OUT_COUNTS = {"alpaca": HELD_OUT_ALPACA, "translate_out": 60, "math": 60, "summarize": 40, "rag": 40,
                    "multi_turn": 40}
 # a training part's reply budget below --max-new-tokens: a translation of 1-3 sentences needs < 150
@@ -324,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="start each named part past its first ROWS requests (rows an earlier run "
                              "answered and a drafter trained on); ids stay those of the full part")
     parser.add_argument("--plan", default="", metavar="PART:START:CHUNK,...",
-                        help="answer fresh requests: each part from row id START, CHUNK rows of each in turn, "
-                             "until killed (resumable)")
+                        help="answer fresh requests: each part from row id START, CHUNK rows of each in "
+                             "turn, until killed (resumable)")
     parser.add_argument("--held-out-rows", type=int, default=0, metavar="N",
                         help="with --plan: first answer the first N held-out requests of every part")
     parser.add_argument("--status", action="store_true", help="print rows and reply tokens, run nothing")
@@ -351,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    opts = RunOptions(args.model, Path(args.out), args.dtype, args.batch_size, args.max_new_tokens, args.scale,
-                      skip=skip)
+    opts = RunOptions(args.model, Path(args.out), args.dtype, args.batch_size, args.max_new_tokens,
+                      args.scale, skip=skip)
     if plan is not None:
         run_plan(opts, args.shared, plan, args.held_out_rows)
     else:

@@ -219,3 +219,49 @@ def test_what_it_cannot_run_is_named_and_left_to_the_model(monkeypatch):
     assert not native_body.applies(torch.tensor([[4]]), mask, cache)  # gradients on: the model's own code
     monkeypatch.setenv(native_body.ENV, "0")
     assert reason(model) == f"{native_body.ENV}=0"
+
+
+def _attention(q, keys, values, mask):
+    """The C attention of ``q [B, 1, hq hd]`` over ``keys`` / ``values [B, Hkv, S, hd]`` under ``mask
+    [B, 1, S]`` (bfloat16, additive) -> ``[B, 1, hq hd]``."""
+    from medusa.native.library import library
+
+    b, hkv, cols, hd = keys.shape
+    hq = q.shape[-1] // hd
+    out = torch.empty(b, 1, hq * hd, dtype=torch.bfloat16)
+    scratch = torch.empty(16 * (cols + 32) + 512, dtype=torch.float32)
+    library().medusa_attention(q.data_ptr(), q.shape[-1], b, 1, hq, hkv, hd, keys.data_ptr(),
+                               values.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2), cols,
+                               mask.data_ptr(), mask.stride(0), mask.stride(1), hd ** -0.5, out.data_ptr(),
+                               hq * hd, scratch.data_ptr())
+    return out
+
+
+def test_attention_skips_the_blocks_outside_a_rows_columns_bit_for_bit():
+    """A row attending to columns [lo, hi) of a long buffer (a refill slot admitted late, its reply not yet
+    at the end) gets bit for bit what it gets over those columns alone; a row with no live column gets
+    zeros; rows do not depend on each other's spans."""
+    g = torch.Generator().manual_seed(3)
+    b, hq, hkv, hd, cols = 4, 6, 2, 64, 150
+    q = torch.randn(b, 1, hq * hd, generator=g).bfloat16()
+    keys = torch.randn(b, hkv, cols, hd, generator=g).bfloat16()
+    values = torch.randn(b, hkv, cols, hd, generator=g).bfloat16()
+    spans = [(0, cols), (37, 121), (96, 97), (0, 0)]
+    neg = torch.finfo(torch.bfloat16).min
+    mask = torch.full((b, 1, cols), neg, dtype=torch.bfloat16)
+    for row, (lo, hi) in enumerate(spans):
+        mask[row, 0, lo:hi] = 0
+    mask[1, 0, 50] = neg  # a hole inside the span
+    got = _attention(q, keys, values, mask)
+    for row, (lo, hi) in enumerate(spans):
+        if hi == lo:
+            assert torch.equal(got[row], torch.zeros_like(got[row]))
+            continue
+        part = [t[row:row + 1, :, lo:hi].contiguous() for t in (keys, values, mask)]
+        alone = _attention(q[row:row + 1].contiguous(), *part)
+        assert torch.equal(got[row], alone[0])
+        kk = keys[row, :, lo:hi].float().repeat_interleave(hq // hkv, 0)  # [hq, n, hd]
+        vv = values[row, :, lo:hi].float().repeat_interleave(hq // hkv, 0)
+        qq = q[row, 0].float().view(hq, 1, hd)
+        ref = torch.softmax(qq @ kk.transpose(1, 2) * hd ** -0.5 + mask[row, :, lo:hi].float(), -1) @ vv
+        assert torch.allclose(got[row, 0].float(), ref.reshape(-1), atol=2e-2)

@@ -276,6 +276,44 @@ static void prefetch_next(const uint16_t *kn, const uint16_t *vn, long ss, long 
         }
 }
 
+/* The columns n queries attend to (mask rows mrow[i], `cols` long; a column below -1e30 is skipped): returns
+ * one past the last such column and sets *first to the first (0 and 0 when there is none). Rows repeated
+ * (the queries of one token's heads) are read once. */
+static long live_span(const uint16_t *const *mrow, long n, long cols, long *first) {
+    long lo = cols, hi = 0;
+    const __m512 floor = _mm512_set1_ps(-1e30f);
+    for (long i = 0; i < n; i++) {
+        if (i > 0 && mrow[i] == mrow[i - 1]) continue;
+        const uint16_t *m = mrow[i];
+        for (long j0 = 0; j0 < cols; j0 += 16) { /* the first live column */
+            long left = cols - j0 < 16 ? cols - j0 : 16;
+            __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+            __m512 mv = _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m + j0)), 16));
+            __mmask16 live = in & _mm512_cmp_ps_mask(mv, floor, _CMP_GE_OQ);
+            if (live) {
+                long j = j0 + __builtin_ctz((unsigned)live);
+                if (j < lo) lo = j;
+                break;
+            }
+        }
+        for (long j0 = (cols - 1) / 16 * 16; j0 >= 0; j0 -= 16) { /* the last live column */
+            long left = cols - j0 < 16 ? cols - j0 : 16;
+            __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+            __m512 mv = _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m + j0)), 16));
+            __mmask16 live = in & _mm512_cmp_ps_mask(mv, floor, _CMP_GE_OQ);
+            if (live) {
+                long j = j0 + 31 - __builtin_clz((unsigned)live);
+                if (j + 1 > hi) hi = j + 1;
+                break;
+            }
+        }
+    }
+    *first = lo < hi ? lo : 0;
+    return lo < hi ? hi : 0;
+}
+
 /* Attention of batch x t query rows (row bi * t + ti of q, stride ldq; head h at column h * hd) over
  * `cols` cached columns of keys / values kc / vc ([B, Hkv, S, hd]: strides sb, sh, ss elements, the last 1),
  * query head h reading KV head h / (hq / hkv). mask [B, t, cols] bfloat16 additive (strides mb, mt): a column
@@ -310,7 +348,10 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                     qp[i] = qh;
                     outs[i] = out + (bi * t + qi / group) * ldo + (g * group + qi % group) * hd;
                 }
-                for (long j0 = 0; j0 < cols; j0 += 16) {
+                /* only the 16-column blocks from the first to the last column any of these queries
+                 * attends to: the rest is skipped whole (its keys never read) */
+                long lo = 0, hi = live_span(mrow, n, cols, &lo), base = lo / 16 * 16;
+                for (long j0 = base; j0 < hi; j0 += 16) {
                     long left = cols - j0 < 16 ? cols - j0 : 16;
                     const uint16_t *a = kb + j0 * ss;
                     long ahead = (bi * hkv + g) + AHEAD; /* the head AHEAD after this one (row-major) */
@@ -353,7 +394,8 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         _mm512_storeu_ps(sc + i * width + j0, score);
                     }
                 }
-                softmax_values(sc, width, n, vb, ss, hd, cols, outs);
+                float *from = sc + base;
+                softmax_values(from, width, n, vb + base * ss, ss, hd, hi > base ? hi - base : 0, outs);
             }
         }
     if (medusa_amx_on) _tile_release();
