@@ -222,13 +222,26 @@ class Eagle3Heads(nn.Module):
         if native is not None:  # bfloat16, a few rows: the native C ops (medusa.modeling.native_draft)
             cos_sin = rotary_table.cos_sin(self._rotary.module, embeds, positions)
             return native_draft.forward(native, embeds, hidden, cos_sin, mask, cache, at)
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
+        x = self.layer_input(embeds, hidden)  # [B, T, 2d]
         cos_sin = self.rotary(x, positions)
         attn, _ = layer.self_attn(hidden_states=x, position_embeddings=cos_sin, attention_mask=mask,
                                   cache=cache)
-        h = hidden + attn  # [B, T, d]
         if at is not None:
-            h = h[torch.arange(h.shape[0], device=h.device), at]  # [B, d]
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            return self.layer_output(hidden[rows, at], attn[rows, at])  # [B, d]
+        return self.layer_output(hidden, attn)
+
+    def layer_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft layer's attention input: ``embeds, hidden [..., d]`` each normed, side by side ->
+        ``[..., 2d]``."""
+        layer = self.layers[0]
+        return torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+
+    def layer_output(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The draft layer after its attention: ``hidden`` plus the attention's output ``attn`` (both
+        ``[..., d]``), then the MLP's residual -> ``g [..., d]``."""
+        layer = self.layers[0]
+        h = hidden + attn
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -92,9 +92,8 @@ def unroll_layer(heads: nn.Module, embeds: torch.Tensor, hidden: torch.Tensor, p
     :func:`medusa.training.eagle3.unroll_mask`: ``embeds, hidden [B, T, d]`` at ``positions [B, T]``, the
     earlier steps' keys and values ``earlier`` (each ``[B, H, T, hd]``; step 0's first) -> ``(g [B, T, d],
     keys, values [B, H, T, hd])``, this step's keys and values for the steps after it."""
-    layer = heads.layers[0]
-    attn = layer.self_attn
-    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2d]
+    attn = heads.layers[0].self_attn
+    x = heads.layer_input(embeds, hidden)  # [B, T, 2d]
     cos, sin = heads.rotary(x, positions)  # [B, T, hd]
     q, k, v = project(attn, x, cos, sin)
     steps = [*earlier, (k, v)]  # step 0's block, then each position's own chain (steps 1..j)
@@ -102,8 +101,7 @@ def unroll_layer(heads: nn.Module, embeds: torch.Tensor, hidden: torch.Tensor, p
     o = split_attention(q, *steps[0], [c[0] for c in chain], [c[1] for c in chain],
                         attn.scaling)  # [B, H, T, hd]
     b, t = embeds.shape[:2]
-    h = hidden + attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))  # [B, T, d]
-    return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
+    return heads.layer_output(hidden, attn.o_proj(o.transpose(1, 2).reshape(b, t, -1))), k, v  # [B, T, d]
 
 
 __all__ = ["MODEL_TYPES", "applies", "project", "split_attention", "unroll_layer"]
