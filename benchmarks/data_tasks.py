@@ -147,14 +147,13 @@ def questions(alpaca: Sequence[dict[str, Any]]) -> list[str]:
 
 def qa(requests: Sequence[str], count: int, seed: int = 0) -> list[dict[str, Any]]:
     """Closed-book questions (``questions`` of at most ``QA_MAX_WORDS`` words, one line) in one of
-    ``QA_FRAMES``: a prompt the bare-request parts never sent."""
-    pool = [q for q in requests if len(q.split()) <= QA_MAX_WORDS and "\n" not in q]
-    out = []
-    for i in range(count if pool else 0):
-        rng = _rng(seed, "qa", i)
-        prompt = rng.choice(QA_FRAMES).format(q=pool[rng.randrange(len(pool))])
-        out.append({"id": f"qa-{i}", "kind": "qa", "messages": [{"role": "user", "content": prompt}]})
-    return out
+    ``QA_FRAMES``: a prompt the bare-request parts never sent. Every (question, framing) pair once, in an
+    order fixed by ``seed`` (a larger count extends the part; past the pairs there are no more rows)."""
+    pool = sorted({q for q in requests if len(q.split()) <= QA_MAX_WORDS and "\n" not in q})
+    pairs = [(q, frame) for q in pool for frame in QA_FRAMES]
+    random.Random(f"{seed}:qa").shuffle(pairs)
+    return [{"id": f"qa-{i}", "kind": "qa", "messages": [{"role": "user", "content": frame.format(q=q)}]}
+            for i, (q, frame) in enumerate(pairs[:count])]
 
 
 __all__ = ["alpaca_request", "multi_turn", "passages", "qa", "questions", "rag", "sentences", "summarize",

@@ -45,13 +45,13 @@ def held_out_requests(data: Path, per_part: int) -> list[dict[str, Any]]:
                 last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
             except (json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
                 raise DataError(f"{path}:{lineno}: not a conversation row ({type(exc).__name__})") from None
-            rows.append({"category": path.stem, "messages": messages[:last]})
+            rows.append({"id": f"{path.stem}-{lineno}", "category": path.stem, "messages": messages[:last]})
     return rows
 
 
 def prompt_sets(data: Path, shared: Path, per_part: int,
                 per_category: int) -> dict[str, list[dict[str, Any]]]:
-    spec = [{"category": r["category"], "messages": [{"role": "user", "content": r["prompt"]}]}
+    spec = [{"id": r["id"], "category": r["category"], "messages": [{"role": "user", "content": r["prompt"]}]}
             for r in spec_bench(shared, per_category)]
     return {"held_out": held_out_requests(data, per_part), "spec_bench": spec}
 
@@ -59,11 +59,13 @@ def prompt_sets(data: Path, shared: Path, per_part: int,
 def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape: Any,
                max_new_tokens: int, lookup: int = 0) -> dict[str, Any]:
     """Greedy decoding of every row: tokens per step per category and over all (accepted tokens / steps),
-    and decode tokens per second (prefill excluded). ``shape`` None: the drafter's own tree with a lookup
+    each row's ``[tokens, steps]`` (``per_row``, by id), and decode tokens per second (prefill excluded).
+    ``shape`` None: the drafter's own tree with a lookup
     chain of ``lookup`` tokens (a DraftTreeShape carries its own)."""
     from medusa.decoding.generate import medusa_generate
 
     per: dict[str, list[int]] = {}
+    per_row: dict[str, list[int]] = {}
     seconds = 0.0
     for row in rows:
         ids = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt",
@@ -75,11 +77,13 @@ def decode_set(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], shape
         acc = per.setdefault(row["category"], [0, 0])
         acc[0] += tokens
         acc[1] += int(out.num_steps)
+        per_row[str(row.get("id", len(per_row)))] = [tokens, int(out.num_steps)]
         seconds += float(out.decode_time_s)
     total = [sum(v[0] for v in per.values()), sum(v[1] for v in per.values())]
     return {"tokens_per_step": round(total[0] / max(total[1], 1), 3), "tokens": total[0], "steps": total[1],
             "tokens_per_s": round(total[0] / max(seconds, 1e-9), 2),  # decode only: time it on a quiet core
-            "per_category": {k: round(v[0] / max(v[1], 1), 3) for k, v in sorted(per.items())}}
+            "per_category": {k: round(v[0] / max(v[1], 1), 3) for k, v in sorted(per.items())},
+            "per_row": per_row}
 
 
 def check_own_tree(drafter: Path, model: Any) -> None:

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa.modeling.eagle3 import Eagle3Heads
+
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # attention forwards :func:`project` computes as they do
 
 
@@ -85,7 +87,7 @@ def split_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, chain_k
     return out.to(o1.dtype)
 
 
-def unroll_layer(heads: nn.Module, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+def unroll_layer(heads: Eagle3Heads, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                  earlier: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor,
                                                                             torch.Tensor]:
     """Unroll step ``len(earlier)`` of the eagle3 ``heads``' draft layer, as ``heads.layer`` computes it under

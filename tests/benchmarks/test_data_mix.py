@@ -27,6 +27,29 @@ def _shared(tmp_path):
     return tmp_path / "shared"
 
 
+def test_vicuna_questions_that_are_benchmark_prompts_are_left_out(tmp_path):
+    """A Vicuna question that is an MT-bench or Spec-Bench public prompt never reaches a training part."""
+    shared = _shared(tmp_path)
+    data = shared / "data"
+    (data / "mt_bench_questions.jsonl").write_text(json.dumps({"question_id": 81, "turns": ["Question 1?",
+                                                                                            "More."]}) + "\n")
+    (data / "spec_bench_public.jsonl").write_text(json.dumps({"category": "writing",
+                                                              "turns": ["Question 2?"]}) + "\n")
+    assert M.load_sources(shared, False).vicuna == ["Question 0?"]
+    (data / "spec_bench_public.jsonl").write_text("{}\n")
+    with pytest.raises(DataError, match="spec_bench_public.jsonl:1"):
+        M.load_sources(shared, False)
+
+
+def test_the_real_vicuna_questions_lose_exactly_the_two_mt_bench_ones():
+    require_shared(SHARED)
+    kept = M.load_sources(SHARED, False).vicuna
+    assert len(kept) == 78
+    assert not any(q.startswith(("Compose an engaging travel blog post about a recent trip to Hawaii",
+                                 "Implement a program to find the common elements in two arrays"))
+                   for q in kept)
+
+
 def test_sources_split_held_out_texts_from_training_ones(tmp_path):
     shared = _shared(tmp_path)
     train, held = M.load_sources(shared, False), M.load_sources(shared, True)
@@ -94,12 +117,19 @@ def test_plan_answers_fresh_ids_in_chunks_and_resumes(tmp_path):
     before = (opts.out / "train" / "math.jsonl").read_text()
     M.run_plan(opts, shared, plan, turns=2)
     assert (opts.out / "train" / "math.jsonl").read_text() == before
+    # a part past its last request (qa: every question x framing once) ends the plan instead of spinning
+    last = len(M.build_part("qa", M.load_sources(shared, False), 10 ** 6, 0))
+    M.run_plan(opts, shared, M.parse_plan(f"qa:{last - 2}:4"))
+    assert ids("qa") == sorted(f"qa-{i}:0" for i in (7, 8, last - 2, last - 1))
+    assert json.loads((opts.out / "run.log").read_text().splitlines()[-1])["event"] == "plan exhausted"
+    with pytest.raises(DataError, match="--skip"):
+        M.main(["--out", str(opts.out), "--plan", "math:0:1", "--skip", "math=3"])
 
 
 def test_plan_names_parts_starts_and_chunks():
     assert M.parse_plan("math:5:2, rag:0:1") == [M.PlanItem("math", 5, 2), M.PlanItem("rag", 0, 1)]
-    for bad, word in (("synth:0:5", "synth"), ("math:0", "PART:START:CHUNK"), ("math:0:0", "CHUNK > 0"),
-                      ("nope:1:1", "nope"), ("", "no part")):
+    for bad, word in (("synth:0:5", "synth"), ("alpaca:4800:8", "alpaca"), ("math:0", "PART:START:CHUNK"),
+                      ("math:0:0", "CHUNK > 0"), ("nope:1:1", "nope"), ("", "no part")):
         with pytest.raises(DataError, match=word):
             M.parse_plan(bad)
 

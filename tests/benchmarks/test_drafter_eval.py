@@ -53,12 +53,13 @@ def test_decode_set_counts_accepted_tokens_per_category():
     """Every decoded token is counted once: tokens = the generated length, steps >= tokens / (depth + 1)."""
     tok = chat_tokenizer()
     model = MedusaModel.from_base(tiny_chat_model(), num_heads=2, num_layers=1, head_type="eagle3").eval()
-    rows = [{"category": "a", "messages": [{"role": "user", "content": "Once upon a time"}]},
-            {"category": "b", "messages": [{"role": "user", "content": "The cat"}]}]
+    rows = [{"id": "a-1", "category": "a", "messages": [{"role": "user", "content": "Once upon a time"}]},
+            {"id": "b-1", "category": "b", "messages": [{"role": "user", "content": "The cat"}]}]
     shape = DraftTreeShape(4, 2, 2, 2)
     with torch.no_grad():
         out = E.decode_set(model, tok, rows, shape, max_new_tokens=8)
-    assert set(out["per_category"]) == {"a", "b"}
+    assert set(out["per_category"]) == {"a", "b"} and set(out["per_row"]) == {"a-1", "b-1"}
+    assert [sum(v[i] for v in out["per_row"].values()) for i in (0, 1)] == [out["tokens"], out["steps"]]
     assert 1.0 <= out["tokens_per_step"] <= 3.0 and out["tokens"] >= out["steps"]
     assert out["tokens_per_s"] > 0
     table = E.table([{"drafter": "/x/d", "draft_vocab": 0, "held_out": out, "spec_bench": out}])
