@@ -1,13 +1,14 @@
 """Our decoder beside llama.cpp on the same prompts, core and weight precision (what a CPU user compares).
 
 ``taskset -c CORE python -m benchmarks.cpu_engines [--heads DIR] [--per-category 1] [--max-tokens 128]
-[--llama-configs "ngram-mod,ngram-simple,eagle3 k=2 p=0.5"] [--draft-precision bf16|f32|q8_0] [--cpu CORE]
+[--llama-configs "ngram-mod,ngram-simple,eagle3 k=3 p=0.7"] [--draft-precision q8_0|bf16|f32] [--cpu CORE]
 [--out DIR]``: the first
 ``--per-category`` Spec-Bench public prompts of each category, chat template, greedy, EOS ignored (every
 method writes ``--max-tokens`` tokens), bf16 weights, one thread. First ``medusa bench`` in this process (HF
 ``generate``, our plain decode, the drafter alone, with the lookup chain, the lookup chain alone, HF prompt
 lookup), then llama.cpp's pinned ``llama-server`` (:mod:`benchmarks.llama_cpp_check`; plain and the configs
-named; our drafter exported at ``--draft-precision``, bf16 by default) on the bf16 GGUF of the same base, one
+named; our drafter exported at ``--draft-precision``, Q8_0 by default: a 12 MB drafter beside the bf16 target,
+the fastest of the three in llama.cpp) on the bf16 GGUF of the same base, one
 request at a time, pinned to ``--cpu`` (give the core this
 process runs on). Tokens/s is end to end for both (new tokens over prefill and decode time: our bench times
 the whole call; llama.cpp's decode-only figure is printed beside it). Writes ``OUT/ours.json``,
@@ -75,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--lookup", type=int, default=6, help="our lookup chain's length")
-    ap.add_argument("--llama-configs", default="ngram-mod,ngram-simple,eagle3 k=2 p=0.5",
+    # our drafter's row: up to 3 drafts, the chain cut at the first below p 0.7 (the fastest of k = 1-3 and
+    # p-min 0-0.7 with the round-13 drafter, docs/results/cpu-engines.md)
+    ap.add_argument("--llama-configs", default="ngram-mod,ngram-simple,eagle3 k=3 p=0.7",
                     help="llama.cpp configs besides plain (names as benchmarks.llama_cpp_check prints them)")
-    ap.add_argument("--draft-precision", default="bf16",
-                    help="our drafter's GGUF matrices in llama.cpp: bf16 (as the target; default), f32, q8_0")
+    ap.add_argument("--draft-precision", default="q8_0",
+                    help="our drafter's GGUF matrices in llama.cpp: q8_0 (default), bf16 (the target's), f32")
     ap.add_argument("--cpu", default=None, help="the core llama-server is pinned to (this process's)")
     ap.add_argument("--out", type=Path, default=Path("out/cpu_engines"))
     args = ap.parse_args(argv)
