@@ -276,21 +276,32 @@ static void prefetch_next(const uint16_t *kn, const uint16_t *vn, long ss, long 
         }
 }
 
+/* The lanes of columns j0 .. j0+15 (those below cols) of `cols` long bfloat16 additive mask row m as float32
+ * (0 past cols), the lanes inside cols in *in. */
+static inline __m512 mask16(const uint16_t *m, long j0, long cols, __mmask16 *in) {
+    long left = cols - j0 < 16 ? cols - j0 : 16;
+    *in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(*in, m + j0)), 16));
+}
+
+/* The columns among j0 .. j0+15 that mask row m lets a query see (inside cols, not below -1e30). */
+static inline __mmask16 live16(const uint16_t *m, long j0, long cols) {
+    __mmask16 in;
+    __m512 mv = mask16(m, j0, cols, &in);
+    return in & _mm512_cmp_ps_mask(mv, _mm512_set1_ps(-1e30f), _CMP_GE_OQ);
+}
+
 /* The columns n queries attend to (mask rows mrow[i], `cols` long; a column below -1e30 is skipped): returns
  * one past the last such column and sets *first to the first (0 and 0 when there is none). Rows repeated
  * (the queries of one token's heads) are read once. */
 static long live_span(const uint16_t *const *mrow, long n, long cols, long *first) {
     long lo = cols, hi = 0;
-    const __m512 floor = _mm512_set1_ps(-1e30f);
     for (long i = 0; i < n; i++) {
         if (i > 0 && mrow[i] == mrow[i - 1]) continue;
         const uint16_t *m = mrow[i];
         for (long j0 = 0; j0 < cols; j0 += 16) { /* the first live column */
-            long left = cols - j0 < 16 ? cols - j0 : 16;
-            __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-            __m512 mv = _mm512_castsi512_ps(
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m + j0)), 16));
-            __mmask16 live = in & _mm512_cmp_ps_mask(mv, floor, _CMP_GE_OQ);
+            __mmask16 live = live16(m, j0, cols);
             if (live) {
                 long j = j0 + __builtin_ctz((unsigned)live);
                 if (j < lo) lo = j;
@@ -298,11 +309,7 @@ static long live_span(const uint16_t *const *mrow, long n, long cols, long *firs
             }
         }
         for (long j0 = (cols - 1) / 16 * 16; j0 >= 0; j0 -= 16) { /* the last live column */
-            long left = cols - j0 < 16 ? cols - j0 : 16;
-            __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-            __m512 mv = _mm512_castsi512_ps(
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m + j0)), 16));
-            __mmask16 live = in & _mm512_cmp_ps_mask(mv, floor, _CMP_GE_OQ);
+            __mmask16 live = live16(m, j0, cols);
             if (live) {
                 long j = j0 + 31 - __builtin_clz((unsigned)live);
                 if (j + 1 > hi) hi = j + 1;
@@ -382,12 +389,10 @@ void medusa_attention(const uint16_t *q, long ldq, long batch, long t, long hq, 
                         scores16(a, lda / 2, qt, hd / 2, ct);
                         transpose16(ct, 16, cq);
                     }
-                    __mmask16 in = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
                     for (long i = 0; i < n; i++) {
-                        const uint16_t *m = mrow[i] + j0;
                         __m512 raw = cq[i];
-                        __m512 mv = _mm512_castsi512_ps(
-                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, m)), 16));
+                        __mmask16 in;
+                        __m512 mv = mask16(mrow[i], j0, cols, &in);
                         __mmask16 live = in & _mm512_cmp_ps_mask(mv, _mm512_set1_ps(-1e30f), _CMP_GE_OQ);
                         __m512 score = _mm512_add_ps(_mm512_mul_ps(raw, _mm512_set1_ps(scale)), mv);
                         score = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), score);
